@@ -1,0 +1,22 @@
+# The two commands of the README: `make demo` (the local benchmark) and `make test`.
+PYTHON ?= python3
+export PATH := $(CURDIR)/.tools/bin:$(PATH)
+
+.PHONY: install demo test test-fast generate lint
+
+install:
+	bash scripts/install.sh
+
+demo: install
+	gpt2bench run manifests/examples/cpu-sweep.yaml --output results/cpu-sweep
+
+test: install
+	$(PYTHON) -m pytest -q
+
+test-fast:
+	$(PYTHON) -m pytest -q -m "not slow"
+
+# Regenerate every generated file (CRD copies, monitoring rules and dashboards); tests diff them.
+generate:
+	$(PYTHON) -m gpt2bench.crd --write
+	$(PYTHON) -m monitoring.generate --write

@@ -1,0 +1,3 @@
+from gpt2bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""`gpt2bench` console script: one sub-command per stage of the data flow.
+
+Each sub-command owns its argument parser in its own module and is imported lazily, so that
+`gpt2bench render` does not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("gpt2bench.run_local", "run a GPT2Benchmark YAML on this machine, no cluster needed"),
+    "render": ("gpt2bench.render", "print the Kubeflow jobs a GPT2Benchmark YAML becomes"),
+    "report": ("gpt2bench.report", "rebuild the results table and plots (from a folder or a cluster)"),
+    "train": ("gpt2bench.trainer.train", "train GPT-2 under one strategy (runs inside every job replica)"),
+    "operator": ("gpt2bench.controller.main", "run the kopf operator that reconciles GPT2Benchmarks"),
+    "crd": ("gpt2bench.crd", "print or write the CRD generated from the spec model"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: gpt2bench COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `gpt2bench COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if argv[0] == "--version":
+        from gpt2bench import __version__
+
+        print(__version__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"gpt2bench: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(rest) or 0)
