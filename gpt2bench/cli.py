@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("gpt2bench.trainer.train", "train GPT-2 under one strategy (runs inside every job replica)"),
     "operator": ("gpt2bench.controller.main", "run the kopf operator that reconciles GPT2Benchmarks"),
     "crd": ("gpt2bench.crd", "print or write the CRD generated from the spec model"),
+    "launch": ("gpt2bench.launch", "run the MPIJob launcher's mpirun and keep the trainer's summary"),
 }
 
 

@@ -13,6 +13,7 @@ Two layers of checks:
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import yaml
@@ -60,9 +61,9 @@ class ModelSpec(SpecModel):
         if self.preset == "custom":
             missing = [to_camel(f) for f in ("n_layer", "n_head", "n_embd") if getattr(self, f) is None]
             if missing:
-                raise ValueError(f"preset 'custom' needs {', '.join(missing)}")
+                raise ValueError("; ".join(f"{field}: is required with preset 'custom'" for field in missing))
         if self.n_embd is not None and self.n_head is not None and self.n_embd % self.n_head:
-            raise ValueError(f"nEmbd ({self.n_embd}) must be divisible by nHead ({self.n_head})")
+            raise ValueError(f"nEmbd: {self.n_embd} must be divisible by nHead ({self.n_head})")
         return self
 
 
@@ -91,7 +92,7 @@ class TrainingSpec(SpecModel):
     @model_validator(mode="after")
     def _warmup_below_steps(self) -> TrainingSpec:
         if self.warmup_steps >= self.steps:
-            raise ValueError(f"warmupSteps ({self.warmup_steps}) must be less than steps ({self.steps})")
+            raise ValueError(f"warmupSteps: {self.warmup_steps} must be less than steps ({self.steps})")
         return self
 
 
@@ -122,9 +123,9 @@ class StrategySpec(SpecModel):
     def _options_belong_to_strategy(self) -> StrategySpec:
         for option, owners in self._OPTIONS.items():
             if getattr(self, option) is not None and self.name not in owners:
-                raise ValueError(f"{to_camel(option)} applies to {'/'.join(owners)} only, not {self.name}")
+                raise ValueError(f"{to_camel(option)}: applies to {'/'.join(owners)} only, not {self.name}")
         if self.name == "ps-sharded" and self.ps_servers is not None and self.ps_servers < 2:
-            raise ValueError("ps-sharded needs psServers >= 2")
+            raise ValueError(f"psServers: ps-sharded needs >= 2 servers, got {self.ps_servers}")
         return self
 
     @property
@@ -168,7 +169,7 @@ class ScaleSpec(SpecModel):
     def _one_process_per_gpu(self) -> ScaleSpec:
         if self.devices_per_node and self.processes_per_node not in (None, self.devices_per_node):
             raise ValueError(
-                f"processesPerNode ({self.processes_per_node}) must equal devicesPerNode "
+                f"processesPerNode: {self.processes_per_node} must equal devicesPerNode "
                 f"({self.devices_per_node}) on GPUs: one process per device"
             )
         return self
@@ -181,8 +182,9 @@ class SweepSpec(SpecModel):
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> SweepSpec:
-        if len(set(self.precisions)) != len(self.precisions):
-            raise ValueError("precisions: duplicate entries")
+        for i, precision in enumerate(self.precisions):
+            if precision in self.precisions[:i]:
+                raise ValueError(f"precisions[{i}]: {precision!r} is listed twice")
         return self
 
 
@@ -273,16 +275,40 @@ class SpecError(ValueError):
         super().__init__("; ".join(f"{path}: {msg}" for path, msg in errors))
 
 
+# Union members pydantic adds to an error's location (`requests.cpu.int`): types, not fields.
+_UNION_TAGS = {"int", "str", "float", "bool", "none"}
+# A model validator names the field it is about by starting its message with a path:
+# "warmupSteps: must be less than steps" (relative to the model) or "spec.sweep...: ..." (absolute).
+_PATH_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\[\d+\])*(?:\.[A-Za-z][A-Za-z0-9]*(?:\[\d+\])*)*): (.+)$", re.S)
+
+
 def _field_path(loc: tuple[Any, ...], prefix: str) -> str:
     path = prefix
-    for part in loc:
+    parts = list(loc)
+    for i, part in enumerate(parts):
         if isinstance(part, int):
             path += f"[{part}]"
         elif part in ("function-after", "function-before") or "[" in str(part):
             continue  # pydantic's validator frames, not fields
+        elif part in _UNION_TAGS and i == len(parts) - 1 and i > 0:
+            continue
         else:
             path += f".{to_camel(str(part)) if '_' in str(part) else part}"
     return path
+
+
+def _split_message(path: str, msg: str) -> list[tuple[str, str]]:
+    """Turn one validator message into (path, message) pairs, following the path prefixes it carries."""
+    errors = []
+    for part in msg.split("; "):
+        match = _PATH_PREFIX.match(part)
+        if not match:
+            errors.append((path, part))
+        elif match.group(1).startswith("spec.") or match.group(1) == "spec":
+            errors.append((match.group(1), match.group(2)))
+        else:
+            errors.append((f"{path}.{match.group(1)}", match.group(2)))
+    return errors
 
 
 def validate_spec(spec: dict[str, Any]) -> GPT2BenchmarkSpec:
@@ -292,15 +318,15 @@ def validate_spec(spec: dict[str, Any]) -> GPT2BenchmarkSpec:
     try:
         return GPT2BenchmarkSpec.model_validate(spec)
     except ValidationError as exc:
-        errors = []
+        errors: list[tuple[str, str]] = []
         for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
             path = _field_path(tuple(err["loc"]), "spec")
-            if path == "spec" and ": " in msg and msg.startswith("spec."):
-                # cross-field rules already carry their own paths, joined with "; "
-                errors += [tuple(part.split(": ", 1)) for part in msg.split("; ")]
+            if err["type"] == "value_error":
+                errors += _split_message(path, err["msg"].removeprefix("Value error, "))
+            elif errors and errors[-1][0] == path and err["loc"][-1] in _UNION_TAGS:
+                errors[-1] = (path, f"{errors[-1][1]}, or {err['msg'][0].lower()}{err['msg'][1:]}")
             else:
-                errors.append((path, msg))
+                errors.append((path, err["msg"]))
         raise SpecError(errors) from None
 
 
@@ -313,6 +339,9 @@ class Benchmark(BaseModel):
     spec: GPT2BenchmarkSpec
 
 
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
 def load_benchmark(document: dict[str, Any]) -> Benchmark:
     """Validate a full resource (apiVersion, kind, metadata, spec)."""
     if not isinstance(document, dict):
@@ -323,9 +352,14 @@ def load_benchmark(document: dict[str, Any]) -> Benchmark:
     if document.get("kind") != KIND:
         errors.append(("kind", f"must be {KIND}, got {document.get('kind')!r}"))
     metadata = document.get("metadata") or {}
-    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(metadata, dict):
+        errors.append(("metadata", "must be a mapping"))
+        metadata = {}
+    name = metadata.get("name")
     if not name or not isinstance(name, str):
         errors.append(("metadata.name", "is required"))
+    elif len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        errors.append(("metadata.name", f"{name!r} is not a DNS subdomain (lower-case a-z, 0-9, '-', '.')"))
     if "spec" not in document:
         errors.append(("spec", "is required"))
     if errors:

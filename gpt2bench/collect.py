@@ -1,0 +1,189 @@
+"""Turn what a run left behind into its `results` entry (docs/design.md, Results entry).
+
+Sources, all ending in the trainer's compact summary:
+- a pod's termination message: the summary JSON the trainer (or `gpt2bench launch`) wrote, or, under
+  `FallbackToLogsOnError`, the tail of the logs with a `GPT2BENCH_SUMMARY {json}` line in it;
+- a process's stdout (local runner);
+- `summary.json` in the run's output folder.
+
+The entry has the same shape in the CR status and in `results.json`. Garbage never raises past
+`collect_run`: a run without a readable summary is Failed with a reason saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+SUMMARY_PREFIX = "GPT2BENCH_SUMMARY "
+PHASES = ("Pending", "Running", "Succeeded", "Failed")
+RESULT_FIELDS = (
+    "worldSize", "tokensPerSecond", "tokensPerSecondPerDevice", "stepTimeP50Seconds", "stepTimeP95Seconds",
+    "peakMemoryBytes", "trainSeconds", "startupSeconds", "finalLoss", "gradNorm", "mfu",
+)  # fmt: skip
+MAX_REASON = 1000  # status stays small; a reason is a sentence, not a log
+
+
+class CollectError(ValueError):
+    """No usable trainer summary; the message is the run's failure reason."""
+
+
+def camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _decode(text: str, where: str) -> dict[str, Any]:
+    try:
+        summary = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CollectError(f"{where}: trainer summary is not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(summary, dict):
+        raise CollectError(f"{where}: trainer summary is a {type(summary).__name__}, not an object")
+    return summary
+
+
+def summary_json(line: str) -> str | None:
+    """The JSON text after the `GPT2BENCH_SUMMARY ` marker of one output line, or None without a marker.
+
+    The marker may follow a prefix (mpirun's `[1,0]<stdout>:`, a log timestamp) and the object may be
+    followed by noise (Open MPI's --tag-output can glue the next tag onto the line): both are cut off.
+    """
+    at = line.find(SUMMARY_PREFIX)
+    if at < 0:
+        return None
+    rest = line[at + len(SUMMARY_PREFIX) :].strip()
+    try:
+        _, end = json.JSONDecoder().raw_decode(rest)
+    except json.JSONDecodeError:
+        return rest  # let the caller report what is wrong with it
+    return rest[:end]
+
+
+def find_summary_line(text: str, where: str = "output") -> dict[str, Any]:
+    """The last `GPT2BENCH_SUMMARY {json}` line of some output, decoded."""
+    found = [json_text for json_text in map(summary_json, text.splitlines()) if json_text is not None]
+    if not found:
+        raise CollectError(f"{where}: no {SUMMARY_PREFIX.strip()} line ({_tail(text)})")
+    return _decode(found[-1], where)
+
+
+def parse_termination_message(message: str | None) -> dict[str, Any]:
+    """The trainer summary from a container's termination message (JSON, or a log tail with the line)."""
+    text = (message or "").strip()
+    if not text:
+        raise CollectError("termination message is empty")
+    if text.startswith("{"):
+        return _decode(text, "termination message")
+    return find_summary_line(text, "termination message")
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    last = [line.strip() for line in text.strip().splitlines()[-lines:] if line.strip()]
+    return "last output: " + " | ".join(last) if last else "no output"
+
+
+def _number(value: Any) -> float | int | None:
+    """A finite number, or None: NaN and infinities are not JSON a Kubernetes status can hold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def summary_results(summary: dict[str, Any]) -> dict[str, Any]:
+    """The `results` figures (camelCase) from a trainer summary (snake_case or camelCase keys)."""
+    flat = {camel(key): value for key, value in summary.items()}
+    results: dict[str, Any] = {}
+    for name in RESULT_FIELDS:
+        value = _number(flat.get(name))
+        if value is not None:
+            results[name] = int(value) if name in ("worldSize", "peakMemoryBytes") else value
+    return results
+
+
+def summary_failure(summary: dict[str, Any]) -> str | None:
+    """The trainer's own failure reason, or None when it says it succeeded."""
+    status = str(summary.get("status", "ok")).lower()
+    if status in ("ok", "succeeded", "success", "completed"):
+        return None
+    return str(summary.get("reason") or f"trainer reported status {status!r}")
+
+
+def run_entry(
+    run: Any,
+    *,
+    phase: str,
+    job_name: str | None = None,
+    start_time: str | None = None,
+    completion_time: str | None = None,
+    reason: str | None = None,
+    results: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One `runs[]` entry. `run` is a plan.Run (or anything with its fields)."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    entry: dict[str, Any] = {
+        "name": run.name,
+        "strategy": run.strategy.name,
+        "precision": run.precision,
+        "nodes": run.nodes,
+        "devicesPerNode": run.devices_per_node,
+        "processesPerNode": run.procs_per_node,
+        "jobKind": run.job_kind,
+        "jobName": job_name or run.name,
+        "phase": phase,
+    }
+    if start_time:
+        entry["startTime"] = start_time
+    if completion_time:
+        entry["completionTime"] = completion_time
+    if phase == "Failed":
+        entry["reason"] = clean_reason(reason or "") or "failed without a reason"
+    if phase == "Succeeded":
+        entry["results"] = results or {}
+    return entry
+
+
+def entry_from_summary(run: Any, summary: dict[str, Any], **times: str | None) -> dict[str, Any]:
+    """Succeeded with the figures, or Failed with the trainer's reason."""
+    failure = summary_failure(summary)
+    if failure:
+        return run_entry(run, phase="Failed", reason=failure, **times)
+    results = summary_results(summary)
+    if "tokensPerSecond" not in results:
+        return run_entry(run, phase="Failed", reason="trainer summary has no tokensPerSecond", **times)
+    return run_entry(run, phase="Succeeded", results=results, **times)
+
+
+def collect_run(
+    run: Any,
+    *,
+    job_succeeded: bool,
+    termination_message: str | None,
+    job_reason: str | None = None,
+    **times: str | None,
+) -> dict[str, Any]:
+    """The entry of a finished job from its result pod's termination message.
+
+    A job that failed stays Failed whatever the message says; the trainer's reason is preferred to the
+    job's condition message because it says what went wrong inside the training.
+    """
+    try:
+        summary = parse_termination_message(termination_message)
+    except CollectError as exc:
+        if job_succeeded:
+            return run_entry(run, phase="Failed", reason=f"job succeeded but {exc}", **times)
+        return run_entry(run, phase="Failed", reason=job_reason or str(exc), **times)
+    if not job_succeeded:
+        reason = summary_failure(summary) or job_reason or "job failed after the trainer finished"
+        return run_entry(run, phase="Failed", reason=reason, **times)
+    return entry_from_summary(run, summary, **times)
+
+
+def clean_reason(text: str) -> str:
+    """One line, no control characters: reasons end up in `kubectl get -o yaml` and tables."""
+    return re.sub(r"\s+", " ", re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", text)).strip()[:MAX_REASON]

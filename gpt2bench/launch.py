@@ -1,0 +1,120 @@
+"""`gpt2bench launch -- CMD ...`: run CMD (the MPIJob launcher's mpirun) and keep its result.
+
+The trainer writes its summary to the termination-message file of the pod it runs in, but under an
+MPIJob it runs in the Worker pods while the operator reads the Launcher's. So the launcher wraps
+mpirun: it streams mpirun's output unchanged, remembers the last `GPT2BENCH_SUMMARY {json}` line,
+writes that JSON to the launcher's termination-message file, and exits with mpirun's exit code.
+When the command prints no summary line, a failed summary with the tail of its output is written
+instead, so that the operator always learns why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gpt2bench.collect import SUMMARY_PREFIX, summary_json
+
+TERMINATION_LOG_ENV = "GPT2BENCH_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
+MAX_MESSAGE = 4096  # the kubelet keeps at most 4096 bytes of a termination message
+
+
+def termination_log_path() -> Path | None:
+    """$GPT2BENCH_TERMINATION_LOG, else /dev/termination-log when it exists (in a pod), else nowhere."""
+    configured = os.environ.get(TERMINATION_LOG_ENV)
+    if configured:
+        return Path(configured)
+    return DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None
+
+
+def write_message(path: Path, text: str) -> None:
+    """Atomically where we can (a regular file's folder), in place for /dev/termination-log itself."""
+    data = text.encode()[:MAX_MESSAGE]
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError:  # e.g. /dev is not writable: overwrite the file the kubelet mounted
+        path.write_bytes(data)
+        return
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def failure_summary(reason: str, tail: list[str]) -> str:
+    """A compact failed summary that still fits a termination message with some output in it."""
+    reason = reason + (": " + " | ".join(line.strip() for line in tail if line.strip()) if tail else "")
+    return json.dumps({"status": "failed", "reason": reason[-(MAX_MESSAGE - 64) :]}, separators=(",", ":"))
+
+
+def run(command: list[str], out=None) -> tuple[int, str | None, list[str]]:
+    """Run `command`, copy its output to `out`; return (exit code, last summary JSON, last lines)."""
+    out = out or sys.stdout.buffer
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    forwarded = {}
+
+    def forward(signum, _frame):  # let mpirun stop its ranks itself
+        process.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        forwarded[signum] = signal.signal(signum, forward)
+    summary: str | None = None
+    tail: collections.deque[str] = collections.deque(maxlen=5)
+    try:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            out.write(raw)
+            out.flush()
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            found = summary_json(line)
+            if found is not None:
+                summary = found
+            elif line.strip():
+                tail.append(line)
+        code = process.wait()
+    finally:
+        for signum, handler in forwarded.items():
+            signal.signal(signum, handler)
+    return code, summary, list(tail)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpt2bench launch",
+        description="Run a command (the MPIJob launcher's mpirun) and copy the trainer's summary line to "
+        f"the termination message (${TERMINATION_LOG_ENV}, else {DEFAULT_TERMINATION_LOG} when it exists).",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --, e.g. gpt2bench launch -- mpirun -np 2 gpt2bench train ...")
+    path = termination_log_path()
+    try:
+        code, summary, tail = run(command)
+    except OSError as exc:  # command not found / not executable
+        print(f"gpt2bench launch: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        code, summary, tail = 127, None, [f"cannot run {command[0]}: {exc.strerror or exc}"]
+    if code < 0:  # killed by a signal: report it the way a shell does
+        code = 128 - code
+    if summary is None:
+        message = failure_summary(f"{command[0]} exited {code} without a {SUMMARY_PREFIX.strip()} line", tail)
+    else:
+        message = summary
+    if path is not None:
+        try:
+            write_message(path, message)
+        except OSError as exc:
+            print(f"gpt2bench launch: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""Expand a GPT2Benchmark's sweep into runs: strategies x precisions x scales.
+
+Order (deterministic, and the order runs start in when concurrency is 1): scales outer, then
+strategies, then precisions, each in the order the spec lists them. Scales outer means that all runs
+of the first (usually smallest) scale finish before a larger scale starts, so a comparison table of
+one scale is complete early in a long sweep.
+
+Effective scale: `single` always runs 1 node x 1 process (1 GPU when the scale has GPUs);
+`dataparallel` runs 1 node x 1 process owning all of the node's GPUs (on CPU it trains as `single`).
+Runs equal in (strategy, precision, effective scale) are planned once, at their first place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+from gpt2bench.spec import Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
+
+# Job names must be DNS-1035 labels (<= 63). The Kubeflow operators derive pod and Service names from
+# them (`<job>-worker-<i>`, `<job>-launcher`), so run names keep room for those suffixes.
+MAX_NAME_LENGTH = 52
+_HASH_LENGTH = 8
+
+# Boolean strategy options: True -> `--flag`; False -> `--no-flag` where the trainer has one, else omitted.
+_NEGATABLE_FLAGS = {"--reshard-after-forward"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One job of the sweep. See docs/design.md (Runs)."""
+
+    name: str
+    index: int
+    strategy: StrategySpec
+    precision: str
+    scale: ScaleSpec
+    job_kind: str  # "PyTorchJob" | "MPIJob"
+    nodes: int  # pods doing training
+    procs_per_node: int  # processes per pod, parameter servers included
+    world_size: int  # training workers, servers excluded
+    devices_per_node: int  # GPUs per pod (0 = CPU)
+    ps_servers: int
+    benchmark: str = ""
+    spec: GPT2BenchmarkSpec | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def total_processes(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def workers_per_node(self) -> int:
+        """Training processes per pod (parameter servers left out)."""
+        return self.procs_per_node - self.ps_servers // self.nodes
+
+    def trainer_args(self, output: str = "$(GPT2BENCH_OUTPUT_DIR)") -> list[str]:
+        """The exact `gpt2bench train` options of this run (docs/design.md, Trainer)."""
+        if self.spec is None:
+            raise ValueError(f"run {self.name!r} was planned without its spec")
+        spec = self.spec
+        model, data, training = spec.model, spec.data, spec.training
+        args = {
+            "--strategy": self.strategy.name,
+            "--precision": self.precision,
+            "--model": model.preset,
+            "--n-layer": model.n_layer,
+            "--n-head": model.n_head,
+            "--n-embd": model.n_embd,
+            "--n-positions": model.n_positions,
+            "--pretrained": model.pretrained,
+            "--steps": training.steps,
+            "--warmup-steps": training.warmup_steps,
+            "--micro-batch-size": training.micro_batch_size,
+            "--grad-accum": training.grad_accum,
+            "--seq-len": training.seq_len,
+            "--lr": training.lr,
+            "--seed": training.seed,
+            "--max-grad-norm": training.max_grad_norm,
+            "--data": data.source,
+            "--max-documents": data.max_documents,
+            "--device": "cuda" if self.devices_per_node else "cpu",
+            "--metrics-port": spec.metrics.port,
+            "--benchmark": self.benchmark,
+            "--run": self.name,
+            **self.strategy.trainer_options(),
+            "--output": output,
+        }
+        flat: list[str] = []
+        for flag, value in args.items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                if value:
+                    flat.append(flag)
+                elif flag in _NEGATABLE_FLAGS:
+                    flat.append("--no-" + flag[2:])
+                continue
+            flat += [flag, str(value)]
+        return flat
+
+
+def dns_label(text: str) -> str:
+    """Lower-case, only [a-z0-9-], starting with a letter and ending alphanumeric."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower())
+    label = re.sub(r"-{2,}", "-", label).strip("-")
+    if not label or not label[0].isalpha():
+        label = "g2b-" + label
+    return label.rstrip("-")
+
+
+def fit_name(name: str, limit: int = MAX_NAME_LENGTH) -> str:
+    """`name` when it fits, else a truncated prefix plus a hash of the whole, so names stay unique."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_LENGTH]
+    return f"{name[: limit - _HASH_LENGTH - 1].rstrip('-')}-{digest}"
+
+
+def run_name(benchmark: str, strategy: str, precision: str, nodes: int, per_node: int, gpus: bool) -> str:
+    size = f"{nodes}x{per_node}{'g' if gpus else ''}"
+    return fit_name(dns_label(f"{benchmark}-{strategy}-{precision}-{size}"))
+
+
+def _effective(strategy: StrategySpec, scale: ScaleSpec) -> tuple[int, int, int]:
+    """(nodes, worker processes per node, GPUs per node) the strategy really uses at this scale."""
+    if strategy.name == "single":
+        return 1, 1, min(scale.devices_per_node, 1)
+    if strategy.name == "dataparallel":
+        return 1, 1, scale.devices_per_node
+    return scale.nodes, scale.procs_per_node, scale.devices_per_node
+
+
+def plan_runs(benchmark: Benchmark) -> list[Run]:
+    """All runs of the sweep, in start order, with unique DNS-safe names."""
+    spec = benchmark.spec
+    runs: list[Run] = []
+    seen: set[tuple] = set()
+    for scale in spec.sweep.scales:
+        for strategy in spec.sweep.strategies:
+            nodes, workers, gpus = _effective(strategy, scale)
+            for precision in spec.sweep.precisions:
+                key = (strategy.name, precision, nodes, workers, gpus)
+                if key in seen:
+                    continue
+                seen.add(key)
+                servers = strategy.servers
+                runs.append(
+                    Run(
+                        name=run_name(benchmark.name, strategy.name, precision, nodes, gpus or workers, gpus > 0),
+                        index=len(runs),
+                        strategy=strategy,
+                        precision=precision,
+                        scale=scale,
+                        job_kind="MPIJob" if strategy.name == "horovod" else "PyTorchJob",
+                        nodes=nodes,
+                        procs_per_node=workers + servers // nodes,
+                        world_size=nodes * workers,
+                        devices_per_node=gpus,
+                        ps_servers=servers,
+                        benchmark=benchmark.name,
+                        spec=spec,
+                    )
+                )
+    names = [run.name for run in runs]
+    if len(set(names)) != len(names):  # cannot happen with the keys above; guard the contract anyway
+        raise ValueError(f"run names collide: {names}")
+    return runs

@@ -1,0 +1,153 @@
+"""`gpt2bench launch`: the MPIJob launcher's wrapper, run as a real process around real commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpt2bench import launch
+from gpt2bench.collect import parse_termination_message
+
+SUMMARY = {"status": "ok", "tokens_per_second": 42.5, "world_size": 2}
+
+
+def launch_process(args: list[str], tmp_path: Path, **kwargs) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log"),
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpt2bench", "launch", "--", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def run_launch(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    process = launch_process(args, tmp_path)
+    out, err = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "rank.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+RANK_SCRIPT = f"""
+    import json, os, sys
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    print(f"rank {{rank}} step 1", flush=True)
+    if rank == 0:
+        print("GPT2BENCH_SUMMARY " + json.dumps({json.dumps(SUMMARY)}), flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
+@pytest.mark.parametrize("tag_output", [False, True])
+def test_mpirun_summary_reaches_the_termination_log(tmp_path, tag_output):
+    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-bind-to", "none", "-map-by", "slot"]
+    if tag_output:  # "[1,0]<stdout>:GPT2BENCH_SUMMARY ..." must still be found
+        mpirun.append("--tag-output")
+    done = run_launch([*mpirun, sys.executable, script(tmp_path, RANK_SCRIPT)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 step 1" in done.stdout and "rank 1 step 1" in done.stdout  # output streamed through
+    message = (tmp_path / "termination-log").read_text()
+    assert json.loads(message) == SUMMARY
+    assert parse_termination_message(message)["tokens_per_second"] == 42.5
+
+
+def test_exit_code_is_the_commands(tmp_path):
+    done = run_launch(["sh", "-c", f"echo 'GPT2BENCH_SUMMARY {json.dumps(SUMMARY)}'; exit 7"], tmp_path)
+    assert done.returncode == 7
+    assert json.loads((tmp_path / "termination-log").read_text()) == SUMMARY
+
+
+def test_last_summary_line_wins(tmp_path):
+    done = run_launch(
+        [
+            "sh",
+            "-c",
+            'echo \'GPT2BENCH_SUMMARY {"status":"ok","n":1}\'; echo \'GPT2BENCH_SUMMARY {"status":"ok","n":2}\'',
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0
+    assert json.loads((tmp_path / "termination-log").read_text())["n"] == 2
+
+
+def test_no_summary_writes_a_failure_with_the_output_tail(tmp_path):
+    done = run_launch(
+        ["sh", "-c", "echo starting; echo 'ORTE was unable to reach daemon on node worker-1' >&2; exit 1"], tmp_path
+    )
+    assert done.returncode == 1
+    summary = parse_termination_message((tmp_path / "termination-log").read_text())
+    assert summary["status"] == "failed"
+    assert "sh exited 1 without a GPT2BENCH_SUMMARY line" in summary["reason"]
+    assert "unable to reach daemon" in summary["reason"]
+
+
+def test_missing_command_exits_127_with_a_reason(tmp_path):
+    done = run_launch(["no-such-mpirun-here"], tmp_path)
+    assert done.returncode == 127
+    assert "cannot run 'no-such-mpirun-here'" in done.stderr
+    assert "no-such-mpirun-here" in json.loads((tmp_path / "termination-log").read_text())["reason"]
+
+
+def test_sigterm_is_forwarded_and_reported(tmp_path):
+    process = launch_process(
+        [sys.executable, "-u", "-c", "import time; print('ready', flush=True); time.sleep(60)"], tmp_path
+    )
+    assert process.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=20)
+    assert time.monotonic() - started < 15
+    assert process.returncode == 128 + signal.SIGTERM
+    assert "exited 143" in json.loads((tmp_path / "termination-log").read_text())["reason"]
+
+
+def test_without_a_termination_log_nothing_is_written(tmp_path, monkeypatch, capsysbinary):
+    monkeypatch.delenv("GPT2BENCH_TERMINATION_LOG", raising=False)
+    monkeypatch.setattr(launch, "DEFAULT_TERMINATION_LOG", tmp_path / "absent")
+    assert launch.termination_log_path() is None
+    assert launch.main(["--", "sh", "-c", "echo hello"]) == 0
+    assert b"hello" in capsysbinary.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_termination_log_is_used_when_it_exists(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPT2BENCH_TERMINATION_LOG", raising=False)
+    default = tmp_path / "termination-log"
+    default.write_text("")
+    monkeypatch.setattr(launch, "DEFAULT_TERMINATION_LOG", default)
+    assert launch.main(["--", "sh", "-c", f"echo 'GPT2BENCH_SUMMARY {json.dumps(SUMMARY)}'"]) == 0
+    assert json.loads(default.read_text()) == SUMMARY
+
+
+def test_usage_error_without_a_command(capsys):
+    with pytest.raises(SystemExit) as caught:
+        launch.main(["--"])
+    assert caught.value.code == 2
+    assert "give the command to run" in capsys.readouterr().err
+
+
+def test_launch_is_a_gpt2bench_command():
+    from gpt2bench.cli import COMMANDS
+
+    assert COMMANDS["launch"][0] == "gpt2bench.launch"

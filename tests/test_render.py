@@ -1,0 +1,356 @@
+"""Rendering: every run becomes a PyTorchJob or MPIJob valid against the upstream Kubeflow CRDs."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from kubeflow_crds import JobInvalid, job_problems, validate_job
+
+from gpt2bench.plan import plan_runs
+from gpt2bench.render import OUTPUT_DIR, main, render_all, render_job
+from gpt2bench.spec import STRATEGIES, SpecError, load_benchmark, load_benchmark_file
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+def benchmark(spec: dict, name: str = "bench", uid: str | None = "uid-1"):
+    metadata = {"name": name, "namespace": "perf", **({"uid": uid} if uid else {})}
+    return load_benchmark(
+        {"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": metadata, "spec": spec}
+    )
+
+
+def container(job: dict, replica: str) -> dict:
+    specs = job["spec"].get("pytorchReplicaSpecs") or job["spec"]["mpiReplicaSpecs"]
+    return specs[replica]["template"]["spec"]["containers"][0]
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+# -- the validator itself must catch what an API server would ------------------------------------------
+
+
+def test_validator_rejects_broken_jobs():
+    job = render_all(benchmark({"sweep": {"strategies": [{"name": "ddp"}]}}))[0]
+    validate_job(job)
+    for mutate, needle in [
+        (lambda j: j["spec"].update(nprocPerNodes="2"), "nprocPerNodes"),
+        (lambda j: j["spec"].update(nprocPerNode=2), "nprocPerNode"),  # the CRD says string
+        (lambda j: container(j, "Master")["ports"][0].update(containerPort="x"), "containerPort"),
+        (lambda j: j["spec"]["pytorchReplicaSpecs"].update(Chief=j["spec"]["pytorchReplicaSpecs"]["Master"]), "Chief"),
+        (lambda j: j["spec"]["pytorchReplicaSpecs"]["Master"].update(restartPolicy="Sometimes"), "restartPolicy"),
+        (lambda j: j["spec"].pop("pytorchReplicaSpecs"), "pytorchReplicaSpecs"),
+        (lambda j: j["metadata"].update(name="x" * 64), "metadata.name"),
+    ]:
+        broken = copy.deepcopy(job)
+        mutate(broken)
+        problems = job_problems(broken)
+        assert any(needle in p for p in problems), (needle, problems)
+        with pytest.raises(JobInvalid):
+            validate_job(broken)
+
+
+# -- PyTorchJob -------------------------------------------------------------------------------------------
+
+
+def test_pytorchjob_topology_command_and_outputs():
+    spec = {"sweep": {"strategies": [{"name": "ddp"}], "scales": [{"nodes": 3, "processesPerNode": 2}]}}
+    (job,) = render_all(benchmark(spec))
+    validate_job(job)
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    assert job["metadata"]["name"] == "bench-ddp-fp32-3x2" and job["metadata"]["namespace"] == "perf"
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
+    assert job["spec"]["nprocPerNode"] == "2"
+    for role in ("Master", "Worker"):
+        c = container(job, role)
+        assert c["name"] == "pytorch"
+        assert c["command"][:4] == ["torchrun", "--no-python", "gpt2bench", "train"]
+        assert "--nnodes" not in c["command"]  # torchrun reads the injected PET_* instead
+        assert flag(c["command"], "--output") == "$(GPT2BENCH_OUTPUT_DIR)"
+        assert {"name": "GPT2BENCH_OUTPUT_DIR", "value": OUTPUT_DIR} in c["env"]
+        assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
+        assert "resources" not in c or "nvidia.com/gpu" not in c["resources"].get("limits", {})
+        volumes = replicas[role]["template"]["spec"]["volumes"]
+        assert {"name": "output", "emptyDir": {}} in volumes
+        assert c["volumeMounts"][0] == {"name": "output", "mountPath": OUTPUT_DIR}
+    assert replicas["Master"]["template"] is not replicas["Worker"]["template"]
+
+
+def test_single_node_job_has_no_worker_replicas():
+    (job,) = render_all(benchmark({"sweep": {"strategies": [{"name": "single"}]}}))
+    assert set(job["spec"]["pytorchReplicaSpecs"]) == {"Master"}
+    assert job["spec"]["nprocPerNode"] == "1"
+
+
+def test_gpus_are_requested_and_limited():
+    spec = {
+        "sweep": {"strategies": [{"name": "fsdp"}, {"name": "single"}], "scales": [{"nodes": 2, "devicesPerNode": 4}]}
+    }
+    spec["resources"] = {"requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"memory": "32Gi"}}
+    fsdp, single = render_all(benchmark(spec))
+    for job, gpus in ((fsdp, 4), (single, 1)):
+        validate_job(job)
+        resources = container(job, "Master")["resources"]
+        assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == gpus
+        assert resources["requests"]["cpu"] == "8" and resources["limits"]["memory"] == "32Gi"
+        assert flag(container(job, "Master")["command"], "--device") == "cuda"
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container(job, "Master")["volumeMounts"]
+    assert fsdp["spec"]["nprocPerNode"] == "4"
+
+
+def test_parameter_servers_are_processes_of_the_job():
+    spec = {
+        "sweep": {
+            "strategies": [{"name": "ps-sharded", "psServers": 2}],
+            "scales": [{"nodes": 2, "processesPerNode": 2}],
+        }
+    }
+    (job,) = render_all(benchmark(spec))
+    validate_job(job)
+    assert job["spec"]["nprocPerNode"] == "3"  # 2 workers + 1 server per node
+    metrics = [p for p in container(job, "Master")["ports"] if p["name"].startswith("metrics")]
+    assert [(p["name"], p["containerPort"]) for p in metrics] == [
+        ("metrics", 9400), ("metrics-1", 9401), ("metrics-2", 9402),
+    ]  # fmt: skip
+    assert flag(container(job, "Master")["command"], "--ps-servers") == "2"
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+
+
+def test_labels_owner_and_metrics_annotations():
+    spec = {
+        "sweep": {"strategies": [{"name": "ddp"}], "precisions": ["bf16"]},
+        "metrics": {"port": 9555, "podLabels": {"team": "ml"}, "podAnnotations": {"note": "x"}},
+    }
+    (job,) = render_all(benchmark(spec))
+    labels = job["metadata"]["labels"]
+    expected = {
+        "app.kubernetes.io/name": "gpt2bench", "app.kubernetes.io/component": "run",
+        "app.kubernetes.io/managed-by": "gpt2bench-operator", "gpt2bench.io/benchmark": "bench",
+        "gpt2bench.io/run": "bench-ddp-bf16-1x1", "gpt2bench.io/strategy": "ddp", "gpt2bench.io/precision": "bf16",
+    }  # fmt: skip
+    assert expected.items() <= labels.items()
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]
+    assert expected.items() <= pod["labels"].items() and pod["labels"]["team"] == "ml"
+    assert pod["annotations"] == {
+        "note": "x", "prometheus.io/scrape": "true", "prometheus.io/port": "9555", "prometheus.io/path": "/metrics"
+    }  # fmt: skip
+    (owner,) = job["metadata"]["ownerReferences"]
+    assert owner == {
+        "apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "name": "bench", "uid": "uid-1",
+        "controller": True, "blockOwnerDeletion": True,
+    }  # fmt: skip
+    assert {"name": "metrics", "containerPort": 9555, "protocol": "TCP"} in container(job, "Master")["ports"]
+
+
+def test_no_owner_without_uid_and_no_annotations_when_disabled():
+    spec = {"sweep": {"strategies": [{"name": "ddp"}]}, "metrics": {"scrapeAnnotations": False}}
+    (job,) = render_all(benchmark(spec, uid=None))
+    assert "ownerReferences" not in job["metadata"]
+    assert "annotations" not in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]
+
+
+def test_run_policy_scheduling_and_placement():
+    spec = {
+        "sweep": {"strategies": [{"name": "ddp"}, {"name": "horovod"}], "scales": [{"nodes": 2}]},
+        "runPolicy": {"backoffLimit": 2, "activeDeadlineSeconds": 600, "ttlSecondsAfterFinished": 60},
+        "scheduling": {"gang": True, "queue": "research", "kueueQueue": "team-a", "priorityClassName": "high"},
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    ddp, horovod = render_all(benchmark(spec))
+    for job, pods in ((ddp, 2), (horovod, 3)):
+        validate_job(job)
+        policy = job["spec"]["runPolicy"]
+        assert policy["backoffLimit"] == 2 and policy["activeDeadlineSeconds"] == 600
+        assert policy["ttlSecondsAfterFinished"] == 60 and policy["cleanPodPolicy"] == "Running"
+        assert policy["schedulingPolicy"] == {"minAvailable": pods, "queue": "research", "priorityClass": "high"}
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        replica_specs = job["spec"].get("pytorchReplicaSpecs") or job["spec"]["mpiReplicaSpecs"]
+        for replica in replica_specs.values():
+            pod = replica["template"]["spec"]
+            assert replica["restartPolicy"] == "OnFailure"  # restarts allowed by backoffLimit
+            assert pod["nodeSelector"] == {"pool": "gpu"} and pod["priorityClassName"] == "high"
+            assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_defaults_give_no_scheduling_policy_and_never_restart():
+    (job,) = render_all(benchmark({"sweep": {"strategies": [{"name": "ddp"}]}}))
+    policy = job["spec"]["runPolicy"]
+    assert "schedulingPolicy" not in policy and "ttlSecondsAfterFinished" not in policy
+    assert policy["activeDeadlineSeconds"] == 7200
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] == "Never"
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+
+
+# -- MPIJob -----------------------------------------------------------------------------------------------
+
+
+def test_horovod_mpijob_launcher_and_workers():
+    spec = {
+        "sweep": {
+            "strategies": [{"name": "horovod"}],
+            "precisions": ["fp16"],
+            "scales": [{"nodes": 2, "devicesPerNode": 4}],
+        }
+    }
+    (job,) = render_all(benchmark(spec))
+    validate_job(job)
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    s = job["spec"]
+    assert s["slotsPerWorker"] == 4 and s["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert s["mpiImplementation"] == "OpenMPI" and s["sshAuthMountPath"] == "/root/.ssh"
+    launcher, worker = s["mpiReplicaSpecs"]["Launcher"], s["mpiReplicaSpecs"]["Worker"]
+    assert (launcher["replicas"], worker["replicas"]) == (1, 2)
+    command = container(job, "Launcher")["command"]
+    assert command[:4] == ["gpt2bench", "launch", "--", "mpirun"]
+    assert flag(command, "-np") == "8" and "--allow-run-as-root" in command
+    assert flag(command, "-bind-to") == "none" and flag(command, "-map-by") == "slot"
+    assert {"PATH", "GPT2BENCH_OUTPUT_DIR"} <= {command[i + 1] for i, a in enumerate(command) if a == "-x"}
+    train = command.index("train")
+    assert command[train - 1] == "gpt2bench"
+    assert flag(command, "--strategy") == "horovod" and flag(command, "--precision") == "fp16"
+    assert container(job, "Launcher")["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert "nvidia.com/gpu" not in str(container(job, "Launcher").get("resources"))
+    assert container(job, "Worker")["command"] == ["/usr/sbin/sshd", "-De"]
+    assert container(job, "Worker")["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert any(p["name"] == "metrics" for p in container(job, "Worker")["ports"])
+
+
+# -- examples and CLI -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["cpu-sweep.yaml", "gpu-papers.yaml"])
+def test_examples_render_valid_jobs(name):
+    jobs = render_all(load_benchmark_file(str(EXAMPLES / name)))
+    for job in jobs:
+        validate_job(job)
+    assert len({j["metadata"]["name"] for j in jobs}) == len(jobs)
+
+
+def test_render_cli_prints_a_yaml_stream(capsys):
+    assert main([str(EXAMPLES / "cpu-sweep.yaml")]) == 0
+    out = capsys.readouterr().out
+    jobs = list(yaml.safe_load_all(out))
+    assert len(jobs) == 14 and "&id" not in out
+    assert [j["kind"] for j in jobs].count("MPIJob") == 2
+    for job in jobs:
+        validate_job(job)
+
+
+def test_render_cli_namespace_override(capsys):
+    assert main([str(EXAMPLES / "cpu-sweep.yaml"), "-n", "perf"]) == 0
+    assert {j["metadata"]["namespace"] for j in yaml.safe_load_all(capsys.readouterr().out)} == {"perf"}
+
+
+def test_render_cli_bad_file_exits_2_naming_the_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: gpt2bench.io/v1alpha1\nkind: GPT2Benchmark\nmetadata: {name: b}\n"
+        "spec:\n  sweep:\n    strategies: [{name: ddp}]\n    scales: [{nodes: 0}]\n"
+    )
+    done = subprocess.run([sys.executable, "-m", "gpt2bench", "render", str(bad)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "spec.sweep.scales[0].nodes" in done.stderr and done.stdout == ""
+
+
+def test_render_cli_missing_file_exits_2(tmp_path, capsys):
+    assert main([str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+
+
+# -- property: any valid spec plans and renders only valid jobs -------------------------------------------
+
+strategy_specs = st.sampled_from(STRATEGIES).flatmap(
+    lambda name: st.fixed_dictionaries(
+        {"name": st.just(name)},
+        optional={
+            "ddp": {
+                "bucketCapMb": st.floats(0.5, 100),
+                "staticGraph": st.booleans(),
+                "gradientAsBucketView": st.booleans(),
+            },
+            "fsdp": {"reshardAfterForward": st.booleans()},
+            "ps": {"psServers": st.integers(1, 4), "psMode": st.sampled_from(["sync", "async"])},
+            "ps-sharded": {"psServers": st.integers(2, 4), "psMode": st.sampled_from(["sync", "async"])},
+        }.get(name, {}),
+    )
+)
+scale_specs = st.integers(0, 8).flatmap(
+    lambda gpus: st.fixed_dictionaries(
+        {"nodes": st.integers(1, 4), "devicesPerNode": st.just(gpus)},
+        optional={"processesPerNode": st.just(gpus) if gpus else st.integers(1, 4)},
+    )
+)
+label_text = st.text("abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=12).filter(
+    lambda s: s[0].isalnum() and s[-1].isalnum()
+)
+valid_specs = st.fixed_dictionaries(
+    {
+        "sweep": st.fixed_dictionaries(
+            {
+                "strategies": st.lists(strategy_specs, min_size=1, max_size=4, unique_by=lambda s: s["name"]),
+                "precisions": st.lists(st.sampled_from(["fp32", "fp16", "bf16"]), min_size=1, max_size=3, unique=True),
+                "scales": st.lists(scale_specs, min_size=1, max_size=3),
+            }
+        )
+    },
+    optional={
+        "training": st.fixed_dictionaries(
+            {"steps": st.integers(2, 100), "warmupSteps": st.just(1), "seqLen": st.integers(8, 1024)}
+        ),
+        "resources": st.fixed_dictionaries(
+            {"requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), st.sampled_from(["1", "2Gi", 4]))}
+        ),
+        "nodeSelector": st.dictionaries(label_text, label_text, max_size=2),
+        "scheduling": st.fixed_dictionaries(
+            {"gang": st.booleans()},
+            optional={"queue": label_text, "kueueQueue": label_text, "priorityClassName": label_text},
+        ),
+        "runPolicy": st.fixed_dictionaries(
+            {"backoffLimit": st.integers(0, 3)}, optional={"ttlSecondsAfterFinished": st.integers(0, 10_000)}
+        ),
+        "metrics": st.fixed_dictionaries({"port": st.integers(1024, 65535), "scrapeAnnotations": st.booleans()}),
+    },
+)
+benchmark_names = st.one_of(
+    label_text,
+    st.text("abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=30, max_size=120).filter(
+        lambda s: s[0].isalnum() and s[-1].isalnum() and ".." not in s and ".-" not in s and "-." not in s
+    ),
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(spec=valid_specs, name=benchmark_names, uid=st.one_of(st.none(), st.uuids().map(str)))
+def test_any_valid_spec_renders_only_valid_uniquely_named_jobs(spec, name, uid):
+    try:
+        bench = benchmark(spec, name=name, uid=uid)
+    except SpecError:
+        assume(False)  # cross-field rules (e.g. dataparallel on 2 nodes) reject some draws: not this property
+    runs = plan_runs(bench)
+    jobs = [render_job(bench, run) for run in runs]
+    names = [job["metadata"]["name"] for job in jobs]
+    assert len(set(names)) == len(names)
+    for run, job in zip(runs, jobs, strict=True):
+        validate_job(job)
+        assert len(job["metadata"]["name"]) <= 63 and DNS_LABEL.match(job["metadata"]["name"])
+        assert all(len(v) <= 63 and LABEL_VALUE.match(v) for v in job["metadata"]["labels"].values())
+        assert (job["kind"] == "MPIJob") == (run.strategy.name == "horovod")
+        if job["kind"] == "PyTorchJob":
+            assert int(job["spec"]["nprocPerNode"]) * run.nodes == run.world_size + run.ps_servers
+        else:
+            assert job["spec"]["slotsPerWorker"] * run.nodes == run.world_size
