@@ -1,0 +1,300 @@
+"""The Helm chart, rendered by the real helm binary (.tools/bin/helm, installed by scripts/install.sh).
+
+Built-in kinds are validated against the Kubernetes OpenAPI schemas (kubernetes-validate, offline);
+the Prometheus Operator kinds are checked against what they must select and contain; the generated
+PrometheusRule and dashboards must equal the monitoring/ sources.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+HELM = ROOT / ".tools" / "bin" / "helm"
+CHART = ROOT / "helm" / "gpt2bench"
+SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+sys.path.insert(0, str(ROOT))  # monitoring/ is a repository tool, not part of the installed package
+
+pytestmark = pytest.mark.skipif(not HELM.exists(), reason=f"helm not installed at {HELM} (run scripts/install.sh)")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(HELM), *args], check=False, capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def render(*args: str, release: str = "bench", namespace: str = "gpt2bench-system") -> list[dict[str, Any]]:
+    out = helm("template", release, str(CHART), "--namespace", namespace, *args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name_part: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and name_part in d["metadata"]["name"]]
+    assert len(found) == 1, f"expected one {kind} named *{name_part}*, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def all_monitoring(*extra: str) -> list[str]:
+    flags = ("serviceMonitor.enabled=true,podMonitor.enabled=true,prometheusRule.enabled=true,"
+             "grafanaDashboards.enabled=true")
+    return ["--set", flags, *extra]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    """Scenario file name → rendered objects."""
+    return {name: render("-f", str(CHART / "ci" / name)) for name in SCENARIOS}
+
+
+def test_ci_scenarios_exist() -> None:
+    assert {"default-values.yaml", "monitoring-values.yaml", "namespaced-values.yaml"} <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_lint_strict(scenario: str) -> None:
+    proc = helm("lint", str(CHART), "--strict", "-f", str(CHART / "ci" / scenario))
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_builtin_kinds_valid_against_kubernetes_schemas(rendered, scenario: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+    for doc in rendered[scenario]:
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_object_has_standard_labels_and_dns_names(rendered, scenario: str) -> None:
+    for doc in rendered[scenario]:
+        meta = doc["metadata"]
+        labels = meta.get("labels", {})
+        for key in ("helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
+                    "app.kubernetes.io/managed-by", "app.kubernetes.io/version"):
+            assert key in labels, f"{doc['kind']}/{meta['name']} lacks label {key}"
+        assert len(meta["name"]) <= 63 and DNS_LABEL.match(meta["name"]), meta["name"]
+
+
+def test_long_names_are_truncated_to_63() -> None:
+    docs = render("--set", "nameOverride=" + "n" * 60, *all_monitoring(), release="r" * 53)
+    for doc in docs:
+        assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
+        assert DNS_LABEL.match(doc["metadata"]["name"]), doc["metadata"]["name"]
+
+
+def test_defaults_watch_all_namespaces_with_cluster_roles(rendered) -> None:
+    docs = rendered["default-values.yaml"]
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
+                     "Service", "ServiceAccount"], "monitoring objects must be off by default"
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["operator", "--all-namespaces"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--metrics-port=9090" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 9090, "health": 8080}
+    assert container["image"] == "ghcr.io/gpt2bench/gpt2bench:0.1.0"  # tag defaults to appVersion
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    assert set(roles) == {"bench-gpt2bench", "bench-gpt2bench-framework"}
+    app_rules = roles["bench-gpt2bench"]["rules"]
+    assert any("gpt2benchmarks/status" in r["resources"] for r in app_rules)
+    assert any({"pytorchjobs", "mpijobs"} <= set(r["resources"]) and "create" in r["verbs"] for r in app_rules)
+
+
+def test_namespaced_scenario_uses_a_role_in_the_watched_namespace(rendered) -> None:
+    docs = rendered["namespaced-values.yaml"]
+    deployment = one(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["operator", "--namespace=ml-benchmarks"]
+    assert container["args"][-1] == "--verbose"
+    assert container["image"] == "registry.example.com/ml/gpt2bench:0.1.0-rc1"
+    assert container["imagePullPolicy"] == "Always"
+    role = one(docs, "Role")
+    assert role["metadata"]["namespace"] == "ml-benchmarks"
+    assert any("gpt2benchmarks" in r["resources"] for r in role["rules"])
+    binding = one(docs, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bench-operator"}
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpt2bench-operator", "namespace": "gpt2bench-system"}]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "gpt2bench-operator"
+    # kopf still needs its cluster-wide framework rules (CRDs, namespaces).
+    framework = one(docs, "ClusterRole", "framework")
+    assert any("customresourcedefinitions" in r["resources"] for r in framework["rules"])
+    assert not any("gpt2benchmarks" in r["resources"] for r in framework["rules"])
+
+
+def test_rbac_rules_are_labelled_framework_or_application() -> None:
+    source = (CHART / "templates" / "rbac.yaml").read_text()
+    rules = source.count("- apiGroups:")
+    labelled = len(re.findall(r"# (Framework|Application): [^\n]*\n\s*- apiGroups:", source))
+    assert rules == labelled, "every RBAC rule is preceded by a '# Framework:' or '# Application:' comment"
+
+
+@pytest.mark.parametrize("bad, field", [
+    (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+    (["--set", "operator.replicas=2"], "replicas"),
+    (["--set", "service.type=External"], "type"),
+    (["--set", "unknownKey=1"], "unknownKey"),
+    (["--set", "prometheusRule.disabled.NoSuchAlert=true"], "NoSuchAlert"),
+    (["--set", "serviceMonitor.interval=soon"], "interval"),
+    (["--set-string", "operator.metricsPort=http"], "metricsPort"),
+])
+def test_values_schema_rejects_bad_values(bad: list[str], field: str) -> None:
+    proc = helm("template", "bench", str(CHART), *bad, check=False)
+    assert proc.returncode != 0, f"helm accepted {bad}"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert field in proc.stderr, proc.stderr
+
+
+def test_schema_knows_exactly_the_generated_alerts() -> None:
+    from monitoring import rules
+    from monitoring.config import CONFIG
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    disabled = schema["properties"]["prometheusRule"]["properties"]["disabled"]["properties"]
+    assert set(disabled) == {alert.name for alert in rules.alerts(CONFIG)}
+
+
+def test_service_monitor_selects_the_operator_service(rendered) -> None:
+    docs = rendered["monitoring-values.yaml"]
+    monitor, service, deployment = one(docs, "ServiceMonitor"), one(docs, "Service"), one(docs, "Deployment")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["honorLabels"] is True  # keeps the counters' benchmark namespace
+    from monitoring.config import CONFIG
+
+    assert endpoint["relabelings"] == [{"action": "replace", "targetLabel": "job", "replacement": CONFIG.operator_job}]
+
+
+def test_pod_monitor_selects_the_trainer_pods_the_operator_renders(rendered) -> None:
+    from gpt2bench.plan import plan_runs
+    from gpt2bench.render import render_job
+    from gpt2bench.spec import load_benchmark_file
+
+    docs = rendered["monitoring-values.yaml"]
+    monitor = one(docs, "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector == {"app.kubernetes.io/name": "gpt2bench", "app.kubernetes.io/component": "run"}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ml-benchmarks"]}
+    port = monitor["spec"]["podMetricsEndpoints"][0]["port"]
+    operator_selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+
+    benchmark = load_benchmark_file(str(ROOT / "manifests" / "examples" / "cpu-sweep.yaml"))
+    scraped = 0
+    for run in plan_runs(benchmark):
+        job = render_job(benchmark, run)
+        replicas = job["spec"].get("pytorchReplicaSpecs") or job["spec"]["mpiReplicaSpecs"]
+        for replica in replicas.values():
+            pod = replica["template"]
+            labels = pod["metadata"]["labels"]
+            assert not operator_selector.items() <= labels.items(), "the operator's selector must not match trainers"
+            ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+            if port in ports:
+                assert selector.items() <= labels.items(), f"{run.name}: trainer pod not selected by the PodMonitor"
+                scraped += 1
+    assert scraped >= len(plan_runs(benchmark)), "every run has at least one scraped pod"
+
+
+def test_prometheus_rule_equals_the_generated_rules_and_alerts_can_be_disabled() -> None:
+    source = yaml.safe_load((ROOT / "monitoring" / "prometheus_rules.yaml").read_text())
+    rule = one(render(*all_monitoring()), "PrometheusRule")
+    assert rule["spec"] == source  # {{ $labels.x }} survives Helm's own templating
+
+    alerts = lambda doc: [r["alert"] for g in doc["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    disabled = one(render(*all_monitoring("--set", "prometheusRule.disabled.GPT2BenchmarkRunStalled=true")),
+                   "PrometheusRule")
+    assert alerts(disabled) == [a for a in alerts(rule) if a != "GPT2BenchmarkRunStalled"]
+    # "Operator down" needs the ServiceMonitor's target: without it the alert would always fire.
+    no_monitor = one(render("--set", "prometheusRule.enabled=true"), "PrometheusRule")
+    assert "GPT2BenchmarkOperatorDown" in alerts(rule)
+    assert "GPT2BenchmarkOperatorDown" not in alerts(no_monitor)
+
+
+def test_rendered_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    rule = one(render(*all_monitoring()), "PrometheusRule")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rule["spec"]))
+    proc = subprocess.run([promtool, "check", "rules", str(path)], check=False, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dashboard_configmaps_equal_the_generated_dashboards(rendered) -> None:
+    maps = [d for d in rendered["monitoring-values.yaml"] if d["kind"] == "ConfigMap"]
+    sources = {p.name: json.loads(p.read_text()) for p in (ROOT / "monitoring" / "dashboards").glob("*.json")}
+    assert sources and len(maps) == len(sources)
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["namespace"] == "monitoring"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "gpt2bench"}
+        ((name, text),) = config_map["data"].items()
+        assert json.loads(text) == sources[name]  # {{run}} legends survive Helm's own templating
+
+
+def test_notes_render_next_steps(tmp_path: Path) -> None:
+    """NOTES.txt through the same template engine (helm template does not print NOTES)."""
+    chart = tmp_path / "gpt2bench"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("crds"))
+    (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "notes-check.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: |\n'
+        '{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n')
+
+    def notes(*args: str) -> str:
+        out = helm("template", "bench", str(chart), "-n", "ops", "--show-only", "templates/notes-check.yaml",
+                   *args).stdout
+        return yaml.safe_load(out)["data"]["notes"]
+
+    default = notes()
+    assert "kubectl -n ops rollout status deployment/bench-gpt2bench" in default
+    assert "every namespace" in default and "Monitoring is off" in default
+    assert "helm upgrade" in default and "never updates it" in default  # the CRD caveat
+    monitored = notes("-f", str(CHART / "ci" / "monitoring-values.yaml"))
+    assert "PodMonitor bench-gpt2bench-trainer" in monitored and "Monitoring is off" not in monitored
+    assert "namespace ml-benchmarks only" in notes("-f", str(CHART / "ci" / "namespaced-values.yaml"))
+
+
+def test_chart_crd_equals_manifests_crd() -> None:
+    chart_crds = sorted((CHART / "crds").glob("*.yaml")) if (CHART / "crds").is_dir() else []
+    manifest = ROOT / "manifests" / "crd.yaml"
+    if not chart_crds or not manifest.exists():
+        pytest.skip("CRD files not generated yet (python -m gpt2bench.crd --write)")
+    assert [p.name for p in chart_crds] == ["gpt2benchmarks.gpt2bench.io.yaml"]
+    assert yaml.safe_load(chart_crds[0].read_text()) == yaml.safe_load(manifest.read_text())
+
+
+def test_chart_version_and_image_match_the_package() -> None:
+    """The chart's default image is the trainer image GPT2Benchmarks default to, at the package's version."""
+    import gpt2bench
+    from gpt2bench.spec import DEFAULT_IMAGE
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert chart["appVersion"] == gpt2bench.__version__
+    assert f"{values['image']['repository']}:{chart['appVersion']}" == DEFAULT_IMAGE
