@@ -37,10 +37,11 @@ for a in "$@"; do case "$a" in -std=c++11|-std=c++14) args+=(-std=c++17) ;; *) a
 exec /usr/bin/g++ "${args[@]}"
 WRAP
   chmod +x "$wrapper/g++"
-  pip_install cmake
+  # Debian's cmake 3.x: cmake 4 rejects the cmake_minimum_required of Horovod's bundled gloo.
+  command -v cmake >/dev/null || apt-get install -y -qq --no-install-recommends cmake >/dev/null
   CXX="$wrapper/g++" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
-    python3 -m pip install -q --no-build-isolation --no-cache-dir horovod==0.28.1 2>&1 | grep -vE '^WARNING' || true
+    python3 -m pip install -q --no-build-isolation horovod==0.28.1 2>&1 | grep -vE '^WARNING' || true
   python3 -c 'import horovod.torch' || { echo "Horovod build failed" >&2; exit 1; }
 fi
 echo "install: done"
