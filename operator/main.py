@@ -1,0 +1,54 @@
+"""`gpt2bench operator`: run the kopf operator (the Helm chart's Deployment runs the same command).
+
+    gpt2bench operator --all-namespaces --liveness http://0.0.0.0:8080/healthz --metrics-port 9090
+    gpt2bench operator --namespace team-a --namespace team-b
+
+Equivalent: `kopf run -m gpt2bench.controller.handlers --all-namespaces` (metrics then come from
+$GPT2BENCH_OPERATOR_METRICS_PORT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+
+import kopf
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpt2bench operator", description=__doc__.split("\n\n")[0])
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
+                       help="serve GPT2Benchmarks in this namespace (repeatable; globs allowed)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve the whole cluster (default)")
+    parser.add_argument("--liveness", metavar="URL", default=None,
+                        help="kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, default=9090, metavar="PORT",
+                        help="Prometheus /metrics port (0 = off; default 9090)")
+    parser.add_argument("--poll-interval", type=float, default=None, metavar="SECONDS",
+                        help="how often a running sweep looks at its jobs (default 10)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    if args.metrics_port < 0 or args.metrics_port > 65535:
+        parser.error(f"--metrics-port must be 0..65535, got {args.metrics_port}")
+    if args.poll_interval is not None and args.poll_interval <= 0:
+        parser.error(f"--poll-interval must be > 0, got {args.poll_interval}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # The handlers read these when imported/started: kopf fixes timer intervals at registration.
+    os.environ["GPT2BENCH_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    if args.poll_interval is not None:
+        os.environ["GPT2BENCH_OPERATOR_POLL_SECONDS"] = str(args.poll_interval)
+    importlib.import_module("gpt2bench.controller.handlers")
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        standalone=True,  # one replica; no peering CRD needed
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness,
+    )
+    return 0

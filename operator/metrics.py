@@ -1,0 +1,78 @@
+"""The operator's own Prometheus metrics (docs/design.md, Prometheus metrics).
+
+Counters are labelled by namespace only (low cardinality: never by benchmark or run name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+import kopf
+import prometheus_client
+
+REGISTRY = prometheus_client.CollectorRegistry(auto_describe=True)
+
+RUNS_STARTED = prometheus_client.Counter(
+    "gpt2bench_operator_runs_started", "Runs whose job the operator created.", ["namespace"], registry=REGISTRY
+)
+RUNS_SUCCEEDED = prometheus_client.Counter(
+    "gpt2bench_operator_runs_succeeded", "Runs that finished with results.", ["namespace"], registry=REGISTRY
+)
+RUNS_FAILED = prometheus_client.Counter(
+    "gpt2bench_operator_runs_failed", "Runs that finished without results (the reason is in status).",
+    ["namespace"], registry=REGISTRY,
+)
+RECONCILE_ERRORS = prometheus_client.Counter(
+    "gpt2bench_operator_reconcile_errors", "Reconcile steps that raised (kopf retries them).",
+    ["namespace"], registry=REGISTRY,
+)
+JOB_CREATION_LATENCY = prometheus_client.Histogram(
+    "gpt2bench_operator_job_creation_latency_seconds",
+    "From a GPT2Benchmark's creationTimestamp to its first job created.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+    registry=REGISTRY,
+)
+
+
+def observe_first_job(creation_timestamp: str | None) -> float | None:
+    """Record CR → first job latency; the timestamp has 1 s resolution, so sub-second values round down."""
+    if not creation_timestamp:
+        return None
+    created = datetime.datetime.fromisoformat(creation_timestamp.replace("Z", "+00:00"))
+    latency = max((datetime.datetime.now(datetime.UTC) - created).total_seconds(), 0.0)
+    JOB_CREATION_LATENCY.observe(latency)
+    return latency
+
+
+_server: Any = None
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> int:
+    """Expose /metrics on its own port (a thread), separate from kopf's /healthz. Returns the port."""
+    global _server
+    stop()
+    _server, _ = prometheus_client.start_http_server(port, addr=addr, registry=REGISTRY)
+    return _server.server_port
+
+
+def stop() -> None:
+    global _server
+    if _server is not None:
+        _server.shutdown()
+        _server.server_close()
+        _server = None
+
+
+@contextlib.contextmanager
+def counting_errors(namespace: str | None) -> Iterator[None]:
+    """Count a handler's unexpected errors; a bad spec (PermanentError) is the user's, not ours."""
+    try:
+        yield
+    except kopf.PermanentError:
+        raise
+    except Exception:
+        RECONCILE_ERRORS.labels(namespace or "").inc()
+        raise

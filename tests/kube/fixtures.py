@@ -1,0 +1,110 @@
+"""Helpers the operator tests share: a cluster with the CRDs, polling with deadlines, CR documents."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kubernetes
+
+from .cluster import EmulatedCluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "manifests" / "crd.yaml"
+GROUP, VERSION, PLURAL = "gpt2bench.io", "v1alpha1", "gpt2benchmarks"
+T = TypeVar("T")
+
+
+def install_crds(cluster: EmulatedCluster) -> None:
+    """Our CRD with `kubectl apply`; the upstream Kubeflow CRDs with `kubectl create` (their
+    last-applied annotation would exceed a real API server's 256 KiB limit)."""
+    from kubeflow_crds import CRD_FILES, crd_dir  # tests/ is on sys.path; one place knows where they are
+
+    cluster.kubectl("apply", "-f", str(CRD))
+    for crd in sorted(CRD_FILES.values()):
+        cluster.kubectl("create", "-f", str(crd_dir() / crd))
+
+
+def api_client(cluster: EmulatedCluster) -> kubernetes.client.ApiClient:
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=config)
+    return kubernetes.client.ApiClient(config)
+
+
+def operator_env(cluster: EmulatedCluster, poll_seconds: float = 0.3, metrics_port: int = 0) -> dict[str, str]:
+    return {
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "GPT2BENCH_OPERATOR_POLL_SECONDS": str(poll_seconds),
+        "GPT2BENCH_OPERATOR_METRICS_PORT": str(metrics_port),
+    }
+
+
+def wait_for(check: Callable[[], T], timeout: float = 30, interval: float = 0.1, what: str = "") -> T:
+    """Poll `check` until it returns something truthy; fail with the last value after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what or check}: last value {last!r}")
+
+
+def benchmark(name: str, strategies: list[dict] | None = None, **spec: Any) -> dict[str, Any]:
+    """A small CPU GPT2Benchmark; `spec` keys override (camelCase, as in YAML)."""
+    body = {
+        "model": {"preset": "tiny"},
+        "training": {"steps": 4, "warmupSteps": 1, "seqLen": 32},
+        "sweep": {"strategies": strategies or [{"name": "single"}, {"name": "ddp"}],
+                  "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]},
+    }
+    body.update(copy.deepcopy(spec))
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPT2Benchmark", "metadata": {"name": name}, "spec": body}
+
+
+class Benchmarks:
+    """GPT2Benchmark calls through the real client."""
+
+    def __init__(self, client: kubernetes.client.ApiClient, namespace: str = "default"):
+        self.api = kubernetes.client.CustomObjectsApi(client)
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.namespace = namespace
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.api.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec})
+
+    def delete(self, name: str) -> None:
+        self.api.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.get(name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        listed = self.core.list_namespaced_event(self.namespace, _preload_content=False)
+        items = json.loads(listed.data)["items"]
+        return [e for e in items if e.get("involvedObject", {}).get("name") == name]
+
+
+def env_for_subprocess(extra: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}

@@ -1,0 +1,198 @@
+"""API-server semantics kmock 0.8 lacks, as pure functions: patches, selectors, CRD schemas.
+
+The emulator (`tests/kube/emulator.py`) calls these; they know nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import jsonpatch
+import jsonschema
+
+
+class ApiError(Exception):
+    """An error the emulator answers as a Kubernetes `Status` with this code and reason."""
+
+    def __init__(self, code: int, reason: str, message: str):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+# --- patches ------------------------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (what `application/merge-patch+json` means)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def apply_patch(obj: dict, patch: Any, content_type: str) -> dict:
+    """Apply a PATCH body by its content type, as the API server does for custom resources."""
+    kind = content_type.split(";")[0].strip()
+    if kind == "application/json-patch+json":
+        if not isinstance(patch, list):
+            raise ApiError(400, "BadRequest", "a JSON patch must be a list of operations")
+        try:
+            return jsonpatch.apply_patch(obj, patch, in_place=False)
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+            # the API server answers a failed `test` op with 422, which kopf relies on
+            raise ApiError(422, "Invalid", f"the JSON patch cannot be applied: {exc}") from None
+    if kind in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+        # strategic merge is only defined for built-in kinds; for our few built-ins a merge is close enough
+        if not isinstance(patch, dict):
+            raise ApiError(400, "BadRequest", "a merge patch must be an object")
+        return merge_patch(obj, patch)
+    raise ApiError(415, "UnsupportedMediaType", f"the patch content type {kind!r} is not supported")
+
+
+# --- label and field selectors --------------------------------------------------------------------
+
+_SET_RE = re.compile(r"^\s*([\w./-]+)\s+(in|notin)\s+\((.*)\)\s*$")
+
+
+def _split_selector(selector: str) -> list[str]:
+    """Split on commas that are not inside `in (a,b)` parentheses."""
+    parts, depth, current = [], 0, ""
+    for char in selector:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def matches_labels(labels: dict[str, str], selector: str | None) -> bool:
+    """Kubernetes label selector: `a=b`, `a==b`, `a!=b`, `a`, `!a`, `a in (x,y)`, `a notin (x)`."""
+    for term in _split_selector(selector or ""):
+        set_match = _SET_RE.match(term)
+        if set_match:
+            key, op, values = set_match.groups()
+            wanted = {v.strip() for v in values.split(",") if v.strip()}
+            if (op == "in") != (labels.get(key) in wanted):
+                return False
+        elif "!=" in term:
+            key, value = (s.strip() for s in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def matches_fields(obj: dict, selector: str | None) -> bool:
+    """Field selectors on `metadata.name` / `metadata.namespace` (what clients use them for)."""
+    for term in _split_selector(selector or ""):
+        negate = "!=" in term
+        key, value = (s.strip() for s in term.replace("!=", "=").replace("==", "=").split("=", 1))
+        current: Any = obj
+        for part in key.split("."):
+            current = current.get(part) if isinstance(current, dict) else None
+        if (str(current) == value) == negate:
+            return False
+    return True
+
+
+# --- CRD schemas --------------------------------------------------------------------------------
+
+
+def _prune(value: Any, schema: dict, path: str, unknown: list[str]) -> Any:
+    """Drop fields the structural schema does not declare, recording their paths."""
+    if not isinstance(schema, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return value
+    if isinstance(value, dict) and (schema.get("type") == "object" or "properties" in schema):
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        result = {}
+        for key, item in value.items():
+            if properties is not None and key in properties:
+                result[key] = _prune(item, properties[key], f"{path}.{key}", unknown)
+            elif isinstance(extra, dict):
+                result[key] = _prune(item, extra, f"{path}.{key}", unknown)
+            elif properties is None and extra is None:
+                result[key] = item  # a bare `type: object`
+            else:
+                unknown.append(f"{path}.{key}")
+        return result
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_prune(item, schema["items"], f"{path}[{i}]", unknown) for i, item in enumerate(value)]
+    return value
+
+
+def _to_jsonschema(schema: Any) -> Any:
+    """OpenAPI v3 → JSON Schema: `nullable` and int-or-string need translating, the rest carries over."""
+    if isinstance(schema, list):
+        return [_to_jsonschema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _to_jsonschema(v) for k, v in schema.items() if not k.startswith("x-kubernetes")}
+    if schema.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), bool):  # OpenAPI 3.0's boolean form → JSON Schema's number form
+            if out.pop(bound) and limit in out:
+                out[bound] = out.pop(limit)
+    if out.pop("nullable", False) and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+_VALIDATORS: dict[int, tuple[dict, jsonschema.Draft7Validator]] = {}
+
+
+def _validator(schema: dict) -> jsonschema.Draft7Validator:
+    """One validator per schema: building one for the 600 KB Kubeflow CRDs takes most of a second."""
+    cached = _VALIDATORS.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        body_schema = {**schema, "properties": {
+            k: v for k, v in (schema.get("properties") or {}).items() if k not in ("apiVersion", "kind", "metadata")
+        }}
+        cached = _VALIDATORS[id(schema)] = (schema, jsonschema.Draft7Validator(_to_jsonschema(body_schema)))
+    return cached[1]
+
+
+def validate_custom_resource(obj: dict, crd_version: dict, strict: bool) -> dict:
+    """Prune (or, with `fieldValidation=Strict`, reject) unknown fields, then check the schema.
+
+    Returns the object as it would be stored. Raises ApiError(422) naming the bad fields, as the API
+    server does (`spec.sweep.concurrency: Invalid value: ...`).
+    """
+    schema = ((crd_version.get("schema") or {}).get("openAPIV3Schema")) or {}
+    unknown: list[str] = []
+    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+    pruned = _prune(body, schema, "", unknown)
+    if unknown and strict:
+        fields = ", ".join(f"unknown field \"{u.lstrip('.')}\"" for u in unknown)
+        raise ApiError(422, "Invalid", f"strict decoding error: {fields}")
+    stored = {**{k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}, **pruned}
+    checked = {k: v for k, v in stored.items() if k not in ("apiVersion", "kind", "metadata")}
+    errors = sorted(_validator(schema).iter_errors(checked), key=lambda e: list(e.absolute_path))
+    if errors:
+        causes = [
+            f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: Invalid value: {e.message}" for e in errors
+        ]
+        raise ApiError(422, "Invalid", f"{obj.get('kind')} {obj.get('metadata', {}).get('name')!r} is invalid: "
+                       + "; ".join(causes))
+    return stored

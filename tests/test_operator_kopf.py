@@ -1,0 +1,257 @@
+"""The real kopf operator (kopf.testing.KopfRunner) against the emulated API over HTTP.
+
+The test plays the Kubeflow operators (job conditions, result pods with termination messages) and
+drives the GPT2Benchmarks with kubectl and the `kubernetes` client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from unittest import mock
+
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+from kube import EmulatedCluster
+from kube.fixtures import (
+    REPO,
+    Benchmarks,
+    api_client,
+    benchmark,
+    install_crds,
+    operator_env,
+    wait_for,
+)
+from kube.training import TrainingOperator, trainer_summary
+
+pytestmark = pytest.mark.timeout(120)
+TERMINAL = ("Succeeded", "Failed")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with EmulatedCluster(tmp_path_factory.mktemp("kube")) as cluster:
+        install_crds(cluster)
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def operator(cluster):
+    with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=0.3)):
+        args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers", "--verbose"]
+        with KopfRunner(args, timeout=60) as runner:
+            yield runner
+    assert runner.exception is None, runner.output[-3000:]
+    assert runner.exit_code == 0
+
+
+@pytest.fixture
+def client(cluster, operator):
+    return api_client(cluster)
+
+
+@pytest.fixture
+def benchmarks(client):
+    return Benchmarks(client)
+
+
+@pytest.fixture
+def trainer(client):
+    return TrainingOperator(client)
+
+
+def _finished(job: dict) -> bool:
+    return any(c["type"] in TERMINAL and c["status"] == "True" for c in (job.get("status") or {}).get("conditions", []))
+
+
+def play(trainer: TrainingOperator, name: str, total: int, outcome, max_active: int = 1) -> list[str]:
+    """Finish every job of a sweep as it appears; check no more than `max_active` are ever unfinished."""
+    done: list[str] = []
+    while len(done) < total:
+        jobs = wait_for(lambda: [j for j in trainer.jobs(name) if not _finished(j)], 15,
+                        what=f"the next job of {name} (done: {done})")
+        assert len(jobs) <= max_active, f"{[j['metadata']['name'] for j in jobs]} unfinished at once"
+        job = jobs[0]
+        trainer.start(job)
+        outcome(trainer, job, len(done))
+        done.append(job["metadata"]["name"])
+    return done
+
+
+def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmarks, trainer):
+    applied = cluster.kubectl("apply", "-f", str(REPO / "manifests" / "examples" / "cpu-sweep.yaml"))
+    assert "gpt2benchmark.gpt2bench.io/cpu-sweep created" in applied.stdout
+    total = wait_for(lambda: benchmarks.status("cpu-sweep").get("runsTotal"), what="runsTotal")
+    assert total == 14
+
+    order = play(trainer, "cpu-sweep", total, lambda t, job, i: t.succeed(job, 1000.0 + 10 * i))
+
+    status = wait_for(lambda: (s := benchmarks.status("cpu-sweep")).get("phase") == "Succeeded" and s,
+                      what="phase Succeeded")
+    runs = status["runs"]
+    assert [r["name"] for r in runs] == order, "runs start in plan order, one at a time"
+    assert status["runsDone"] == status["runsSucceeded"] == 14 and status["runsFailed"] == 0
+    assert all(r["phase"] == "Succeeded" and r["results"]["tokensPerSecond"] > 0 for r in runs)
+    assert {r["jobKind"] for r in runs} == {"PyTorchJob", "MPIJob"}
+    assert status["best"] == {"run": order[-1], "strategy": runs[-1]["strategy"],
+                              "precision": runs[-1]["precision"], "tokensPerSecond": 1130.0}
+    assert status["completionTime"] >= status["startTime"]
+    assert status["observedGeneration"] == 1
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
+
+    table = cluster.kubectl("get", "gpt2benchmark", "cpu-sweep").stdout.split()
+    assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "BEST", "TOKENS/S"]
+    assert table[7:13] == ["cpu-sweep", "Succeeded", "14", "14", runs[-1]["strategy"], "1130"]
+    as_yaml = yaml.safe_load(cluster.kubectl("get", "g2b", "cpu-sweep", "-o", "yaml").stdout)
+    assert as_yaml["status"]["runs"] == runs
+
+    reasons = [e["reason"] for e in benchmarks.events("cpu-sweep")]
+    assert reasons.count("RunStarted") == 14 and reasons.count("RunSucceeded") == 14
+    assert "SweepPlanned" in reasons and "SweepSucceeded" in reasons
+
+    uid = benchmarks.get("cpu-sweep")["metadata"]["uid"]
+    for job in trainer.jobs("cpu-sweep"):
+        owners = job["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["uid"], o.get("controller")) for o in owners] == [("GPT2Benchmark", uid, True)]
+        assert job["metadata"]["labels"]["gpt2bench.io/run"] == job["metadata"]["name"]
+
+
+def test_concurrency_two_runs_two_jobs_at_once(benchmarks, trainer):
+    strategies = [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}]
+    benchmarks.create(benchmark("par", strategies, concurrency=2))
+    first = wait_for(lambda: len(jobs := trainer.jobs("par")) == 2 and jobs, what="two jobs at once")
+    time.sleep(1.0)  # three timer ticks
+    assert len(trainer.jobs("par")) == 2, "the third run waits for a free slot"
+    play(trainer, "par", 3, lambda t, job, i: t.succeed(job, 500.0 + i), max_active=2)
+    assert wait_for(lambda: benchmarks.status("par").get("phase") == "Succeeded", what="Succeeded")
+    assert [j["metadata"]["name"] for j in first] == [r["name"] for r in benchmarks.status("par")["runs"][:2]]
+
+
+def test_a_failing_run_is_recorded_with_its_reason_and_the_sweep_continues(benchmarks, trainer):
+    strategies = [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}]
+    benchmarks.create(benchmark("flaky", strategies))
+
+    def outcome(t: TrainingOperator, job: dict, i: int) -> None:
+        if i == 1:  # the trainer itself reports why, in its summary
+            summary = trainer_summary(job["metadata"]["name"], 0.0, status="failed", reason="loss is NaN at step 3")
+            t.finish(job, succeeded=False, message=json.dumps(summary), condition_message="pod failed")
+        else:
+            t.succeed(job, 100.0 * (i + 1))
+
+    play(trainer, "flaky", 3, outcome)
+    status = wait_for(lambda: (s := benchmarks.status("flaky")).get("phase") not in (None, "Running") and s,
+                      what="the sweep to finish")
+    assert status["phase"] == "PartiallySucceeded"
+    assert [r["phase"] for r in status["runs"]] == ["Succeeded", "Failed", "Succeeded"]
+    assert status["runs"][1]["reason"] == "loss is NaN at step 3"
+    assert "results" not in status["runs"][1]
+    assert status["best"]["run"] == status["runs"][2]["name"] and status["runsFailed"] == 1
+    warnings = [e for e in benchmarks.events("flaky") if e["type"] == "Warning"]
+    assert any(e["reason"] == "RunFailed" and "loss is NaN" in e["message"] for e in warnings)
+
+
+def test_a_killed_pod_without_message_fails_with_the_container_reason(benchmarks, trainer):
+    benchmarks.create(benchmark("oom", [{"name": "ddp"}]))
+    play(trainer, "oom", 1, lambda t, job, i: t.finish(job, succeeded=False, message=None, exit_code=137))
+    status = wait_for(lambda: (s := benchmarks.status("oom")).get("phase") == "Failed" and s, what="Failed")
+    assert status["runs"][0]["reason"] == "OOMKilled (exit code 137)"
+    assert status.get("best") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "sweep", "field"),
+    [
+        ("bad-dp", {"strategies": [{"name": "dataparallel"}], "scales": [{"nodes": 2}]}, "spec.sweep.scales[0].nodes"),
+        ("bad-ps", {"strategies": [{"name": "ps", "psServers": 3}], "scales": [{"nodes": 2}]},
+         "spec.sweep.strategies[0].psServers"),
+        ("bad-dup", {"strategies": [{"name": "ddp"}, {"name": "ddp"}]}, "spec.sweep.strategies[1].name"),
+    ],
+)
+def test_a_malformed_benchmark_is_invalid_names_the_field_and_creates_nothing(benchmarks, trainer, name, sweep, field):
+    benchmarks.create(benchmark(name, sweep=sweep))
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") and s, what="a phase")
+    assert status["phase"] == "Invalid"
+    assert field in status["message"]
+    events = wait_for(lambda: [e for e in benchmarks.events(name) if e["reason"] == "InvalidSpec"], what="Event")
+    assert events[0]["type"] == "Warning" and field in events[0]["message"]
+    assert trainer.jobs(name) == []
+
+
+def test_fixing_an_invalid_spec_starts_the_sweep(benchmarks, trainer):
+    benchmarks.create(benchmark("fixme", sweep={"strategies": [{"name": "dataparallel"}], "scales": [{"nodes": 2}]}))
+    wait_for(lambda: benchmarks.status("fixme").get("phase") == "Invalid", what="Invalid")
+    benchmarks.patch_spec("fixme", {"sweep": {"strategies": [{"name": "dataparallel"}], "scales": [{"nodes": 1}]}})
+    play(trainer, "fixme", 1, lambda t, job, i: t.succeed(job, 42.0))
+    status = wait_for(lambda: (s := benchmarks.status("fixme")).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert status["observedGeneration"] == 2
+
+
+def test_a_spec_change_after_start_is_ignored_with_a_warning(benchmarks, trainer):
+    benchmarks.create(benchmark("frozen", [{"name": "single"}, {"name": "ddp"}]))
+    wait_for(lambda: trainer.jobs("frozen"), what="the first job")
+    benchmarks.patch_spec("frozen", {"sweep": {"strategies": [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}]}})
+    status = wait_for(lambda: (s := benchmarks.status("frozen")) and any(
+        c["type"] == "SpecChangeIgnored" for c in s.get("conditions", [])) and s, what="SpecChangeIgnored")
+    assert status["runsTotal"] == 2 and status["observedGeneration"] == 1
+    play(trainer, "frozen", 2, lambda t, job, i: t.succeed(job, 10.0 + i))
+    status = wait_for(lambda: (s := benchmarks.status("frozen")).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert [r["strategy"] for r in status["runs"]] == ["single", "ddp"]
+    assert len(trainer.jobs("frozen")) == 2
+    assert any(e["reason"] == "SpecChangeIgnored" and e["type"] == "Warning" for e in benchmarks.events("frozen"))
+
+
+def test_deleting_a_running_benchmark_lets_it_go_and_its_jobs_follow(cluster, benchmarks, trainer):
+    benchmarks.create(benchmark("doomed", [{"name": "single"}, {"name": "ddp"}]))
+    job = wait_for(lambda: trainer.jobs("doomed"), what="the first job")[0]
+    body = wait_for(lambda: (b := benchmarks.get("doomed"))["metadata"].get("finalizers") and b, what="finalizer")
+    assert body["metadata"]["finalizers"] == ["gpt2bench.io/finalizer"]
+    assert job["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    cluster.kubectl("delete", "gpt2benchmark", "doomed", "--wait=false")
+    wait_for(lambda: not benchmarks.exists("doomed"), what="the benchmark to be deleted")
+    # the emulator garbage-collects by ownerReferences, as the API server's GC does
+    wait_for(lambda: trainer.jobs("doomed") == [], what="its jobs to be collected")
+
+
+def test_kubectl_patch_status_subresource_reaches_the_operator_view(cluster, benchmarks):
+    benchmarks.create(benchmark("patched", [{"name": "single"}]))
+    wait_for(lambda: benchmarks.status("patched").get("phase") == "Running", what="Running")
+    cluster.kubectl("patch", "gpt2benchmark", "patched", "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"patchedBy": "kubectl"}}))
+    assert benchmarks.status("patched")["patchedBy"] == "kubectl"
+    # the main endpoint ignores status, as with a real status subresource
+    cluster.kubectl("patch", "gpt2benchmark", "patched", "--type=merge", "-p", json.dumps({"status": {"patchedBy": "x"}}))
+    status = benchmarks.status("patched")
+    assert status["patchedBy"] == "kubectl" and status["phase"] == "Running" and status["runsTotal"] == 1
+
+
+VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
+
+
+def test_manifest_rbac_covers_every_call_the_operator_made(cluster, benchmarks, trainer):
+    """Everything kopf and our client asked the API for in this module's runs (one more sweep here,
+    so that the test stands alone), checked against the ClusterRole of manifests/operator.yaml: a
+    missing rule would be a 403 in a real cluster."""
+    from test_operator_manifests import allowed, cluster_role_rules
+
+    benchmarks.create(benchmark("rbac", [{"name": "single"}]))
+    play(trainer, "rbac", 1, lambda t, job, i: t.succeed(job, 1.0))
+    wait_for(lambda: benchmarks.status("rbac").get("phase") == "Succeeded", what="Succeeded")
+
+    def calls(emulator):
+        seen = set()
+        for r in emulator._requests:  # kmock keeps every request it served
+            agent = r.headers.get("User-Agent", "")
+            if r.resource is None or r.resource.plural is None or not agent.startswith(("kopf/", "gpt2bench-operator/")):
+                continue  # discovery is a non-resource URL every authenticated user may read
+            verb = "update" if r.method == "PUT" else VERBS[r.action.name]
+            plural = f"{r.resource.plural}/{r.subresource}" if r.subresource else r.resource.plural
+            seen.add((r.resource.group, plural, verb))
+        return seen
+
+    made = cluster.call(calls)
+    rules = cluster_role_rules()
+    assert {("kubeflow.org", "pytorchjobs", "create"), ("", "pods", "list"), ("", "events", "create"),
+            ("gpt2bench.io", "gpt2benchmarks/status", "patch")} <= made
+    assert [call for call in sorted(made) if not allowed(rules, *call)] == []

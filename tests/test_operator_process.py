@@ -1,0 +1,212 @@
+"""`gpt2bench operator` as a separate process: restart mid-sweep without duplicates, /metrics, /healthz.
+
+The operator is killed with SIGKILL (no graceful shutdown) while a sweep runs; a job finishes while it
+is down; the new process resumes from status and the existing jobs and creates no job twice.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from kube import EmulatedCluster
+from kube.fixtures import (
+    REPO,
+    Benchmarks,
+    api_client,
+    benchmark,
+    env_for_subprocess,
+    install_crds,
+    operator_env,
+    wait_for,
+)
+from kube.training import TrainingOperator
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int):
+        self.cluster, self.metrics_port, self.health_port = cluster, metrics_port, health_port
+        self.log = cluster.workdir / "operator.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = env_for_subprocess(operator_env(self.cluster, poll_seconds=0.3))
+        args = [sys.executable, "-m", "gpt2bench", "operator", "--all-namespaces", "--poll-interval", "0.3",
+                "--metrics-port", str(self.metrics_port),
+                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"]
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.get(f"http://127.0.0.1:{self.health_port}/healthz") is not None, 60,
+                 what=f"the operator's /healthz ({self.log})")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(30)
+        return self.proc.returncode
+
+    @staticmethod
+    def get(url: str) -> str | None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.read().decode()
+        except OSError:
+            return None
+
+    def metric(self, name: str) -> float:
+        text = self.get(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
+        values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith(name) and not line.startswith("#")]
+        return sum(values)
+
+
+def job_creations(cluster: EmulatedCluster) -> list[str]:
+    """Names of every job the emulator created (its ADDED watch events), duplicates kept."""
+    def read(emulator):
+        return sorted(event["object"]["metadata"]["name"]
+                      for resource, history in emulator.watch_history.items()
+                      if resource.plural in ("pytorchjobs", "mpijobs")
+                      for _, event in history if event["type"] == "ADDED")
+    return cluster.call(read)
+
+
+def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serves_metrics(tmp_path):
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        client = api_client(cluster)
+        benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
+        operator = OperatorProcess(cluster, free_port(), free_port())
+        operator.start()
+        try:
+            strategies = [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}, {"name": "horovod"}]
+            benchmarks.create(benchmark("restart", strategies))
+            first = wait_for(lambda: trainer.jobs("restart"), what="the first job")[0]
+            trainer.start(first)
+            trainer.succeed(first, 100.0)
+            second = wait_for(lambda: len(jobs := trainer.jobs("restart")) == 2 and jobs[1], what="the second job")
+            wait_for(lambda: operator.metric("gpt2bench_operator_runs_succeeded_total") == 1, what="a metric")
+            assert operator.metric("gpt2bench_operator_runs_started_total") == 2
+            assert operator.metric("gpt2bench_operator_job_creation_latency_seconds_count") == 1
+
+            operator.kill()  # mid-sweep, no goodbye
+            trainer.start(second)
+            trainer.succeed(second, 300.0)  # finishes while no operator runs
+            operator.start()
+
+            for i in (2, 3):
+                job = wait_for(lambda i=i: len(jobs := trainer.jobs("restart")) == i + 1 and jobs[i], what=f"job {i}")
+                trainer.start(job)
+                trainer.succeed(job, 100.0 + i)
+            status = wait_for(lambda: (s := benchmarks.status("restart")).get("phase") == "Succeeded" and s,
+                              what="Succeeded")
+            assert [r["phase"] for r in status["runs"]] == ["Succeeded"] * 4
+            assert status["best"]["strategy"] == "ddp"
+            names = [r["name"] for r in status["runs"]]
+            assert job_creations(cluster) == sorted(names), "every job created exactly once"
+            assert [j["metadata"]["name"] for j in trainer.jobs("restart")] == names
+            # the restarted process counts from zero: it saw runs 2-4 finish and started 3-4
+            assert operator.metric("gpt2bench_operator_runs_succeeded_total") == 3
+            assert operator.metric("gpt2bench_operator_runs_started_total") == 2
+            assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 0
+            events = [e["reason"] for e in benchmarks.events("restart")]
+            assert events.count("RunSucceeded") == 4 and events.count("SweepSucceeded") == 1
+        finally:
+            code = operator.stop()
+        assert code == 0, operator.log.read_text()[-3000:]
+
+
+def test_kopf_run_process_rejects_a_bad_spec_and_counts_no_reconcile_error(tmp_path):
+    """The same handlers under plain `kopf run` (what `gpt2bench operator` wraps)."""
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        port = free_port()
+        env = env_for_subprocess(operator_env(cluster, poll_seconds=0.3, metrics_port=port))
+        log = open(tmp_path / "kopf.log", "w")
+        proc = subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "-A", "-m",
+                                 "gpt2bench.controller.handlers"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            benchmarks = Benchmarks(api_client(cluster))
+            wait_for(lambda: OperatorProcess.get(f"http://127.0.0.1:{port}/metrics"), 60, what="/metrics")
+            benchmarks.create(benchmark("bad", sweep={"strategies": [{"name": "dataparallel"}],
+                                                      "scales": [{"nodes": 3}]}))
+            status = wait_for(lambda: (s := benchmarks.status("bad")).get("phase") and s, what="a phase")
+            assert status["phase"] == "Invalid" and "spec.sweep.scales[0].nodes" in status["message"]
+            time.sleep(1)  # a permanent error must not be retried or counted as ours
+            text = OperatorProcess.get(f"http://127.0.0.1:{port}/metrics") or ""
+            assert "gpt2bench_operator_reconcile_errors_total" not in text or \
+                all(line.endswith(" 0.0") for line in text.splitlines()
+                    if line.startswith("gpt2bench_operator_reconcile_errors_total"))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+            log.close()
+        assert code == 0, (tmp_path / "kopf.log").read_text()[-3000:]
+
+
+def test_a_failed_job_creation_is_counted_retried_and_the_sweep_goes_on(tmp_path):
+    """An API error (injected with a kmock reaction) is a reconcile error: counted, retried by kopf."""
+    import kmock
+
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        attempts: list[object] = []
+
+        def fail_once(request: kmock.Request) -> kmock.KubernetesError | None:
+            attempts.append(request)
+            if len(attempts) > 1:
+                return None  # no answer: kmock goes on to the emulator's own handling
+            # an exception, not a Response: kmock 0.8 keeps a returned Response's status for later calls
+            return kmock.KubernetesError(status=500, reason="InternalError", message="injected")
+
+        cluster.call(lambda emulator: emulator["post /apis/kubeflow.org/v1/namespaces/default/pytorchjobs"]
+                     << fail_once)
+        client = api_client(cluster)
+        benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
+        operator = OperatorProcess(cluster, free_port(), free_port())
+        operator.start()
+        try:
+            benchmarks.create(benchmark("retried", [{"name": "single"}]))
+            job = wait_for(lambda: trainer.jobs("retried"), 60, what="the job, after kopf's retry")[0]
+            assert len(attempts) == 2
+            assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 1
+            trainer.start(job)
+            trainer.succeed(job, 5.0)
+            wait_for(lambda: benchmarks.status("retried").get("phase") == "Succeeded", what="Succeeded")
+        finally:
+            assert operator.stop() == 0
+
+
+def test_without_the_kubeflow_crds_the_operator_waits_and_says_why(tmp_path):
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        cluster.kubectl("apply", "-f", str(REPO / "manifests" / "crd.yaml"))  # no Kubeflow CRDs
+        benchmarks = Benchmarks(api_client(cluster))
+        operator = OperatorProcess(cluster, free_port(), free_port())
+        operator.start()
+        try:
+            benchmarks.create(benchmark("early", [{"name": "single"}]))
+            events = wait_for(lambda: [e for e in benchmarks.events("early") if "is not served" in e["message"]],
+                              what="an Event saying what is missing")
+            assert "install the Kubeflow training operator" in events[0]["message"]
+            assert events[0]["type"] == "Error"
+            assert benchmarks.status("early").get("phase") is None, "nothing started, nothing recorded"
+        finally:
+            assert operator.stop() == 0

@@ -1,0 +1,148 @@
+"""The operator's pure decisions, without a cluster: job phases, what starts next, the status patch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gpt2bench.controller import kube
+from gpt2bench.controller import reconcile as rc
+
+from gpt2bench.plan import plan_runs
+from gpt2bench.spec import Benchmark, validate_spec
+
+NOW = "2026-11-22T00:00:00Z"
+
+
+def _runs(strategies=("single", "ddp", "fsdp")):
+    spec = validate_spec({"sweep": {"strategies": [{"name": s} for s in strategies],
+                                    "scales": [{"nodes": 1, "processesPerNode": 2}]}})
+    return plan_runs(Benchmark(name="b", spec=spec))
+
+
+def _job(*conditions: tuple[str, str], message: str = "") -> dict:
+    return {"status": {"conditions": [{"type": t, "status": s, "message": message} for t, s in conditions]}}
+
+
+@pytest.mark.parametrize(
+    ("conditions", "phase"),
+    [
+        ((), "Pending"),
+        ((("Created", "True"),), "Pending"),
+        ((("Created", "True"), ("Running", "True")), "Running"),
+        ((("Created", "True"), ("Running", "True"), ("Restarting", "True")), "Running"),
+        ((("Created", "True"), ("Running", "False"), ("Succeeded", "True")), "Succeeded"),
+        ((("Created", "True"), ("Failed", "True"), ("Running", "True")), "Failed"),  # terminal wins
+        ((("Created", "True"), ("Succeeded", "False")), "Pending"),
+    ],
+)
+def test_job_state_follows_the_kubeflow_conditions(conditions, phase):
+    assert rc.job_state(_job(*conditions)).phase == phase
+
+
+def test_job_state_carries_the_failure_message():
+    state = rc.job_state(_job(("Failed", "True"), message="pod master-0 OOMKilled"))
+    assert state == rc.JobState("Failed", "pod master-0 OOMKilled", "")
+
+
+def test_initial_status_lists_every_run_pending():
+    runs = _runs()
+    status = rc.initial_status(runs, 3, NOW)
+    assert status["runsTotal"] == 3 and status["observedGeneration"] == 3 and status["phase"] == "Running"
+    assert [r["phase"] for r in status["runs"]] == ["Pending"] * 3
+    assert [r["jobName"] for r in status["runs"]] == [r.name for r in runs]
+
+
+def test_sequential_by_default_and_parallel_up_to_concurrency():
+    entries = rc.initial_status(_runs(), 1, NOW)["runs"]
+    assert rc.runs_to_start(entries, {}, 1) == [entries[0]["name"]]
+    assert rc.runs_to_start(entries, {}, 2) == [entries[0]["name"], entries[1]["name"]]
+    running = [rc.mark_running(entries[0], NOW)] + entries[1:]
+    jobs = {entries[0]["jobName"]: _job(("Running", "True"))}
+    assert rc.runs_to_start(running, jobs, 1) == []
+    assert rc.runs_to_start(running, jobs, 2) == [entries[1]["name"]]
+
+
+def test_a_job_left_by_a_previous_operator_counts_as_active_and_is_not_recreated():
+    entries = rc.initial_status(_runs(), 1, NOW)["runs"]
+    jobs = {entries[0]["jobName"]: _job(("Created", "True"))}  # created, status patch lost in a crash
+    seen = rc.observe(entries, jobs)
+    assert seen.started == [entries[0]["name"]]
+    assert rc.runs_to_start(entries, jobs, 1) == []
+
+
+def test_observe_finished_and_vanished_jobs():
+    entries = [rc.mark_running(e, NOW) for e in rc.initial_status(_runs(), 1, NOW)["runs"]]
+    jobs = {entries[0]["jobName"]: _job(("Succeeded", "True")),
+            entries[1]["jobName"]: _job(("Failed", "True"))}
+    seen = rc.observe(entries, jobs)
+    assert [(f.name, f.job_succeeded) for f in seen.finished] == [(entries[0]["name"], True), (entries[1]["name"], False)]
+    assert seen.unexplained == {entries[0]["name"], entries[1]["name"]}
+    assert seen.vanished == [entries[2]["name"]]
+
+
+def test_finish_entry_collects_the_summary_or_the_reason():
+    run = _runs()[1]
+    entry = rc.mark_running(rc.initial_status([run], 1, NOW)["runs"][0], NOW)
+    ok = rc.finish_entry(run, entry, rc.Finished(run.name, True, ""),
+                         json.dumps({"status": "ok", "tokensPerSecond": 1234.5, "worldSize": 2}), NOW)
+    assert ok["phase"] == "Succeeded" and ok["results"]["tokensPerSecond"] == 1234.5
+    bad = rc.finish_entry(run, entry, rc.Finished(run.name, False, "OOMKilled (exit code 137)"), None, NOW)
+    assert bad["phase"] == "Failed" and bad["reason"] == "OOMKilled (exit code 137)" and "results" not in bad
+
+
+@pytest.mark.parametrize(
+    ("phases", "overall"),
+    [
+        (["Succeeded", "Succeeded"], "Succeeded"),
+        (["Succeeded", "Failed"], "PartiallySucceeded"),
+        (["Failed", "Failed"], "Failed"),
+        (["Succeeded", "Running"], "Running"),
+        (["Pending", "Pending"], "Running"),
+    ],
+)
+def test_overall_phase(phases, overall):
+    assert rc.overall_phase([{"phase": p} for p in phases]) == overall
+
+
+def test_summarize_picks_the_fastest_run_and_completes_once():
+    runs = [
+        {"name": "a", "strategy": "ddp", "precision": "fp32", "phase": "Succeeded", "results": {"tokensPerSecond": 10}},
+        {"name": "b", "strategy": "fsdp", "precision": "bf16", "phase": "Succeeded", "results": {"tokensPerSecond": 30}},
+        {"name": "c", "strategy": "ps", "precision": "fp32", "phase": "Failed", "reason": "x"},
+    ]
+    patch = rc.summarize({"conditions": []}, runs, NOW)
+    assert patch["best"] == {"run": "b", "strategy": "fsdp", "precision": "bf16", "tokensPerSecond": 30}
+    assert (patch["phase"], patch["runsDone"], patch["runsSucceeded"], patch["runsFailed"]) == (
+        "PartiallySucceeded", 3, 2, 1)
+    assert patch["completionTime"] == NOW
+    again = rc.summarize({**patch, "completionTime": "earlier"}, runs, "later")
+    assert "completionTime" not in again  # set once, never moved
+    ready = [c for c in patch["conditions"] if c["type"] == "Ready"]
+    assert ready[0]["status"] == "True" and ready[0]["reason"] == "PartiallySucceeded"
+
+
+def test_set_condition_keeps_the_transition_time_when_the_status_holds():
+    first = rc.condition("Ready", "False", "Running", "0/2", "t1")
+    same = rc.set_condition([first], rc.condition("Ready", "False", "Running", "1/2", "t2"))
+    assert same == [{**first, "message": "1/2"}]
+    flipped = rc.set_condition(same, rc.condition("Ready", "True", "Succeeded", "2/2", "t3"))
+    assert flipped[0]["lastTransitionTime"] == "t3"
+
+
+def test_invalid_status_names_every_field():
+    status = rc.invalid_status([("spec.sweep.scales[0].nodes", "must be 1"), ("spec.training.seqLen", "too long")],
+                               2, NOW)
+    assert status["phase"] == "Invalid" and status["runs"] == []
+    assert "spec.sweep.scales[0].nodes" in status["message"] and "spec.training.seqLen" in status["message"]
+
+
+def test_termination_message_prefers_the_named_container_and_falls_back_to_last_state():
+    pod = {"status": {"containerStatuses": [
+        {"name": "sidecar", "state": {"terminated": {"message": "not me"}}},
+        {"name": "pytorch", "state": {"running": {}}, "lastState": {"terminated": {"message": '{"a": 1}'}}},
+    ]}}
+    assert kube.termination_message(pod, container="pytorch") == '{"a": 1}'
+    assert kube.termination_message(None) is None
+    assert kube.termination_reason({"status": {"containerStatuses": [
+        {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}) == "OOMKilled (exit code 137)"
