@@ -173,7 +173,9 @@ def _restart_policy(benchmark: Benchmark) -> str:
 
 
 def render_pytorchjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
-    command = ["torchrun", "--no-python", "gpt2bench", "train", *run.trainer_args()]
+    # "--" ends torchrun's own options: without it argparse's prefix matching takes the trainer's
+    # `--run NAME` for torchrun's `--run-path` and fails as ambiguous.
+    command = ["torchrun", "--no-python", "--", "gpt2bench", "train", *run.trainer_args()]
     container = {
         "name": "pytorch",
         "command": command,

@@ -77,7 +77,7 @@ def test_pytorchjob_topology_command_and_outputs():
     for role in ("Master", "Worker"):
         c = container(job, role)
         assert c["name"] == "pytorch"
-        assert c["command"][:4] == ["torchrun", "--no-python", "gpt2bench", "train"]
+        assert c["command"][:5] == ["torchrun", "--no-python", "--", "gpt2bench", "train"]
         assert "--nnodes" not in c["command"]  # torchrun reads the injected PET_* instead
         assert flag(c["command"], "--output") == "$(GPT2BENCH_OUTPUT_DIR)"
         assert {"name": "GPT2BENCH_OUTPUT_DIR", "value": OUTPUT_DIR} in c["env"]
