@@ -1,0 +1,471 @@
+"""Execute ONE rendered Kubeflow job (PyTorchJob v1 or MPIJob v2beta1) as local processes.
+
+There is no separate "local" code path: the job dict that `gpt2bench.render` returns (and the operator
+creates in a cluster) is read here, and each replica that would be a pod becomes a process started with
+the container's command + args and env, plus what the Kubeflow operators inject into those pods:
+
+- PyTorchJob (training-operator, pytorch/envvar.go): one process per replica, Master index 0 then
+  Workers 1..n-1, each with PYTHONUNBUFFERED, MASTER_ADDR/MASTER_PORT, PET_MASTER_ADDR/PET_MASTER_PORT,
+  WORLD_SIZE (= replicas x nprocPerNode), RANK and PET_NODE_RANK (= node rank), PET_NPROC_PER_NODE,
+  PET_NNODES. The master address is 127.0.0.1 and the port a free local one (the cluster uses the
+  master pod's Service and the `pytorchjob-port`).
+- MPIJob (mpi-operator v2beta1): only the Launcher runs, with OMPI_MCA_orte_default_hostfile pointing at
+  a local hostfile `localhost slots=<workers x slotsPerWorker>` and the rest of mpi-operator's launcher
+  env; mpirun then starts every rank on this machine, so the Worker (sshd) replicas are not started.
+
+`$(VAR)` references in env values, command and args are expanded like the kubelet does. Each replica
+gets its own GPT2BENCH_OUTPUT_DIR and GPT2BENCH_TERMINATION_LOG under the run's folder (in a cluster:
+its pod's emptyDir and /dev/termination-log). Replicas asking for `nvidia.com/gpu` get disjoint
+CUDA_VISIBLE_DEVICES, as the device plugin would give each pod its own GPUs.
+
+Job outcome: Succeeded when every started replica exits 0; the first failure (or the job's
+runPolicy.activeDeadlineSeconds) kills the remaining replicas' process trees. backoffLimit restarts are
+not reproduced: a failed run is reported, not retried.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpt2bench.processes import kill_tree
+
+OUTPUT_ENV = "GPT2BENCH_OUTPUT_DIR"
+TERMINATION_LOG_ENV = "GPT2BENCH_TERMINATION_LOG"
+SUMMARY_PREFIX = "GPT2BENCH_SUMMARY "  # the trainer's last stdout line
+KILL_GRACE_SECONDS = 5.0
+
+_INSTALL_HINTS = {
+    "mpirun": "install Open MPI (Debian: apt-get install openmpi-bin libopenmpi-dev)",
+    "horovodrun": "install Horovod (scripts/install.sh builds it against torch)",
+    "torchrun": "install PyTorch (pip install torch)",
+    "gpt2bench": "install this project (pip install -e .)",
+}
+
+
+_WRAPPERS = {"gpt2bench", "torchrun"}  # run the program named after `--`
+
+
+class JobSpecError(ValueError):
+    """The job dict cannot be executed locally (unsupported kind, no command, ...)."""
+
+
+@dataclass
+class Replica:
+    """One pod of the job, as a local process."""
+
+    role: str  # Master | Worker | Launcher
+    index: int
+    argv: list[str]
+    env: dict[str, str]  # container env after injection and expansion (os.environ is added at start)
+    output_dir: Path
+    termination_log: Path
+    log_path: Path
+    gpus: int = 0  # nvidia.com/gpu this replica's processes need on this machine
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.lower()}-{self.index}"
+
+
+@dataclass
+class JobOutcome:
+    phase: str  # Succeeded | Failed
+    reason: str | None
+    termination_message: str  # of the primary replica, as the operator would read it from its pod
+    start_time: datetime
+    completion_time: datetime
+    primary: Replica  # the replica whose output dir holds steps.jsonl (Master-0 / Launcher-0)
+    exit_codes: dict[str, int | None]
+
+
+# ---------------------------------------------------------------- kubelet-style expansion
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """Kubelet `$(VAR)` expansion: defined names are replaced, `$$` escapes `$`, unknown `$(X)` stays."""
+
+    def replace(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return variables[name] if name in variables else match.group(0)
+
+    return _REFERENCE.sub(replace, text)
+
+
+def container_env(container: dict[str, Any], injected: dict[str, str], pod: dict[str, str]) -> dict[str, str]:
+    """The container's env in order, each value expanded against the ones before it (kubelet rules),
+    then the operator-injected variables, which override same-named container entries."""
+    env: dict[str, str] = {}
+    for item in container.get("env") or []:
+        name = item["name"]
+        if "valueFrom" in item:
+            field_path = ((item["valueFrom"] or {}).get("fieldRef") or {}).get("fieldPath")
+            if field_path not in pod:
+                raise JobSpecError(f"env {name}: valueFrom {item['valueFrom']} is not supported locally")
+            env[name] = pod[field_path]
+        else:
+            env[name] = expand(str(item.get("value", "")), env)
+    env.update(injected)
+    return env
+
+
+# ---------------------------------------------------------------- replicas from a job
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _container(template: dict[str, Any], preferred: str) -> dict[str, Any]:
+    containers = (template.get("spec") or {}).get("containers") or []
+    if not containers:
+        raise JobSpecError("replica template has no containers")
+    return next((c for c in containers if c.get("name") == preferred), containers[0])
+
+
+def _gpus(container: dict[str, Any]) -> int:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return int(limits.get("nvidia.com/gpu", 0) or 0)
+
+
+def _argv(container: dict[str, Any], env: dict[str, str], where: str) -> list[str]:
+    words = list(container.get("command") or []) + list(container.get("args") or [])
+    if not container.get("command"):
+        raise JobSpecError(f"{where}: the container has no command (a local run cannot use the image entrypoint)")
+    return [expand(str(word), env) for word in words]
+
+
+def _replica(
+    role: str, index: int, container: dict, injected: dict, run_dir: Path, job_name: str, gpus: int
+) -> Replica:
+    name = f"{role.lower()}-{index}"
+    output_dir = run_dir / name
+    local = {OUTPUT_ENV: str(output_dir), TERMINATION_LOG_ENV: str(run_dir / f"{name}.termination-log")}
+    pod = {
+        "metadata.name": f"{job_name}-{name}",
+        "metadata.namespace": "default",
+        "status.podIP": "127.0.0.1",
+        "spec.nodeName": socket.gethostname(),
+    }
+    env = container_env(container, {**injected, **local}, pod)
+    return Replica(
+        role=role,
+        index=index,
+        argv=_argv(container, env, f"{role}[{index}]"),
+        env=env,
+        output_dir=output_dir,
+        termination_log=Path(local[TERMINATION_LOG_ENV]),
+        log_path=run_dir / f"{name}.log",
+        gpus=gpus,
+    )
+
+
+def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, master_port: int | None = None) -> list[Replica]:
+    spec = job.get("spec") or {}
+    replica_specs = spec.get("pytorchReplicaSpecs") or {}
+    if "Master" not in replica_specs:
+        raise JobSpecError("PyTorchJob without a Master replica is not supported locally")
+    unknown = set(replica_specs) - {"Master", "Worker"}
+    if unknown:
+        raise JobSpecError(f"PyTorchJob replica types {sorted(unknown)} are not supported locally")
+    if spec.get("elasticPolicy"):
+        raise JobSpecError("PyTorchJob elasticPolicy is not supported locally")
+    nproc_raw = str(spec.get("nprocPerNode", "1"))
+    nproc = int(nproc_raw) if nproc_raw.isdigit() else 1  # training-operator: non-integer ("auto") counts 1
+    counts = {
+        role: int(replica_specs[role].get("replicas", 1)) for role in ("Master", "Worker") if role in replica_specs
+    }
+    total = sum(counts.values())
+    port = str(master_port or free_port())
+    replicas = []
+    for role in ("Master", "Worker"):
+        for index in range(counts.get(role, 0)):
+            node_rank = index if role == "Master" else index + 1
+            injected = {
+                "PYTHONUNBUFFERED": "0",
+                "MASTER_PORT": port,
+                "MASTER_ADDR": "127.0.0.1",
+                "PET_MASTER_PORT": port,
+                "PET_MASTER_ADDR": "127.0.0.1",
+                "WORLD_SIZE": str(total * nproc),
+                "RANK": str(node_rank),
+                "PET_NPROC_PER_NODE": nproc_raw,
+                "PET_NODE_RANK": str(node_rank),
+                "PET_NNODES": str(total),
+            }
+            container = _container(replica_specs[role]["template"], "pytorch")
+            replicas.append(
+                _replica(role, index, container, injected, run_dir, job["metadata"]["name"], _gpus(container))
+            )
+    return replicas
+
+
+def mpijob_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
+    spec = job.get("spec") or {}
+    replica_specs = spec.get("mpiReplicaSpecs") or {}
+    if "Launcher" not in replica_specs:
+        raise JobSpecError("MPIJob without a Launcher replica")
+    slots = int(spec.get("slotsPerWorker", 1))
+    workers = int((replica_specs.get("Worker") or {}).get("replicas", 0))
+    total_slots = max(workers, 1) * slots
+    hostfile = run_dir / "hostfile"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    hostfile.write_text(f"localhost slots={total_slots}\n", encoding="utf-8")
+    implementation = spec.get("mpiImplementation", "OpenMPI")
+    if implementation == "OpenMPI":
+        injected = {
+            "K_MPI_JOB_ROLE": "launcher",
+            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+            "OMPI_MCA_orte_default_hostfile": str(hostfile),
+            "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_orte_set_default_slots": str(slots),
+        }
+    elif implementation == "Intel":
+        injected = {"K_MPI_JOB_ROLE": "launcher", "I_MPI_HYDRA_HOST_FILE": str(hostfile)}
+    elif implementation == "MPICH":
+        injected = {"K_MPI_JOB_ROLE": "launcher", "HYDRA_HOST_FILE": str(hostfile)}
+    else:
+        raise JobSpecError(f"MPIJob mpiImplementation {implementation!r} is not supported locally")
+    container = _container(replica_specs["Launcher"]["template"], "launcher")
+    # The ranks run here, under mpirun: they need the GPUs the Worker pods would have had.
+    worker_gpus = _gpus(_container(replica_specs["Worker"]["template"], "worker")) if workers else 0
+    return [_replica("Launcher", 0, container, injected, run_dir, job["metadata"]["name"], worker_gpus * workers)]
+
+
+def job_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
+    """The processes a rendered job becomes on this machine (not started)."""
+    kind, api = job.get("kind"), job.get("apiVersion")
+    if (kind, api) == ("PyTorchJob", "kubeflow.org/v1"):
+        return pytorchjob_replicas(job, run_dir)
+    if (kind, api) == ("MPIJob", "kubeflow.org/v2beta1"):
+        return mpijob_replicas(job, run_dir)
+    raise JobSpecError(f"cannot run {api}/{kind} locally (PyTorchJob kubeflow.org/v1 or MPIJob v2beta1 only)")
+
+
+# ---------------------------------------------------------------- GPUs
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this machine offers (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`)."""
+    declared = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if declared is not None:
+        return [d for d in declared.split(",") if d.strip() and d.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def assign_gpus(replicas: list[Replica], available: list[str]) -> str | None:
+    """Give each replica its own GPUs; return why the job cannot start (like an unschedulable pod)."""
+    wanted = [r.gpus for r in replicas]
+    if sum(wanted) > len(available):
+        return (
+            f"Unschedulable: the job asks for {sum(wanted)} nvidia.com/gpu "
+            f"({', '.join(f'{r.name}: {w}' for r, w in zip(replicas, wanted))}); "
+            f"this machine offers {len(available)}"
+        )
+    start = 0
+    for replica, count in zip(replicas, wanted):
+        if count:
+            replica.env["CUDA_VISIBLE_DEVICES"] = ",".join(available[start : start + count])
+            start += count
+    return None
+
+
+# ---------------------------------------------------------------- processes
+
+
+def missing_tool(replica: Replica, path: str | None) -> str | None:
+    """Why the replica's program cannot start: its executable is not on PATH, or the one a wrapper
+    (`gpt2bench launch -- mpirun ...`, `torchrun --no-python -- gpt2bench ...`) runs after `--`."""
+    programs = [replica.argv[0]]
+    if Path(replica.argv[0]).name in _WRAPPERS and "--" in replica.argv[:-1]:
+        programs.append(replica.argv[replica.argv.index("--") + 1])
+    for program in programs:
+        if shutil.which(program, path=path) is None:
+            hint = _INSTALL_HINTS.get(Path(program).name, "install it or fix the job's command")
+            return f"{program} is not installed (not found on PATH): {hint}"
+    return None
+
+
+def start(replica: Replica, base_env: dict[str, str], cwd: str | None = None) -> None:
+    replica.output_dir.mkdir(parents=True, exist_ok=True)
+    replica.termination_log.unlink(missing_ok=True)
+    env = {**base_env, **replica.env}
+    with open(replica.log_path, "wb") as log:
+        # A new session: the terminal's Ctrl-C reaches only `gpt2bench run`, which then stops the
+        # replicas itself, in order, instead of every process dying half-way through a write.
+        replica.process = subprocess.Popen(
+            replica.argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+# ---------------------------------------------------------------- outcome
+
+
+def termination_message(replica: Replica) -> str:
+    """What the kubelet would report as the container's termination message: the file's content, or
+    under `FallbackToLogsOnError` (what render sets), when the file is empty and the container failed,
+    the tail of its output (at most 80 lines / 2 KiB)."""
+    try:
+        message = replica.termination_log.read_text(encoding="utf-8", errors="replace")[:4096]
+    except OSError:
+        message = ""
+    failed = replica.process is None or replica.process.returncode not in (0, None)
+    if message.strip() or not failed:
+        return message
+    try:
+        with open(replica.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 2048))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(tail.splitlines()[-80:])
+
+
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|not found|No module named|Killed|Aborted|terminate called)")
+# torchrun's and Python's own frames around a child's failure say nothing about its cause
+_NOISE = re.compile(
+    r"^(File |Traceback|raise |torch\.distributed\.elastic|\^)|ChildFailedError|elastic/multiprocessing"
+)
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?"
+    r"(\((SIG\w+)\))?\n",
+    re.DOTALL,
+)
+
+
+def log_reason(replica: Replica, limit: int = 300) -> str:
+    """The most telling part of a failed replica's output: torchrun's root cause (which rank, which
+    exit code or signal) and the last error-looking line that is not a launcher's own traceback."""
+    try:
+        with open(replica.log_path, encoding="utf-8", errors="replace") as f:
+            text = "".join(f.readlines()[-300:])
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    parts = []
+    root = _ROOT_CAUSE.search(text)
+    if root:
+        rank, code, signame = root.group(1), root.group(2), root.group(4)
+        parts.append(f"rank {rank} " + (f"killed by {signame}" if signame else f"exited with code {code}"))
+    errors = [
+        line
+        for line in lines
+        if _ERROR_LINE.search(line) and not _NOISE.search(line) and not line.startswith(SUMMARY_PREFIX)
+    ]
+    if errors:
+        parts.append(errors[-1])
+    elif not parts and lines:
+        parts.append(lines[-1])
+    return "; ".join(parts)[:limit]
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def execute_job(
+    job: dict[str, Any],
+    run_dir: str | os.PathLike,
+    *,
+    base_env: dict[str, str] | None = None,
+    on_tick: Callable[[Replica, float], None] | None = None,
+    poll_seconds: float = 0.25,
+    grace_seconds: float = KILL_GRACE_SECONDS,
+    gpus: list[str] | None = None,
+) -> JobOutcome:
+    """Run a rendered job to completion on this machine and say how it ended.
+
+    `on_tick(primary_replica, elapsed_seconds)` is called while it runs (progress display). Any
+    exception raised meanwhile (KeyboardInterrupt included) kills every replica's process tree first.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = _now()
+    replicas = job_replicas(job, run_dir)
+    primary = replicas[0]
+    base_env = dict(os.environ if base_env is None else base_env)
+
+    def finished(phase: str, reason: str | None) -> JobOutcome:
+        codes = {r.name: (r.process.returncode if r.process else None) for r in replicas}
+        return JobOutcome(phase, reason, termination_message(primary), started, _now(), primary, codes)
+
+    blocked = assign_gpus(replicas, visible_gpus() if gpus is None else gpus)
+    if blocked:
+        return finished("Failed", blocked)
+    for replica in replicas:
+        why = missing_tool(replica, {**base_env, **replica.env}.get("PATH"))
+        if why:
+            return finished("Failed", f"{replica.name}: {why}")
+
+    deadline_s = ((job.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+    t0 = time.monotonic()
+    try:
+        for replica in replicas:
+            start(replica, base_env)
+        while True:
+            codes = [r.process.poll() for r in replicas]
+            failed = next((r for r, c in zip(replicas, codes) if c not in (None, 0)), None)
+            if failed is not None:
+                detail = log_reason(failed)
+                reason = f"{failed.name} {_exit_text(failed.process.returncode)}" + (f": {detail}" if detail else "")
+                _stop_all(replicas, grace_seconds)
+                return finished("Failed", reason)
+            if all(c == 0 for c in codes):
+                return finished("Succeeded", None)
+            elapsed = time.monotonic() - t0
+            if deadline_s is not None and elapsed > float(deadline_s):
+                _stop_all(replicas, grace_seconds)
+                return finished("Failed", f"DeadlineExceeded: ran longer than activeDeadlineSeconds={deadline_s}")
+            if on_tick is not None:
+                on_tick(primary, elapsed)
+            time.sleep(poll_seconds)
+    finally:
+        _stop_all(replicas, grace_seconds)
+
+
+def _stop_all(replicas: list[Replica], grace: float) -> None:
+    for replica in replicas:
+        if replica.process is not None:
+            kill_tree(replica.process, grace)

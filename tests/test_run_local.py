@@ -1,0 +1,266 @@
+"""`gpt2bench run FILE.yaml`: the default example end to end with real processes (torchrun, mpirun),
+a failing run followed by a good one, Ctrl-C mid-sweep, and bad input.
+
+Budget (2 shared cores): every run trains the tiny model for 3 steps; about 2 minutes in all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import yaml
+
+from gpt2bench import report, run_local
+from gpt2bench.plan import plan_runs
+from gpt2bench.render import render_job
+from gpt2bench.spec import load_benchmark_file
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
+PNGS = ("throughput.png", "peak_memory.png", "train_time.png", "loss.png", "grad_norm.png")
+
+
+def horovod_importable() -> bool:
+    return (
+        subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, check=False).returncode == 0
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def example(tmp_path) -> Path:
+    """The default example, with a metrics port nobody else on this machine uses."""
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["spec"].setdefault("metrics", {})["port"] = free_port()
+    path = tmp_path / "cpu-sweep.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def child_env(tmp_path, monkeypatch) -> dict[str, str]:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    # torchrun and torch.compile leave folders in TMPDIR; one thread per process on 2 shared cores
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+
+
+def gpt2bench(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpt2bench", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def processes_using(directory: Path) -> list[int]:
+    """Live processes whose environment points into `directory` (every replica's does)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            uses = str(directory).encode() in (entry / "environ").read_bytes()
+            if uses and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    assert matplotlib.image.imread(path).ndim == 3
+
+
+# ---------------------------------------------------------------- fast: bad input
+
+
+def test_bad_yaml_fails_naming_the_field_and_runs_nothing(tmp_path, capsys):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["spec"]["sweep"]["strategies"][2]["name"] = "allreduce-magic"
+    document["spec"]["training"]["seqLen"] = 4
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(document))
+    out = tmp_path / "out"
+    assert run_local.main([str(bad), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "spec.sweep.strategies[2].name" in err
+    assert "spec.training.seqLen" in err
+    assert "nothing was run" in err
+    assert not out.exists()
+
+
+def test_bad_options_are_named(tmp_path, capsys, example):
+    assert run_local.main([str(example), "--only", "no-such-run", "--output", str(tmp_path / "o")]) == 2
+    assert "--only 'no-such-run' matches none of the" in capsys.readouterr().err
+    assert run_local.main([str(example), "--only", "(", "--output", str(tmp_path / "o")]) == 2
+    assert "--only: invalid regular expression" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        run_local.main([str(example), "--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "--steps: must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_steps_override_is_validated_like_the_file():
+    benchmark = run_local.with_steps(load_benchmark_file(str(EXAMPLE)), 3)
+    assert benchmark.spec.training.steps == 3
+    assert benchmark.spec.training.warmup_steps == 2  # the example's 2 still fits below 3
+    assert run_local.with_steps(benchmark, 2).spec.training.warmup_steps == 1  # halved when it would not
+
+
+# ---------------------------------------------------------------- slow: real sweeps
+
+
+@pytest.mark.slow
+def test_default_example_end_to_end(tmp_path, example, child_env):
+    """torchrun (1 and 2 processes) and the MPIJob launcher's mpirun, through the CLI."""
+    out = tmp_path / "results"
+    only = "single-fp32|ddp-fp32|horovod-fp32"
+    done = gpt2bench("run", str(example), "--steps", "3", "--only", only, "--output", str(out), env=child_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    doc = json.loads((out / "results.json").read_text())
+    expected = [run.name for run in plan_runs(load_benchmark_file(str(example))) if re.search(only, run.name)]
+    assert (
+        [r["name"] for r in doc["runs"]]
+        == expected
+        == ["cpu-sweep-single-fp32-1x1", "cpu-sweep-ddp-fp32-1x2", "cpu-sweep-horovod-fp32-1x2"]
+    )
+    single, ddp, horovod = doc["runs"]
+    for run in (single, ddp):
+        assert run["phase"] == "Succeeded", run
+        assert run["results"]["tokensPerSecond"] > 0 and run["results"]["trainSeconds"] > 0
+        steps = report.read_steps(out / run["stepsFile"])
+        assert [s["step"] for s in steps] == [1, 2, 3]
+    assert ddp["results"]["worldSize"] == 2 and single["results"]["worldSize"] == 1
+    assert horovod["jobKind"] == "MPIJob"
+    if horovod_importable():
+        assert horovod["phase"] == "Succeeded", horovod
+        assert horovod["results"]["worldSize"] == 2
+    else:
+        assert horovod["phase"] == "Failed"
+        assert re.search(r"horovod", horovod["reason"], re.IGNORECASE), horovod["reason"]
+        assert re.search(r"not installed|No module named|needs Horovod", horovod["reason"]), horovod["reason"]
+    assert doc["phase"] in ("Succeeded", "PartiallySucceeded")
+    assert doc["best"]["run"] in (single["name"], ddp["name"], horovod["name"])
+    assert doc["spec"]["training"]["steps"] == 3 and doc["startTime"] and doc["completionTime"]
+
+    markdown = (out / "results.md").read_text()
+    assert report.results_table_markdown(doc) in markdown
+    for name in expected:
+        assert name in done.stdout  # the table is printed at the end
+    for png in PNGS:
+        assert_png(out / png)
+
+    # `gpt2bench report DIR` rebuilds the same report from results.json alone
+    for path in [out / "results.md", *(out / png for png in PNGS)]:
+        path.unlink()
+    rebuilt = gpt2bench("report", str(out), "--quiet", env=child_env)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (out / "results.md").read_text() == markdown
+    for png in PNGS:
+        assert_png(out / png)
+
+
+@pytest.mark.slow
+def test_a_failing_run_is_reported_and_the_next_one_runs(tmp_path, example, child_env):
+    """Failure injected into the rendered job's trainer args (--fail-at-step), as a user's bad run would."""
+    benchmark = run_local.with_steps(load_benchmark_file(str(example)), 3)
+    runs = run_local.select_runs(plan_runs(benchmark), r"single-(fp32|bf16)")
+    jobs = [render_job(benchmark, run) for run in runs]
+    container = jobs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    container["command"] += ["--fail-at-step", "1"]
+    sweep = run_local.run_sweep(benchmark, runs, tmp_path / "out", jobs=jobs, live=False)
+
+    failed, succeeded = sweep.doc["runs"]
+    assert failed["phase"] == "Failed" and "results" not in failed
+    assert "failure injected at step 1" in failed["reason"]
+    assert succeeded["phase"] == "Succeeded", succeeded
+    assert sweep.doc["phase"] == "PartiallySucceeded"
+    assert sweep.doc["best"]["run"] == succeeded["name"]
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved == sweep.doc
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "Failed: " in table and "failure injected at step 1" in table
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_sweep_leaves_a_consistent_folder(tmp_path, example, child_env):
+    out = tmp_path / "results"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpt2bench",
+            "run",
+            str(example),
+            "--steps",
+            "3",
+            "--only",
+            "single-|dataparallel-fp32",
+            "--output",
+            str(out),
+        ],
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        # wait until the first run finished and the second one's processes are training
+        deadline = time.monotonic() + 180
+        second_log = None
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                runs = json.loads((out / "results.json").read_text())["runs"]
+            except (OSError, json.JSONDecodeError):
+                runs = []
+            if runs and runs[0]["phase"] == "Succeeded" and runs[1]["phase"] == "Running":
+                second_log = out / runs[1]["runDir"] / "master-0.log"
+                if second_log.exists() and processes_using(out / runs[1]["runDir"]):
+                    break
+            time.sleep(0.2)
+        assert second_log is not None and process.poll() is None, "the sweep never reached its second run"
+        time.sleep(1.0)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output
+
+    doc = json.loads((out / "results.json").read_text())
+    first, second, third = doc["runs"]
+    assert first["phase"] == "Succeeded" and first["results"]["tokensPerSecond"] > 0  # kept
+    assert second["phase"] == "Interrupted" and "results" not in second
+    assert third["phase"] == "Skipped" and not (out / "runs" / third["name"]).exists()
+    assert (out / first["stepsFile"]).exists()
+    assert doc["phase"] == "Interrupted" and doc["completionTime"]
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert processes_using(out) == []  # every replica process was killed
+    assert report.results_table_markdown(doc) in (out / "results.md").read_text()
+    assert "interrupted" in output
