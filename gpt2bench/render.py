@@ -227,6 +227,10 @@ def render_mpijob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
         gpus=run.devices_per_node,
         serves_metrics=True,
     )
+    # The image runs as uid 1000; mpi-operator's root mode (sshAuthMountPath /root/.ssh, `sshd -De` on
+    # port 22) needs uid 0 in both pods, as mpi-operator's own examples run.
+    for template in (launcher, worker):
+        template["spec"]["securityContext"] = {"runAsUser": 0}
     restart = _restart_policy(benchmark)
     return {
         "apiVersion": MPIJOB_API,

@@ -228,6 +228,9 @@ def test_horovod_mpijob_launcher_and_workers():
     assert container(job, "Worker")["command"] == ["/usr/sbin/sshd", "-De"]
     assert container(job, "Worker")["resources"]["limits"]["nvidia.com/gpu"] == 4
     assert any(p["name"] == "metrics" for p in container(job, "Worker")["ports"])
+    # root-mode sshd: the keys are mounted at /root/.ssh, so both pods run as uid 0 (the image's default is 1000)
+    for role in ("Launcher", "Worker"):
+        assert s["mpiReplicaSpecs"][role]["template"]["spec"]["securityContext"] == {"runAsUser": 0}
 
 
 # -- examples and CLI -------------------------------------------------------------------------------------
