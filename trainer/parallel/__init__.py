@@ -1,0 +1,33 @@
+"""Strategy registry: name (as on the CLI and in the CR) -> Parallelism subclass, imported lazily.
+
+Lazy so that importing the trainer never imports horovod (absent on many machines) or RPC code.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from gpt2bench.trainer.parallel.base import Parallelism
+
+# strategy name -> "module:Class" under gpt2bench.trainer.parallel
+STRATEGIES: dict[str, str] = {
+    "single": "base:Parallelism",
+    "dataparallel": "dataparallel:DataParallelism",
+    "ddp": "ddp:DDPParallelism",
+    "fsdp": "fsdp:FSDPParallelism",
+    "horovod": "horovod:HorovodParallelism",
+    "ps": "ps:ParameterServerParallelism",
+    "ps-sharded": "ps:ShardedParameterServerParallelism",
+}
+
+
+def strategy_class(name: str) -> type[Parallelism]:
+    """The class for a strategy name; ImportError names what is missing (e.g. horovod)."""
+    if name not in STRATEGIES:
+        raise KeyError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
+    module_name, class_name = STRATEGIES[name].split(":")
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    return getattr(module, class_name)
+
+
+__all__ = ["STRATEGIES", "Parallelism", "strategy_class"]

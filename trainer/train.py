@@ -1,0 +1,101 @@
+"""`gpt2bench train`: parse, set up the strategy, train (or serve), report, tear down.
+
+Exit codes: 0 success; 1 the run failed (summary says why, when job rank 0 could still write it);
+2 a bad option (the message names it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+from gpt2bench.trainer.config import ConfigError, parse_config
+from gpt2bench.trainer.env import detect_env, process_start_time
+from gpt2bench.trainer.metrics import PeakMemory, PrometheusExporter, build_summary, publish_summary
+from gpt2bench.trainer.model import build_model
+from gpt2bench.trainer.parallel import strategy_class
+
+log = logging.getLogger("gpt2bench.trainer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = process_start_time()
+    try:
+        config = parse_config(list(sys.argv[1:] if argv is None else argv))
+    except ConfigError as exc:
+        print(f"gpt2bench train: error: {exc}", file=sys.stderr)
+        return 2
+    env = detect_env()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{env.rank} %(levelname)s %(message)s")
+    try:
+        parallel = strategy_class(config.strategy)(config, env)
+    except (ImportError, RuntimeError) as exc:  # e.g. horovod not installed, --device cuda without CUDA
+        reason = f"--strategy {config.strategy} needs {exc.name}: {exc}" if isinstance(exc, ImportError) else str(exc)
+        print(f"gpt2bench train: error: {reason}", file=sys.stderr)
+        if env.rank == 0:  # the operator and `gpt2bench launch` read the reason from rank 0's summary
+            publish_summary({"status": "failed", "reason": reason, "strategy": config.strategy,
+                             "precision": config.precision}, config.output)
+        return 1
+    payload, exporter = {"job_rank": env.rank}, None
+    try:
+        parallel.setup()
+        if parallel.is_reporter:
+            log.info("config %s", json.dumps(config.as_dict(), sort_keys=True))
+        if config.metrics_port:
+            exporter = PrometheusExporter(config, rank=env.rank, strategy=config.strategy,
+                                          local_rank=env.local_rank, workers=parallel.world_size)
+        if parallel.is_worker:
+            payload = train_worker(config, parallel, exporter, started)
+        else:
+            served = parallel.serve(lambda: build_model(config)) or {}
+            payload = {"job_rank": env.rank, "is_worker": False, "status": "succeeded",
+                       **PeakMemory(parallel.device).read_and_reset(), **served}
+        payloads = parallel.gather_to_reporter(payload)
+        if parallel.is_reporter:
+            summary = build_summary(config, env, parallel, payloads)
+            publish_summary(summary, config.output)
+            return 0 if summary["status"] == "succeeded" else 1
+        return 0 if payload.get("status") == "succeeded" else 1
+    except Exception as exc:  # a crash on this process: say why where the operator looks, then exit 1
+        log.exception("gpt2bench train failed")
+        if parallel.is_reporter:
+            reason = f"{type(exc).__name__}: {exc}"
+            publish_summary(build_summary(config, env, parallel, [payload], status="failed", reason=reason),
+                            config.output)
+        return 1
+    finally:
+        if exporter is not None:
+            exporter.close()
+        parallel.teardown()
+
+
+def train_worker(config, parallel, exporter, process_started: float) -> dict:
+    """Build, train, and return this worker's payload; a non-finite loss fails it (all workers alike)."""
+    from gpt2bench.trainer.trainer import Trainer, TrainingFailed
+
+    trainer = Trainer(config, parallel, exporter=exporter)
+    first_step_at: list[float] = []
+    status, reason = "succeeded", None
+    try:
+        trainer.train(first_step_at)
+    except TrainingFailed as exc:
+        status, reason = "failed", str(exc)
+        log.error("%s", reason)
+    finally:
+        trainer.metrics.close()
+    ended = time.time()
+    payload = trainer.payload(status, reason)
+    first = first_step_at[0] if first_step_at else ended
+    payload.update(startup_seconds=first - process_started, train_seconds=ended - first)
+    return payload
+
+
+# The CLI ends this process with os._exit once main() has returned and output is flushed: C++ destructors
+# of process groups can abort at interpreter exit after a finished run (seen with FSDP2 + bf16), which
+# would turn a run that already published its summary into a SIGABRT.
+EXIT_WITHOUT_DESTRUCTORS = True
+
+if __name__ == "__main__":
+    raise SystemExit(main())
