@@ -7,6 +7,7 @@ Each sub-command owns its argument parser in its own module and is imported lazi
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # command -> (module, one-line help)
@@ -43,4 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpt2bench: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    return int(module.main(rest) or 0)
+    code = int(module.main(rest) or 0)
+    if getattr(module, "EXIT_WITHOUT_DESTRUCTORS", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
