@@ -1,0 +1,92 @@
+"""`horovod`: Horovod's DistributedOptimizer (ring all-reduce of gradients, Bai et al.'s third strategy).
+
+Launched by `horovodrun --gloo -np N -H host:N gpt2bench train ...` or, as an MPIJob launcher does,
+`mpirun -np N ... gpt2bench train ...`. The recipe of Horovod's docs:
+- `hvd.init()`; one process per device (`hvd.local_rank()` picks the GPU);
+- `hvd.DistributedOptimizer(AdamW, named_parameters=...)`: backward hooks all-reduce (average) each
+  gradient as it is ready; `backward_passes_per_step=--grad-accum` accumulates locally first;
+- `broadcast_parameters` and `broadcast_optimizer_state` from rank 0, so every replica starts alike;
+- step: `optimizer.synchronize()` (wait for the all-reduces), `scaler.unscale_`, clip, then
+  `scaler.step(optimizer)` inside `optimizer.skip_synchronize()` (Horovod's AMP recipe), so the grad
+  norm is that of the averaged gradient and fp16 overflow is seen (and skipped) on every rank alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+try:
+    import horovod.torch as hvd
+except ImportError as exc:  # the registry imports this module only for --strategy horovod
+    raise ImportError(
+        f"--strategy horovod needs Horovod built against this torch (scripts/install.sh builds it): {exc}"
+    ) from exc
+
+from gpt2bench.trainer.parallel.base import Parallelism
+
+
+class HorovodParallelism(Parallelism):
+    name = "horovod"
+
+    def setup(self) -> None:
+        hvd.init()
+        self.rank, self.world_size = hvd.rank(), hvd.size()
+        if (self.rank, self.world_size) != (self.env.rank, self.env.world_size):
+            raise RuntimeError(
+                f"Horovod sees rank {self.rank} of {self.world_size} but the {self.env.launcher} environment "
+                f"says {self.env.rank} of {self.env.world_size}: launch with horovodrun or mpirun"
+            )
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", hvd.local_rank())
+            torch.cuda.set_device(self.device)
+
+    def teardown(self) -> None:
+        if hvd.is_initialized():
+            hvd.shutdown()
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = model.to(self.device)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model
+
+    def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+        optimizer = hvd.DistributedOptimizer(
+            super().build_optimizer(model, lr),
+            named_parameters=model.named_parameters(),
+            backward_passes_per_step=self.config.grad_accum,
+            op=hvd.Average,
+        )
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        # Broadcasting an empty AdamW state makes Horovod take one zero-gradient step to create it:
+        # the parameters do not move, but AdamW's step counter would read 1 and change the bias
+        # correction of every later step. Reset it, so runs compare step by step with ddp/single.
+        for state in optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"].zero_()
+            elif "step" in state:
+                state["step"] = 0
+        optimizer.zero_grad()  # DistributedOptimizer.zero_grad() takes no set_to_none
+        return optimizer
+
+    def step(self, model, optimizer, scaler, max_grad_norm: float) -> torch.Tensor:
+        optimizer.synchronize()  # the gradients are now averaged over every rank
+        scaler.unscale_(optimizer)
+        norm = self.clip_grad_norm(model, max_grad_norm)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        return norm
+
+    def mean_over_workers(self, value: torch.Tensor) -> torch.Tensor:
+        return hvd.allreduce(value.detach().float(), op=hvd.Average, name="gpt2bench.loss")
+
+    def max_over_ranks(self, value: float) -> float:
+        tensor = torch.tensor([float(value)], dtype=torch.float64)
+        return float(hvd.allreduce(tensor, op=hvd.Max, name="gpt2bench.max"))
+
+    def gather_to_reporter(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
+        gathered = hvd.allgather_object(payload, name="gpt2bench.payloads")
+        return gathered if self.is_reporter else None

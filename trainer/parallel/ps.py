@@ -1,0 +1,384 @@
+"""`ps` and `ps-sharded`: a real parameter server over c10d point-to-point messages (gloo, CPU tensors).
+
+Roles. `--ps-servers N` processes serve (ps: default 1; ps-sharded: default 2, at least 2), the rest
+are workers. Servers are the first N/nodes local ranks of every node when N divides evenly over the
+nodes (on one node: job ranks 0..N-1), so job rank 0 is always a server and reports. Servers own the
+parameters (fp32, CPU) and the AdamW optimizer; workers hold a replica only to compute gradients.
+With N > 1 the flattened parameter vector is cut into N contiguous, equal ranges (balanced to the
+element, as ZeRO's flat parameter; GPT-2's token embedding alone is ~92% of `tiny`, so a per-tensor
+split could not balance).
+
+One step, per server s and its range [lo, hi):
+  worker -> s  push header (float64 PUSH_*), then grad[lo:hi] (float32, loss-scaled for fp16)
+  s -> worker  reply header (float64 REPLY_*), then param[lo:hi] (float32, after the update)
+sync (default): s waits for every worker's push, averages, steps, answers everyone; so sync ps at
+equal global batch computes what ddp/single compute. async: s applies each push as it arrives
+(any-source receive) and answers that worker alone.
+
+fp16: workers scale the loss with their GradScaler; the scale travels in the push header; the server
+owns the authoritative GradScaler (a ShardedGradScaler across servers in sync ps-sharded, so an inf in
+any shard skips the step on every server), unscales, checks for inf, clips, steps, and sends its new
+scale back, which every worker adopts: all parties skip and back off together.
+
+Grad norm: of the averaged gradient, on the server(s), before clipping; sync ps-sharded all-reduces
+the shards' squared norms among the servers. Async ps-sharded has no place where a whole gradient
+lives, so the worker sends the norm of its own (unscaled) gradient and the servers clip with it.
+
+Failure: every receive is bounded by --timeout-seconds; a dead peer closes its gloo connections and
+the receive raises at once ("Connection closed by peer"), so the job ends instead of hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from gpt2bench.trainer.parallel.base import Parallelism, state_bytes
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+# Message tags (one stream per kind, so an any-source receive only ever matches a push header).
+TAG_PUSH_HEADER, TAG_PUSH_GRAD, TAG_REPLY_HEADER, TAG_REPLY_PARAM = 11, 12, 13, 14
+# Push header fields (float64). KIND: GRADIENT, or DONE (worker finished; FINGERPRINT holds its params').
+PUSH_KIND, PUSH_SCALE, PUSH_LR, PUSH_NORM, PUSH_FINGERPRINT = range(5)
+GRADIENT, DONE = 0.0, 1.0
+# Reply header fields (float64). STATUS: APPLIED or SKIPPED (fp16 overflow).
+REPLY_STATUS, REPLY_NORM, REPLY_SCALE, REPLY_VERSION = range(4)
+APPLIED, SKIPPED = 0.0, 1.0
+HEADER_LEN = 5
+FINGERPRINT_MOD = 1 << 52  # exact in a float64 header slot
+
+
+def server_ranks(world_size: int, local_world_size: int, servers: int) -> list[int]:
+    """Job ranks that serve: the first servers/nodes local ranks of each node, else the first ranks."""
+    nodes = max(1, world_size // max(1, local_world_size))
+    if nodes > 1 and servers % nodes == 0 and world_size % local_world_size == 0:
+        per_node = servers // nodes
+        return [node * local_world_size + i for node in range(nodes) for i in range(per_node)]
+    return list(range(servers))
+
+
+def shard_ranges(numel: int, servers: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each server's part of the flat parameter vector: contiguous, sizes differ by <= 1."""
+    bounds = [numel * s // servers for s in range(servers + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def bit_sum(flat: torch.Tensor, chunk: int = 1 << 22) -> int:
+    """Exact, order-independent digest of float32 values: the sum of their bit patterns (int64)."""
+    bits = flat.detach().to("cpu", torch.float32).contiguous().view(torch.int32)
+    return sum(int(bits[i:i + chunk].to(torch.int64).sum()) for i in range(0, bits.numel(), chunk))
+
+
+def _segments(flat_shard: torch.Tensor, numels: list[int], lo: int, hi: int) -> list[torch.Tensor]:
+    """Views of a shard [lo, hi) cut at the model's tensor boundaries (edge tensors cut by the shard)."""
+    views, offset = [], 0
+    for numel in numels:
+        start, end = max(offset, lo), min(offset + numel, hi)
+        if start < end:
+            views.append(flat_shard[start - lo:end - lo])
+        offset += numel
+    return views
+
+
+class _ServerSideOptimizer(torch.optim.Optimizer):
+    """The workers' stand-in optimizer: holds the learning rate; the real AdamW lives on the servers."""
+
+    def __init__(self, params, lr: float):
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure=None):  # pragma: no cover - a misuse guard
+        raise RuntimeError("ps: parameters are updated on the parameter servers, not by workers")
+
+
+class ParameterServerParallelism(Parallelism):
+    name = "ps"
+    sharded = False
+
+    def __init__(self, config, env):
+        super().__init__(config, env)
+        self.num_servers = config.ps_servers or (2 if self.sharded else 1)
+        self.mode = config.ps_mode
+        self.servers = server_ranks(env.world_size, env.local_world_size, self.num_servers)
+        self.workers = [r for r in range(env.world_size) if r not in self.servers]
+        self.is_worker = env.rank in self.workers
+        self.world_size = len(self.workers)
+        self.rank = self.workers.index(env.rank) if self.is_worker else 0
+        # servers keep everything on the CPU; workers get their node's n-th device (servers use none)
+        self.device = self._worker_device() if self.is_worker else torch.device("cpu")
+        self.extra_summary = {"ps_servers": self.num_servers, "ps_mode": self.mode,
+                              "checksum_scope": "full model (workers); sum of shards (servers)"}
+        if not self.sharded and self.num_servers > 1:
+            self.notes.append(f"ps with {self.num_servers} servers partitions the parameters as ps-sharded does")
+        self._done_sent = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def setup(self) -> None:
+        if self.sharded and self.num_servers < 2:
+            raise ValueError(f"--ps-servers {self.num_servers}: ps-sharded needs at least 2 servers")
+        if not self.workers:
+            raise ValueError(f"--ps-servers {self.num_servers} leaves no worker among the job's "
+                             f"{self.env.world_size} processes")
+        # gloo everywhere: parameter-server traffic is CPU tensors, also when workers train on GPUs
+        self.init_process_group("gloo")
+        # new_group is collective: every process creates both groups, in the same order
+        # (new_group's own default timeout is 30 min: pass the job's, so a hung peer fails these too)
+        timeout = datetime.timedelta(seconds=self.config.timeout_seconds)
+        self.servers_group = dist.new_group(self.servers, timeout=timeout)
+        self.workers_group = dist.new_group(self.workers, timeout=timeout)
+
+    def _worker_device(self) -> torch.device:
+        device = self._pick_device()
+        if device.type != "cuda":
+            return device
+        node = self.env.rank // max(1, self.env.local_world_size)
+        first = node * self.env.local_world_size
+        local_index = sum(1 for r in self.workers if first <= r < self.env.rank)
+        return torch.device("cuda", local_index % torch.cuda.device_count())
+
+    # ------------------------------------------------------------------- worker
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Lay the replica's parameters and gradients over two flat buffers, pull the servers' values."""
+        model = model.to(self.device)
+        self.params = list(model.parameters())
+        numel = sum(p.numel() for p in self.params)
+        self.ranges = shard_ranges(numel, self.num_servers)
+        self.flat_param = torch.empty(numel, dtype=torch.float32, device=self.device)
+        self.flat_grad = torch.zeros(numel, dtype=torch.float32, device=self.device)
+        self.grad_views = []
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                view = self.flat_param[offset:offset + p.numel()].view_as(p)
+                view.copy_(p)
+                p.data = view  # same Parameter object, so tied weights (wte/lm_head) stay tied
+                p.grad = self.flat_grad[offset:offset + p.numel()].view_as(p)  # backward adds in place
+                self.grad_views.append(p.grad)
+                offset += p.numel()
+        on_cpu = self.device.type == "cpu"
+        pin = torch.cuda.is_available() and not on_cpu
+        self.wire_grad = self.flat_grad if on_cpu else torch.empty(numel, pin_memory=pin)
+        self.wire_param = self.flat_param if on_cpu else torch.empty(numel, pin_memory=pin)
+        self.reply_headers = [torch.zeros(HEADER_LEN, dtype=torch.float64) for _ in self.servers]
+        self._receive_params()  # the servers' initial parameters: every replica starts from them
+        return model
+
+    def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+        return _ServerSideOptimizer(model.parameters(), lr)
+
+    def step(self, model, optimizer, scaler, max_grad_norm: float) -> torch.Tensor:
+        """Push this worker's gradient to every server, pull the updated parameters, adopt the scale."""
+        self._collect_stray_grads()
+        scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+        header = torch.zeros(HEADER_LEN, dtype=torch.float64)
+        header[PUSH_KIND], header[PUSH_SCALE] = GRADIENT, scale
+        header[PUSH_LR] = optimizer.param_groups[0]["lr"]
+        header[PUSH_NORM] = math.nan
+        if self.mode == "async" and self.num_servers > 1:
+            header[PUSH_NORM] = float(torch.linalg.vector_norm(self.flat_grad)) / scale
+        if self.wire_grad is not self.flat_grad:
+            self.wire_grad.copy_(self.flat_grad)
+        # Post the replies' receives before waiting on the pushes: a gloo send completes only once its
+        # receiver is ready, and in async ps-sharded server 0 may be answering this worker while
+        # server 1 answers another; waiting on our sends first would close a cycle of waits.
+        works = self._post_receives()
+        for server, (lo, hi) in zip(self.servers, self.ranges):
+            works.append(dist.isend(header, server, tag=TAG_PUSH_HEADER))
+            works.append(dist.isend(self.wire_grad[lo:hi], server, tag=TAG_PUSH_GRAD))
+        self._finish_receives(works)
+        self.flat_grad.zero_()
+        if scaler.is_enabled():
+            scaler.update(min(float(h[REPLY_SCALE]) for h in self.reply_headers))
+        return self.reply_headers[0][REPLY_NORM].to(torch.float32)
+
+    def _receive_params(self) -> None:
+        self._finish_receives(self._post_receives())
+
+    def _post_receives(self) -> list:
+        works = []
+        for server, (lo, hi), reply in zip(self.servers, self.ranges, self.reply_headers):
+            works.append(dist.irecv(reply, server, tag=TAG_REPLY_HEADER))
+            works.append(dist.irecv(self.wire_param[lo:hi], server, tag=TAG_REPLY_PARAM))
+        return works
+
+    def _finish_receives(self, works: list) -> None:
+        for work in works:
+            work.wait()
+        if self.wire_param is not self.flat_param:
+            self.flat_param.copy_(self.wire_param, non_blocking=False)
+
+    def _collect_stray_grads(self) -> None:
+        """Gradients someone reset to None or replaced go back into the flat buffer (cheap pointer check)."""
+        for p, view in zip(self.params, self.grad_views):
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            else:
+                continue
+            p.grad = view
+
+    def _send_done(self) -> None:
+        """Tell every server this worker is finished (once); carries the replica's parameter digest."""
+        if self._done_sent or not self.is_worker or not hasattr(self, "flat_param"):
+            return
+        self._done_sent = True
+        header = torch.zeros(HEADER_LEN, dtype=torch.float64)
+        header[PUSH_KIND] = DONE
+        header[PUSH_FINGERPRINT] = bit_sum(self.flat_param) % FINGERPRINT_MOD
+        for work in [dist.isend(header, server, tag=TAG_PUSH_HEADER) for server in self.servers]:
+            work.wait()
+
+    def model_checksum(self, model: torch.nn.Module) -> float:
+        return float(self.flat_param.double().abs().sum())
+
+    # ------------------------------------------------------------------- server
+    def serve(self, model_factory: Callable[[], torch.nn.Module]) -> dict[str, Any]:
+        index = self.servers.index(self.env.rank)
+        params = list(model_factory().parameters())
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        lo, hi = shard_ranges(flat.numel(), self.num_servers)[index]
+        self.param = torch.nn.Parameter(flat[lo:hi].clone())
+        self.param.grad = torch.zeros_like(self.param)
+        self.grad_segments = _segments(self.param.grad, [p.numel() for p in params], lo, hi)
+        del flat, params
+        holder = torch.nn.ParameterList([self.param])
+        self.optimizer = super().build_optimizer(holder, self.config.lr)  # the same AdamW as every strategy
+        enabled = self.config.precision == "fp16"
+        if self.num_servers > 1 and self.mode == "sync":
+            self.scaler = ShardedGradScaler("cpu", enabled=enabled, process_group=self.servers_group)
+        else:
+            self.scaler = torch.amp.GradScaler("cpu", enabled=enabled)
+        self.scaler.scale(torch.ones(()))  # initialises the scale (GradScaler does it lazily)
+        self.version = 0
+        self.worker_fingerprints: dict[int, int] = {}
+        self._reply(self.workers, APPLIED, math.nan)  # initial parameters
+        (self._serve_sync if self.mode == "sync" else self._serve_async)()
+        return self._final_figures(holder, index, lo, hi)
+
+    def _serve_sync(self) -> None:
+        headers = {w: torch.zeros(HEADER_LEN, dtype=torch.float64) for w in self.workers}
+        grads = {w: torch.empty_like(self.param.grad) for w in self.workers}
+        while True:
+            for work in [dist.irecv(headers[w], w, tag=TAG_PUSH_HEADER) for w in self.workers]:
+                work.wait()
+            done = [w for w in self.workers if headers[w][PUSH_KIND] == DONE]
+            if done:
+                if len(done) != len(self.workers):
+                    raise RuntimeError(f"ps sync: workers {done} finished while "
+                                       f"{sorted(set(self.workers) - set(done))} pushed another gradient")
+                self.worker_fingerprints = {w: int(headers[w][PUSH_FINGERPRINT]) for w in self.workers}
+                return
+            for work in [dist.irecv(grads[w], w, tag=TAG_PUSH_GRAD) for w in self.workers]:
+                work.wait()
+            scales = {float(h[PUSH_SCALE]) for h in headers.values()}
+            if len(scales) != 1:
+                raise RuntimeError(f"ps sync: workers used different loss scales {sorted(scales)}")
+            grad = self.param.grad
+            grad.copy_(grads[self.workers[0]])
+            for worker in self.workers[1:]:  # a fixed order: every run sums alike
+                grad.add_(grads[worker])
+            grad.div_(len(self.workers))
+            first = headers[self.workers[0]]
+            status, norm = self._apply(float(first[PUSH_SCALE]), float(first[PUSH_LR]), math.nan)
+            self._reply(self.workers, status, norm)
+
+    def _serve_async(self) -> None:
+        header = torch.zeros(HEADER_LEN, dtype=torch.float64)
+        while len(self.worker_fingerprints) < len(self.workers):
+            source = dist.recv(header, src=None, tag=TAG_PUSH_HEADER)
+            if header[PUSH_KIND] == DONE:
+                self.worker_fingerprints[source] = int(header[PUSH_FINGERPRINT])
+                continue
+            dist.recv(self.param.grad, source, tag=TAG_PUSH_GRAD)
+            status, norm = self._apply(float(header[PUSH_SCALE]), float(header[PUSH_LR]), float(header[PUSH_NORM]))
+            self._reply([source], status, norm)
+
+    def _apply(self, scale_used: float, lr: float, worker_norm: float) -> tuple[float, float]:
+        """Unscale, norm, clip, AdamW step on the gradient in self.param.grad; (status, norm)."""
+        fp16 = self.scaler.is_enabled()
+        scale = self.scaler.get_scale()
+        if fp16 and not math.isfinite(worker_norm) and self.mode == "async" and self.num_servers > 1:
+            # async ps-sharded: the worker's gradient overflowed, maybe in another server's range only
+            self.scaler.update(scale * self.scaler.get_backoff_factor())
+            return SKIPPED, worker_norm
+        if fp16 and scale_used != scale:  # async: the worker used an older scale; both are powers of two
+            self.param.grad.mul_(scale / scale_used)
+        self.scaler.unscale_(self.optimizer)
+        norm = self._grad_norm(worker_norm)
+        if self.config.max_grad_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_([self.param], self.config.max_grad_norm, norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.scaler.step(self.optimizer)  # skipped when unscale_ found inf/NaN (fp16)
+        self.scaler.update()  # ... and then the scale backs off
+        skipped = fp16 and self.scaler.get_scale() < scale
+        self.version += 0 if skipped else 1  # updates applied so far
+        return (SKIPPED if skipped else APPLIED), float(norm)
+
+    def _grad_norm(self, worker_norm: float) -> torch.Tensor:
+        # per-tensor norms, then their norm: what clip_grad_norm_ computes for ddp/single, to the bit
+        local = torch.nn.utils.get_total_norm(self.grad_segments, foreach=True)
+        if self.num_servers == 1:
+            return local
+        if self.mode == "async":
+            return torch.tensor(worker_norm, dtype=torch.float32)
+        squared = local * local
+        dist.all_reduce(squared, group=self.servers_group)
+        return squared.sqrt()
+
+    def _reply(self, workers: list[int], status: float, norm: float) -> None:
+        header = torch.tensor([status, norm, self.scaler.get_scale(), float(self.version), 0.0], dtype=torch.float64)
+        works = []
+        for worker in workers:
+            works.append(dist.isend(header, worker, tag=TAG_REPLY_HEADER))
+            works.append(dist.isend(self.param.detach(), worker, tag=TAG_REPLY_PARAM))
+        for work in works:
+            work.wait()
+
+    def _final_figures(self, holder, index: int, lo: int, hi: int) -> dict[str, Any]:
+        """This server's payload; on the reporter, also the replica-vs-server parameter comparison."""
+        from gpt2bench.trainer.metrics import PeakMemory
+
+        totals = torch.tensor([bit_sum(self.param)], dtype=torch.int64)
+        checksum = torch.tensor([self.param.detach().double().abs().sum()], dtype=torch.float64)
+        dist.all_reduce(totals, group=self.servers_group)
+        dist.all_reduce(checksum, group=self.servers_group)
+        if self.is_reporter:
+            server_fp = int(totals) % FINGERPRINT_MOD
+            workers_fp = [self.worker_fingerprints.get(w) for w in self.workers]
+            self.extra_summary.update(
+                ps_server_param_checksum=float(checksum),
+                ps_param_fingerprints={"servers": server_fp, "workers": workers_fp},
+                ps_replicas_match_servers=all(fp == server_fp for fp in workers_fp),
+                ps_updates_applied=self.version,
+            )
+        return {"state_bytes": state_bytes(holder, self.optimizer), "ps_shard": [index, lo, hi],
+                **PeakMemory(self.device).read_and_reset()}
+
+    # --------------------------------------------------------------- reductions
+    def mean_over_workers(self, value: torch.Tensor) -> torch.Tensor:
+        total = value.detach().to("cpu", torch.float32).reshape(()).clone()
+        dist.all_reduce(total, group=self.workers_group)
+        return total / self.world_size
+
+    def max_over_ranks(self, value: float) -> float:
+        self._send_done()  # servers leave their loop before any job-wide collective
+        tensor = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor)
+
+    def gather_to_reporter(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
+        self._send_done()
+        gathered: list[Any] | None = [None] * self.env.world_size if self.is_reporter else None
+        dist.gather_object(payload, gathered, dst=0)
+        return gathered
+
+
+class ShardedParameterServerParallelism(ParameterServerParallelism):
+    name = "ps-sharded"
+    sharded = True
