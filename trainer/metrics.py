@@ -318,7 +318,8 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         if payload.get("status") == "failed" and status != "failed":
             status, reason = "failed", payload.get("reason")
     peaks = [p.get("peak_memory_bytes") or 0 for p in payloads]
-    on_gpu = parallel.device.type == "cuda"
+    # From the workers: under ps the reporter (job rank 0) is a CPU server even when workers use GPUs.
+    on_gpu = lead.get("device_type", parallel.device.type) == "cuda"
     summary = {
         "status": status,
         "reason": reason,
@@ -329,7 +330,7 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "model": config.model,
         "world_size": parallel.world_size,
         "nodes": env.nodes,
-        "devices_per_node": env.local_world_size * parallel.devices_per_worker if on_gpu else 0,
+        "devices_per_node": devices // max(1, env.nodes) if on_gpu else 0,  # workers' devices, servers excluded
         "devices": devices,
         "processes": env.world_size,
         "micro_batch_size": config.micro_batch_size,

@@ -23,7 +23,7 @@ class TrainingFailed(RuntimeError):
 
 
 class InjectedFailure(RuntimeError):
-    """--fail-at-step: job rank 0 crashes alone, as a real crash would (its peers are left waiting)."""
+    """--fail-at-step: the first worker crashes alone, as a real crash would (its peers are left waiting)."""
 
 
 class Trainer:
@@ -74,7 +74,7 @@ class Trainer:
         p, config = self.parallel, self.config
         lr = self.optimizer.param_groups[0]["lr"]
         for step in range(1, config.steps + 1):
-            if step == config.fail_at_step and p.env.rank == 0:
+            if step == config.fail_at_step and p.rank == 0:  # the first worker (job rank 0 is a server under ps)
                 raise InjectedFailure(f"failure injected at step {step} (--fail-at-step)")
             started = time.perf_counter()
             if first_step_at is not None and step == 1:
@@ -121,4 +121,5 @@ class Trainer:
             "peak_flops": self.metrics.peak_flops,
             "mfu_above_one": self.metrics.mfu_above_one,
             "devices": self.devices,
+            "device_type": p.device.type,
         }
