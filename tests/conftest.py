@@ -160,3 +160,14 @@ def run_trainer(start_trainer) -> Callable[..., TrainerRun]:
         return start_trainer(args, **options).wait(timeout)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """An emulated Kubernetes API over HTTP (tests/kube) with our CRD and the Kubeflow CRDs installed."""
+    from kube import EmulatedCluster  # imported late: the kubernetes client reads $KUBECONFIG at import
+    from kube.fixtures import install_crds
+
+    with EmulatedCluster(tmp_path_factory.mktemp("kube")) as emulated:
+        install_crds(emulated)
+        yield emulated

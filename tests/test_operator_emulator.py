@@ -9,17 +9,9 @@ import threading
 
 import kubernetes
 import pytest
-from kube import EmulatedCluster
-from kube.fixtures import GROUP, PLURAL, VERSION, api_client, benchmark, install_crds
+from kube.fixtures import GROUP, PLURAL, VERSION, api_client, benchmark
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kube")) as cluster:
-        install_crds(cluster)
-        yield cluster
 
 
 @pytest.fixture(scope="module")

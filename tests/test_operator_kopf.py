@@ -14,13 +14,11 @@ from unittest import mock
 import pytest
 import yaml
 from kopf.testing import KopfRunner
-from kube import EmulatedCluster
 from kube.fixtures import (
     REPO,
     Benchmarks,
     api_client,
     benchmark,
-    install_crds,
     operator_env,
     wait_for,
 )
@@ -28,13 +26,6 @@ from kube.training import TrainingOperator, trainer_summary
 
 pytestmark = pytest.mark.timeout(120)
 TERMINAL = ("Succeeded", "Failed")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kube")) as cluster:
-        install_crds(cluster)
-        yield cluster
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import socket
 
-import pytest
-
 
 def test_a_strategy_whose_library_is_missing_fails_with_a_summary_naming_it(run_trainer, tmp_path):
     # A `horovod` package that cannot be imported, first on the path: as in an image built without Horovod.
