@@ -36,6 +36,9 @@ def check_common(run, *, strategy: str, precision: str, devices: int):
     assert {s["tokens"] for s in run.steps} == {per_device * devices}
     assert summary["tokens_per_second"] == pytest.approx(
         sum(s["tokens"] for s in measured) / sum(s["step_seconds"] for s in measured))
+    # peak memory is the largest of every process's own peak
+    assert len(summary["peak_memory_bytes_per_rank"]) == summary["processes"]
+    assert summary["peak_memory_bytes"] == max(summary["peak_memory_bytes_per_rank"]) > 0
     # the compact copies: termination log and the last stdout line, identical and <= 4 KB
     text = run.termination_log.read_text()
     assert len(text.encode()) <= 4096
