@@ -14,14 +14,13 @@ or, under strict field validation, rejects unknown fields instead).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpt2bench.files import write_atomic
 from gpt2bench.spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR, GPT2BenchmarkSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,15 +236,6 @@ def render_crd() -> str:
     return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def drifted(root: Path = REPO) -> list[Path]:
     """Committed CRD copies that differ from what the model generates (missing ones included)."""
     text = render_crd()
@@ -262,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         text = render_crd()
         for path in CRD_PATHS:
-            _write_atomic(args.root / path, text)
+            write_atomic(args.root / path, text)
             print(f"wrote {path}")
         return 0
     if args.check:

@@ -38,11 +38,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpt2bench.collect import SUMMARY_PREFIX  # the trainer's last stdout line
+from gpt2bench.files import TERMINATION_LOG_ENV
 from gpt2bench.processes import kill_tree
 
 OUTPUT_ENV = "GPT2BENCH_OUTPUT_DIR"
-TERMINATION_LOG_ENV = "GPT2BENCH_TERMINATION_LOG"
-SUMMARY_PREFIX = "GPT2BENCH_SUMMARY "  # the trainer's last stdout line
 KILL_GRACE_SECONDS = 5.0
 
 _INSTALL_HINTS = {

@@ -13,45 +13,24 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import signal
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from gpt2bench.collect import SUMMARY_PREFIX, summary_json
-
-TERMINATION_LOG_ENV = "GPT2BENCH_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
-MAX_MESSAGE = 4096  # the kubelet keeps at most 4096 bytes of a termination message
-
-
-def termination_log_path() -> Path | None:
-    """$GPT2BENCH_TERMINATION_LOG, else /dev/termination-log when it exists (in a pod), else nowhere."""
-    configured = os.environ.get(TERMINATION_LOG_ENV)
-    if configured:
-        return Path(configured)
-    return DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None
-
-
-def write_message(path: Path, text: str) -> None:
-    """Atomically where we can (a regular file's folder), in place for /dev/termination-log itself."""
-    data = text.encode()[:MAX_MESSAGE]
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    except OSError:  # e.g. /dev is not writable: overwrite the file the kubelet mounted
-        path.write_bytes(data)
-        return
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+from gpt2bench.files import (
+    DEFAULT_TERMINATION_LOG,
+    MAX_TERMINATION_MESSAGE,
+    TERMINATION_LOG_ENV,
+    termination_log_path,
+    write_termination_message,
+)
 
 
 def failure_summary(reason: str, tail: list[str]) -> str:
     """A compact failed summary that still fits a termination message with some output in it."""
     reason = reason + (": " + " | ".join(line.strip() for line in tail if line.strip()) if tail else "")
-    return json.dumps({"status": "failed", "reason": reason[-(MAX_MESSAGE - 64) :]}, separators=(",", ":"))
+    return json.dumps({"status": "failed", "reason": reason[-(MAX_TERMINATION_MESSAGE - 64) :]}, separators=(",", ":"))
 
 
 def run(command: list[str], out=None) -> tuple[int, str | None, list[str]]:
@@ -110,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         message = summary
     if path is not None:
         try:
-            write_message(path, message)
+            write_termination_message(path, message)
         except OSError as exc:
             print(f"gpt2bench launch: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
     return code

@@ -18,32 +18,15 @@ import json
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from gpt2bench.files import write_atomic
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 NO_VALUE = "—"
 _MIB = 2**20
-
-
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write a whole file or nothing: a crash leaves the old file (or none), never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_results_json(doc: dict[str, Any], directory: str | os.PathLike) -> Path:

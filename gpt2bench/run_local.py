@@ -28,6 +28,7 @@ from typing import Any, Self
 import yaml
 
 from gpt2bench import collect, report
+from gpt2bench.files import write_atomic
 from gpt2bench.executor import JobSpecError, Replica, execute_job
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.render import render_job
@@ -199,7 +200,7 @@ def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display,
     run_dir = run_directory(sweep.directory, run)
     shutil.rmtree(run_dir, ignore_errors=True)  # a previous sweep's files must not pass for this one's
     run_dir.mkdir(parents=True)
-    report.write_atomic(run_dir / "job.yaml", yaml.safe_dump(job, sort_keys=False))
+    write_atomic(run_dir / "job.yaml", yaml.safe_dump(job, sort_keys=False))
     started = rfc3339()
     sweep.set_entry(
         index,

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpt2bench.files import write_atomic
 from monitoring import dashboards, rules
 from monitoring.config import CONFIG, MonitoringConfig
 
@@ -138,15 +137,6 @@ def render_all(config: MonitoringConfig = CONFIG) -> dict[str, str]:
     files[HELM_RULES] = helm_rules_template(config)
     files[HELM_DASHBOARDS] = helm_dashboards_template(boards)
     return files
-
-
-def write_atomic(path: Path, content: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(content)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def drifted(root: Path, files: dict[str, str]) -> list[str]:

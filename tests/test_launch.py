@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2bench import launch
+from gpt2bench import files, launch
 from gpt2bench.collect import parse_termination_message
 
 SUMMARY = {"status": "ok", "tokens_per_second": 42.5, "world_size": 2}
@@ -124,7 +124,7 @@ def test_sigterm_is_forwarded_and_reported(tmp_path):
 
 def test_without_a_termination_log_nothing_is_written(tmp_path, monkeypatch, capsysbinary):
     monkeypatch.delenv("GPT2BENCH_TERMINATION_LOG", raising=False)
-    monkeypatch.setattr(launch, "DEFAULT_TERMINATION_LOG", tmp_path / "absent")
+    monkeypatch.setattr(files, "DEFAULT_TERMINATION_LOG", tmp_path / "absent")
     assert launch.termination_log_path() is None
     assert launch.main(["--", "sh", "-c", "echo hello"]) == 0
     assert b"hello" in capsysbinary.readouterr().out
@@ -135,7 +135,7 @@ def test_default_termination_log_is_used_when_it_exists(tmp_path, monkeypatch):
     monkeypatch.delenv("GPT2BENCH_TERMINATION_LOG", raising=False)
     default = tmp_path / "termination-log"
     default.write_text("")
-    monkeypatch.setattr(launch, "DEFAULT_TERMINATION_LOG", default)
+    monkeypatch.setattr(files, "DEFAULT_TERMINATION_LOG", default)
     assert launch.main(["--", "sh", "-c", f"echo 'GPT2BENCH_SUMMARY {json.dumps(SUMMARY)}'"]) == 0
     assert json.loads(default.read_text()) == SUMMARY
 

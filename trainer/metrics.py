@@ -27,17 +27,12 @@ from typing import Any, ClassVar
 
 import torch
 
+from gpt2bench.collect import SUMMARY_PREFIX  # the marker collect and launch look for
+from gpt2bench.files import termination_log_path, write_atomic, write_termination_message
+
 log = logging.getLogger("gpt2bench.trainer")
 
 COMPACT_LIMIT_BYTES = 4096
-SUMMARY_LINE_PREFIX = "GPT2BENCH_SUMMARY "
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -194,14 +189,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def termination_log_path() -> Path | None:
-    explicit = os.environ.get("GPT2BENCH_TERMINATION_LOG")
-    if explicit:
-        return Path(explicit)
-    default = Path("/dev/termination-log")
-    return default if default.exists() else None
-
-
 def publish_summary(summary: dict[str, Any], output: str) -> str:
     """summary.json (atomic), the termination message, then the stdout line. Returns the compact text."""
     summary = _finite(summary)
@@ -210,13 +197,10 @@ def publish_summary(summary: dict[str, Any], output: str) -> str:
     target = termination_log_path()
     if target is not None:
         try:
-            if target.parent.is_dir() and str(target.parent) != "/dev":
-                write_atomic(target, text)
-            else:  # /dev/termination-log is a bind-mounted file: write it in place
-                target.write_text(text)
+            write_termination_message(target, text)
         except OSError as exc:
             print(f"gpt2bench train: cannot write termination log {target}: {exc}", file=sys.stderr)
-    print(SUMMARY_LINE_PREFIX + text, flush=True)
+    print(SUMMARY_PREFIX + text, flush=True)
     return text
 
 

@@ -1,0 +1,48 @@
+"""Whole files or nothing: every result, summary and generated file is written through here."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write a whole file or nothing: a crash leaves the old file (or none), never half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for sharing
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# The container's termination message: where the operator reads a run's result from the result pod.
+TERMINATION_LOG_ENV = "GPT2BENCH_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
+MAX_TERMINATION_MESSAGE = 4096  # the kubelet keeps at most 4096 bytes of a termination message
+
+
+def termination_log_path() -> Path | None:
+    """$GPT2BENCH_TERMINATION_LOG, else /dev/termination-log when it exists (in a pod), else nowhere."""
+    configured = os.environ.get(TERMINATION_LOG_ENV)
+    if configured:
+        return Path(configured)
+    return DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None
+
+
+def write_termination_message(path: Path, text: str) -> None:
+    """Atomically where we can (a regular file's folder), in place for /dev/termination-log itself."""
+    data = text.encode()[:MAX_TERMINATION_MESSAGE]
+    try:
+        write_atomic(path, data)
+    except OSError:  # /dev not writable, or the kubelet's bind-mounted file cannot be replaced
+        path.write_bytes(data)
