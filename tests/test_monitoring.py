@@ -320,7 +320,8 @@ def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path
         {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ml", "pod": "tiny-master-0"}}]}]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
            "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log")}
-    steps = 20
+    # Long enough to be scraped several times at 1 s: 20 tiny steps lasted ~1-2 s, a window two scrapes could miss.
+    steps = 80
     with PrometheusServer(tmp_path, scrape) as prom:
         proc = subprocess.run(
             [sys.executable, "-m", "gpt2bench", "train", "--strategy", "single", "--precision", "fp32",
