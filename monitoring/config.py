@@ -32,7 +32,7 @@ class TrainerMetrics:
 
 @dataclass(frozen=True)
 class OperatorMetrics:
-    """Names the operator serves (operator/metrics.py), labelled by the GPT2Benchmark's `namespace` (the
+    """Names the operator serves (operator/controller/metrics.py), labelled by the GPT2Benchmark's `namespace` (the
     chart's ServiceMonitor keeps it with honorLabels)."""
 
     runs_started: str = "gpt2bench_operator_runs_started_total"

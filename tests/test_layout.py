@@ -1,0 +1,64 @@
+"""The repository's layout: nothing at its root may shadow Python's standard library.
+
+Anyone who runs Python from the repository root (a script, a notebook, `python -m json.tool`) gets the
+root on `sys.path` first. A top-level package named like a standard-library module (`operator/` with an
+`__init__.py`) would then replace that module and break `enum`, `json`, ... for them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def importable_top_level_names(root: Path) -> set[str]:
+    """Names `import NAME` would find at `root`: modules, and folders that are regular packages."""
+    names = {p.stem for p in root.glob("*.py")}
+    names |= {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    return names
+
+
+def test_no_top_level_module_or_package_is_named_like_a_standard_library_module():
+    shadowing = importable_top_level_names(REPO) & set(sys.stdlib_module_names)
+    assert not shadowing, f"these would shadow the standard library from the repository root: {sorted(shadowing)}"
+
+
+def test_the_operator_folder_is_there_but_not_a_package():
+    assert (REPO / "operator" / "controller" / "handlers.py").is_file()
+    assert not (REPO / "operator" / "__init__.py").exists()
+
+
+def test_the_detector_sees_a_shadowing_package(tmp_path):
+    (tmp_path / "operator").mkdir()
+    (tmp_path / "operator" / "__init__.py").write_text("")
+    (tmp_path / "enum.py").write_text("")
+    (tmp_path / "trainer").mkdir()  # not a package: no __init__.py
+    assert importable_top_level_names(tmp_path) & set(sys.stdlib_module_names) == {"operator", "enum"}
+
+
+@pytest.fixture(scope="module")
+def plain_python(tmp_path_factory) -> Path:
+    """A plain virtual environment: the standard library and nothing of ours installed."""
+    env_dir = tmp_path_factory.mktemp("plain-venv")
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    return env_dir / "bin" / "python"
+
+
+def test_the_standard_library_runs_from_the_repository_root(plain_python):
+    tool = subprocess.run([str(plain_python), "-m", "json.tool"], input='{"a": [1, 2]}', capture_output=True,
+                          text=True, cwd=REPO, timeout=60, check=False)
+    assert tool.returncode == 0, tool.stderr
+    assert '"a"' in tool.stdout
+    probe = ("import enum, json, operator, sys; "
+             "assert operator.__file__.startswith(sys.base_prefix), operator.__file__; "
+             "assert operator.eq(1, 1); print(operator.__file__)")
+    result = subprocess.run([str(plain_python), "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert not result.stdout.startswith(str(REPO))
