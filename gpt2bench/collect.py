@@ -1,4 +1,4 @@
-"""Turn what a run left behind into its `results` entry (docs/design.md, Results entry).
+"""Turn what a run left behind into its `status.runs[]` entry (`gpt2bench.status.RunStatus`).
 
 Sources, all ending in the trainer's compact summary:
 - a pod's termination message: the summary JSON the trainer (or `gpt2bench launch`) wrote, or, under
@@ -6,7 +6,7 @@ Sources, all ending in the trainer's compact summary:
 - a process's stdout (local runner);
 - `summary.json` in the run's output folder.
 
-The entry has the same shape in the CR status and in `results.json`. Garbage never raises past
+The entry is the same `RunStatus` in the CR status and in `results.json`. Garbage never raises past
 `collect_run`: a run without a readable summary is Failed with a reason saying what was wrong.
 """
 
@@ -17,12 +17,9 @@ import math
 import re
 from typing import Any
 
-SUMMARY_PREFIX = "GPT2BENCH_SUMMARY "
-PHASES = ("Pending", "Running", "Succeeded", "Failed")
-RESULT_FIELDS = (
-    "worldSize", "tokensPerSecond", "tokensPerSecondPerDevice", "stepTimeP50Seconds", "stepTimeP95Seconds",
-    "peakMemoryBytes", "trainSeconds", "startupSeconds", "finalLoss", "gradNorm", "mfu",
-)  # fmt: skip
+from gpt2bench.protocol import SUMMARY_PREFIX
+from gpt2bench.status import FAILED, SUCCEEDED, RunResults, RunStatus
+
 MAX_REASON = 1000  # status stays small; a reason is a sentence, not a log
 
 
@@ -94,15 +91,15 @@ def _number(value: Any) -> float | int | None:
     return value
 
 
-def summary_results(summary: dict[str, Any]) -> dict[str, Any]:
-    """The `results` figures (camelCase) from a trainer summary (snake_case or camelCase keys)."""
+def summary_results(summary: dict[str, Any]) -> RunResults:
+    """The `results` figures from a trainer summary (snake_case or camelCase keys); the rest is left."""
     flat = {camel(key): value for key, value in summary.items()}
     results: dict[str, Any] = {}
-    for name in RESULT_FIELDS:
-        value = _number(flat.get(name))
+    for name, field in RunResults.model_fields.items():
+        value = _number(flat.get(field.alias or name))
         if value is not None:
-            results[name] = int(value) if name in ("worldSize", "peakMemoryBytes") else value
-    return results
+            results[name] = int(value) if field.annotation == int | None else value
+    return RunResults(**results)
 
 
 def summary_failure(summary: dict[str, Any]) -> str | None:
@@ -121,42 +118,35 @@ def run_entry(
     start_time: str | None = None,
     completion_time: str | None = None,
     reason: str | None = None,
-    results: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    results: RunResults | None = None,
+) -> RunStatus:
     """One `runs[]` entry. `run` is a plan.Run (or anything with its fields)."""
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    entry: dict[str, Any] = {
-        "name": run.name,
-        "strategy": run.strategy.name,
-        "precision": run.precision,
-        "nodes": run.nodes,
-        "devicesPerNode": run.devices_per_node,
-        "processesPerNode": run.procs_per_node,
-        "jobKind": run.job_kind,
-        "jobName": job_name or run.name,
-        "phase": phase,
-    }
-    if start_time:
-        entry["startTime"] = start_time
-    if completion_time:
-        entry["completionTime"] = completion_time
-    if phase == "Failed":
-        entry["reason"] = clean_reason(reason or "") or "failed without a reason"
-    if phase == "Succeeded":
-        entry["results"] = results or {}
-    return entry
+    return RunStatus(
+        name=run.name,
+        strategy=run.strategy.name,
+        precision=run.precision,
+        nodes=run.nodes,
+        devices_per_node=run.devices_per_node,
+        processes_per_node=run.procs_per_node,
+        job_kind=run.job_kind,
+        job_name=job_name or run.name,
+        phase=phase,
+        start_time=start_time,
+        completion_time=completion_time,
+        reason=(clean_reason(reason or "") or "failed without a reason") if phase == FAILED else None,
+        results=(results or RunResults()) if phase == SUCCEEDED else None,
+    )
 
 
-def entry_from_summary(run: Any, summary: dict[str, Any], **times: str | None) -> dict[str, Any]:
+def entry_from_summary(run: Any, summary: dict[str, Any], **times: str | None) -> RunStatus:
     """Succeeded with the figures, or Failed with the trainer's reason."""
     failure = summary_failure(summary)
     if failure:
-        return run_entry(run, phase="Failed", reason=failure, **times)
+        return run_entry(run, phase=FAILED, reason=failure, **times)
     results = summary_results(summary)
-    if "tokensPerSecond" not in results:
-        return run_entry(run, phase="Failed", reason="trainer summary has no tokensPerSecond", **times)
-    return run_entry(run, phase="Succeeded", results=results, **times)
+    if results.tokens_per_second is None:
+        return run_entry(run, phase=FAILED, reason="trainer summary has no tokensPerSecond", **times)
+    return run_entry(run, phase=SUCCEEDED, results=results, **times)
 
 
 def collect_run(
@@ -166,7 +156,7 @@ def collect_run(
     termination_message: str | None,
     job_reason: str | None = None,
     **times: str | None,
-) -> dict[str, Any]:
+) -> RunStatus:
     """The entry of a finished job from its result pod's termination message.
 
     A job that failed stays Failed whatever the message says; the trainer's reason is preferred to the
@@ -176,11 +166,11 @@ def collect_run(
         summary = parse_termination_message(termination_message)
     except CollectError as exc:
         if job_succeeded:
-            return run_entry(run, phase="Failed", reason=f"job succeeded but {exc}", **times)
-        return run_entry(run, phase="Failed", reason=job_reason or str(exc), **times)
+            return run_entry(run, phase=FAILED, reason=f"job succeeded but {exc}", **times)
+        return run_entry(run, phase=FAILED, reason=job_reason or str(exc), **times)
     if not job_succeeded:
         reason = summary_failure(summary) or job_reason or "job failed after the trainer finished"
-        return run_entry(run, phase="Failed", reason=reason, **times)
+        return run_entry(run, phase=FAILED, reason=reason, **times)
     return entry_from_summary(run, summary, **times)
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from gpt2bench.files import write_atomic
 from gpt2bench.spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR, GPT2BenchmarkSpec
+from gpt2bench.status import BenchmarkStatus
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
@@ -67,7 +68,7 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if len(non_null) < len(members):
             out["nullable"] = True
     for key, value in node.items():
-        if key in _KEPT and not (key == "default" and value is None):
+        if (key in _KEPT or key.startswith("x-kubernetes-")) and not (key == "default" and value is None):
             out[key] = value
     for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if bound in node:  # JSON Schema 2020-12 number → OpenAPI 3.0 boolean
@@ -81,7 +82,7 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["additionalProperties"] = structural(node["additionalProperties"], defs)
     if "items" in node:
         out["items"] = structural(node["items"], defs)
-    unknown = set(node) - _KEPT - {
+    unknown = {key for key in node if not key.startswith("x-kubernetes-")} - _KEPT - {
         "anyOf", "allOf", "$ref", "title", "additionalProperties", "properties", "items",
         "exclusiveMinimum", "exclusiveMaximum", "const",
     }  # fmt: skip
@@ -93,7 +94,8 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 _KEY_ORDER = (
     "type", "x-kubernetes-int-or-string", "nullable", "description", "enum", "default", "format", "pattern",
     "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
-    "maxItems", "required", "properties", "additionalProperties", "items",
+    "maxItems", "required", "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "properties",
+    "additionalProperties", "items",
 )  # fmt: skip
 
 
@@ -112,73 +114,14 @@ def spec_schema() -> dict[str, Any]:
     return schema
 
 
-def _open(description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    """An object the operator fills: unknown fields are kept, so that nothing it writes is pruned."""
-    return {
-        "type": "object",
-        "nullable": True,
-        "description": description,
-        "x-kubernetes-preserve-unknown-fields": True,
-        "properties": properties,
-    }
-
-
-def _field(type_: str, description: str | None = None, **extra: Any) -> dict[str, Any]:
-    """A status field. Nullable: the API server must never reject the operator's status patch over a null."""
-    node: dict[str, Any] = {"type": type_, "nullable": True}
-    if description:
-        node["description"] = description
-    return {**node, **extra}
-
-
 def status_schema() -> dict[str, Any]:
-    results = {
-        name: _field("number")
-        for name in (
-            "tokensPerSecond", "tokensPerSecondPerDevice", "stepTimeP50Seconds", "stepTimeP95Seconds",
-            "peakMemoryBytes", "trainSeconds", "startupSeconds", "finalLoss", "gradNorm", "mfu",
-        )
-    }  # fmt: skip
-    results["worldSize"] = _field("integer")
-    time = {"format": "date-time"}
-    run = {
-        "name": _field("string"), "strategy": _field("string"), "precision": _field("string"),
-        "nodes": _field("integer"), "devicesPerNode": _field("integer"), "processesPerNode": _field("integer"),
-        "jobKind": _field("string", "PyTorchJob or MPIJob."), "jobName": _field("string"),
-        "phase": _field("string", "Pending, Running, Succeeded or Failed."),
-        "startTime": _field("string", **time), "completionTime": _field("string", **time),
-        "reason": _field("string", "Why the run failed."),
-        "results": _open("The trainer's summary figures (docs/metrics.md).", results),
-    }  # fmt: skip
-    return _open(
-        "Written by the operator: overall phase, one entry per run, and the best run.",
-        {
-            "phase": _field("string", "Running, Succeeded, PartiallySucceeded, Failed or Invalid."),
-            "message": _field("string"),
-            "observedGeneration": _field("integer"),
-            "runsTotal": _field("integer"),
-            "runsDone": _field("integer"),
-            "runsSucceeded": _field("integer"),
-            "runsFailed": _field("integer"),
-            "startTime": _field("string", **time),
-            "completionTime": _field("string", **time),
-            "best": _open(
-                "The succeeded run with the highest tokens/s.",
-                {
-                    "run": _field("string"),
-                    "strategy": _field("string"),
-                    "precision": _field("string"),
-                    "tokensPerSecond": _field("number"),
-                },
-            ),
-            "runs": {"type": "array", "nullable": True, "items": _open("One run of the sweep.", run)},
-            "conditions": {
-                "type": "array",
-                "nullable": True,
-                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-            },
-        },
-    )
+    """The status schema, generated from `gpt2bench.status.BenchmarkStatus` like the spec's: no field is
+    kept that the model does not declare, so what the operator writes and what the API stores agree."""
+    raw = BenchmarkStatus.model_json_schema(by_alias=True)
+    defs = raw.pop("$defs", {})
+    schema = structural(raw, defs)
+    schema["description"] = "Written by the operator: overall phase, one entry per run, the best run, conditions."
+    return schema
 
 
 def build_crd() -> dict[str, Any]:

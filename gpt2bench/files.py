@@ -6,6 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from gpt2bench import protocol
+
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     """Write a whole file or nothing: a crash leaves the old file (or none), never half a file."""
@@ -25,15 +27,12 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         raise
 
 
-# The container's termination message: where the operator reads a run's result from the result pod.
-TERMINATION_LOG_ENV = "GPT2BENCH_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
-MAX_TERMINATION_MESSAGE = 4096  # the kubelet keeps at most 4096 bytes of a termination message
+DEFAULT_TERMINATION_LOG = Path(protocol.DEFAULT_TERMINATION_LOG)
 
 
 def termination_log_path() -> Path | None:
     """$GPT2BENCH_TERMINATION_LOG, else /dev/termination-log when it exists (in a pod), else nowhere."""
-    configured = os.environ.get(TERMINATION_LOG_ENV)
+    configured = os.environ.get(protocol.TERMINATION_LOG_ENV)
     if configured:
         return Path(configured)
     return DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None
@@ -41,7 +40,7 @@ def termination_log_path() -> Path | None:
 
 def write_termination_message(path: Path, text: str) -> None:
     """Atomically where we can (a regular file's folder), in place for /dev/termination-log itself."""
-    data = text.encode()[:MAX_TERMINATION_MESSAGE]
+    data = text.encode()[: protocol.MAX_TERMINATION_MESSAGE]
     try:
         write_atomic(path, data)
     except OSError:  # /dev not writable, or the kubelet's bind-mounted file cannot be replaced

@@ -17,14 +17,9 @@ import signal
 import subprocess
 import sys
 
-from gpt2bench.collect import SUMMARY_PREFIX, summary_json
-from gpt2bench.files import (
-    DEFAULT_TERMINATION_LOG,
-    MAX_TERMINATION_MESSAGE,
-    TERMINATION_LOG_ENV,
-    termination_log_path,
-    write_termination_message,
-)
+from gpt2bench.collect import summary_json
+from gpt2bench.files import DEFAULT_TERMINATION_LOG, termination_log_path, write_termination_message
+from gpt2bench.protocol import MAX_TERMINATION_MESSAGE, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 
 
 def failure_summary(reason: str, tail: list[str]) -> str:

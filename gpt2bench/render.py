@@ -14,18 +14,27 @@ from typing import Any
 import yaml
 
 from gpt2bench.plan import Run, plan_runs
-from gpt2bench.spec import API_GROUP, API_VERSION, KIND, Benchmark, SpecError, load_benchmark_file
+from gpt2bench.protocol import (
+    BENCHMARK_LABEL,
+    KUEUE_QUEUE_LABEL,
+    LAUNCHER_CONTAINER,
+    MPIJOB_API,
+    OUTPUT_DIR,
+    OUTPUT_ENV,
+    PRECISION_LABEL,
+    PYTORCH_CONTAINER,
+    PYTORCHJOB_API,
+    RUN_LABEL,
+    STRATEGY_LABEL,
+    WORKER_CONTAINER,
+)
+from gpt2bench.spec import Benchmark, SpecError, load_benchmark_file
 
-PYTORCHJOB_API = "kubeflow.org/v1"
-MPIJOB_API = "kubeflow.org/v2beta1"
-OUTPUT_DIR = "/var/run/gpt2bench/output"
-OUTPUT_ENV = "GPT2BENCH_OUTPUT_DIR"
 # The training operator's default rendezvous port; named so that it never guesses.
 PYTORCHJOB_PORT = 23456
 SSH_AUTH_MOUNT_PATH = "/root/.ssh"
 # Forwarded from the launcher to every rank (an unset one only draws a warning from mpirun).
 MPI_FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", OUTPUT_ENV)
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 def label_value(text: str) -> str:
@@ -40,10 +49,10 @@ def job_labels(benchmark: Benchmark, run: Run) -> dict[str, str]:
         "app.kubernetes.io/name": "gpt2bench",
         "app.kubernetes.io/component": "run",
         "app.kubernetes.io/managed-by": "gpt2bench-operator",
-        "gpt2bench.io/benchmark": label_value(benchmark.name),
-        "gpt2bench.io/run": run.name,
-        "gpt2bench.io/strategy": run.strategy.name,
-        "gpt2bench.io/precision": run.precision,
+        BENCHMARK_LABEL: label_value(benchmark.name),
+        RUN_LABEL: run.name,
+        STRATEGY_LABEL: run.strategy.name,
+        PRECISION_LABEL: run.precision,
     }
 
 
@@ -51,19 +60,8 @@ def _metadata(benchmark: Benchmark, run: Run) -> dict[str, Any]:
     labels = job_labels(benchmark, run)
     if benchmark.spec.scheduling.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = benchmark.spec.scheduling.kueue_queue
-    metadata: dict[str, Any] = {"name": run.name, "namespace": benchmark.namespace, "labels": labels}
-    if benchmark.uid:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": f"{API_GROUP}/{API_VERSION}",
-                "kind": KIND,
-                "name": benchmark.name,
-                "uid": benchmark.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
-    return metadata
+    # No ownerReferences: ownership is the operator's (kopf.adopt); a rendered job for GitOps has no owner.
+    return {"name": run.name, "namespace": benchmark.namespace, "labels": labels}
 
 
 def _run_policy(benchmark: Benchmark, min_available: int) -> dict[str, Any]:
@@ -177,7 +175,7 @@ def render_pytorchjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
     # `--run NAME` for torchrun's `--run-path` and fails as ambiguous.
     command = ["torchrun", "--no-python", "--", "gpt2bench", "train", *run.trainer_args()]
     container = {
-        "name": "pytorch",
+        "name": PYTORCH_CONTAINER,
         "command": command,
         "env": _env(),
         "ports": [{"name": "pytorchjob-port", "containerPort": PYTORCHJOB_PORT, "protocol": "TCP"}],
@@ -215,7 +213,7 @@ def render_mpijob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
     launcher = _pod_template(
         benchmark,
         run,
-        {"name": "launcher", "command": mpirun_command(run), "env": _env()},
+        {"name": LAUNCHER_CONTAINER, "command": mpirun_command(run), "env": _env()},
         gpus=0,
         serves_metrics=False,
     )
@@ -223,7 +221,7 @@ def render_mpijob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
     worker = _pod_template(
         benchmark,
         run,
-        {"name": "worker", "command": ["/usr/sbin/sshd", "-De"], "env": _env()},
+        {"name": WORKER_CONTAINER, "command": ["/usr/sbin/sshd", "-De"], "env": _env()},
         gpus=run.devices_per_node,
         serves_metrics=True,
     )

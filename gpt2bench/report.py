@@ -22,17 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench.files import write_atomic
+from gpt2bench.status import RESULTS_JSON, ResultsDocument
 
-RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 NO_VALUE = "—"
 _MIB = 2**20
 
 
 def write_results_json(doc: dict[str, Any], directory: str | os.PathLike) -> Path:
-    path = Path(directory) / RESULTS_JSON
-    write_atomic(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
-    return path
+    return ResultsDocument.read(doc).save(directory)
 
 
 # ---------------------------------------------------------------- table

@@ -10,7 +10,6 @@ from kubeflow_crds import strict
 
 from gpt2bench import crd
 from gpt2bench.collect import (
-    RESULT_FIELDS,
     CollectError,
     collect_run,
     entry_from_summary,
@@ -21,6 +20,17 @@ from gpt2bench.collect import (
 )
 from gpt2bench.plan import plan_runs
 from gpt2bench.spec import load_benchmark
+from gpt2bench.status import RunResults
+
+
+def _wire(function):
+    """The entry as the status and results.json hold it (collect returns the model)."""
+    return lambda *args, **kwargs: function(*args, **kwargs).dump()
+
+
+_summary_results, _entry_from_summary = _wire(summary_results), _wire(entry_from_summary)
+_collect_run, _run_entry = _wire(collect_run), _wire(run_entry)
+RESULT_FIELDS = {field.alias for field in RunResults.model_fields.values()}
 
 SUMMARY = {
     "status": "ok",
@@ -64,16 +74,16 @@ def run_schema():
 
 
 def test_results_are_camel_case_and_complete():
-    results = summary_results(SUMMARY)
+    results = _summary_results(SUMMARY)
     assert set(results) == set(RESULT_FIELDS)
     assert results["tokensPerSecond"] == 1234.5 and results["worldSize"] == 2
     assert results["peakMemoryBytes"] == 123456789 and isinstance(results["peakMemoryBytes"], int)
     camel = {"tokensPerSecond": 10.0, "finalLoss": 2.0}
-    assert summary_results(camel) == camel  # camelCase summaries work too
+    assert _summary_results(camel) == camel  # camelCase summaries work too
 
 
 def test_non_finite_and_non_numeric_figures_are_dropped():
-    results = summary_results(
+    results = _summary_results(
         {
             "tokens_per_second": float("nan"),
             "final_loss": float("inf"),
@@ -86,12 +96,12 @@ def test_non_finite_and_non_numeric_figures_are_dropped():
 
 
 def test_succeeded_entry_has_the_documented_shape(runs, run_schema):
-    entry = entry_from_summary(runs[0], SUMMARY, **TIMES)
+    entry = _entry_from_summary(runs[0], SUMMARY, **TIMES)
     assert entry == {
         "name": "cpu-sweep-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "nodes": 1, "devicesPerNode": 0,
         "processesPerNode": 2, "jobKind": "PyTorchJob", "jobName": "cpu-sweep-ddp-fp32-1x2", "phase": "Succeeded",
         "startTime": TIMES["start_time"], "completionTime": TIMES["completion_time"],
-        "results": summary_results(SUMMARY),
+        "results": _summary_results(SUMMARY),
     }  # fmt: skip
     run_schema.validate(entry)
     json.dumps(entry, allow_nan=False)
@@ -99,17 +109,17 @@ def test_succeeded_entry_has_the_documented_shape(runs, run_schema):
 
 def test_ps_and_mpijob_entries(runs, run_schema):
     horovod, ps = runs[1], runs[2]
-    assert entry_from_summary(horovod, SUMMARY)["jobKind"] == "MPIJob"
-    assert entry_from_summary(ps, SUMMARY)["processesPerNode"] == 3  # 2 workers + 1 server
+    assert _entry_from_summary(horovod, SUMMARY)["jobKind"] == "MPIJob"
+    assert _entry_from_summary(ps, SUMMARY)["processesPerNode"] == 3  # 2 workers + 1 server
     for run in runs:
-        run_schema.validate(entry_from_summary(run, SUMMARY))
+        run_schema.validate(_entry_from_summary(run, SUMMARY))
 
 
 def test_trainer_failure_is_a_failed_entry_with_its_reason(runs, run_schema):
-    entry = entry_from_summary(runs[0], {"status": "failed", "reason": "loss is NaN at step 3"})
+    entry = _entry_from_summary(runs[0], {"status": "failed", "reason": "loss is NaN at step 3"})
     assert entry["phase"] == "Failed" and entry["reason"] == "loss is NaN at step 3" and "results" not in entry
     run_schema.validate(entry)
-    assert entry_from_summary(runs[0], {"status": "ok"})["reason"] == "trainer summary has no tokensPerSecond"
+    assert _entry_from_summary(runs[0], {"status": "ok"})["reason"] == "trainer summary has no tokensPerSecond"
 
 
 def test_termination_message_json_and_log_tail():
@@ -147,15 +157,15 @@ def test_garbage_gives_a_clear_reason(message, reason):
 def test_collect_run_decisions(runs, run_schema):
     run = runs[0]
     good = json.dumps(SUMMARY)
-    ok = collect_run(run, job_succeeded=True, termination_message=good, **TIMES)
+    ok = _collect_run(run, job_succeeded=True, termination_message=good, **TIMES)
     assert ok["phase"] == "Succeeded" and ok["results"]["tokensPerSecond"] == 1234.5
 
-    garbage = collect_run(run, job_succeeded=True, termination_message="Segmentation fault\n\x07", **TIMES)
+    garbage = _collect_run(run, job_succeeded=True, termination_message="Segmentation fault\n\x07", **TIMES)
     assert garbage["phase"] == "Failed"
     assert garbage["reason"].startswith("job succeeded but termination message: no GPT2BENCH_SUMMARY line")
     assert "Segmentation fault" in garbage["reason"] and "\x07" not in garbage["reason"]
 
-    failed_with_reason = collect_run(
+    failed_with_reason = _collect_run(
         run,
         job_succeeded=False,
         termination_message='{"status":"failed","reason":"injected failure at step 3"}',
@@ -163,29 +173,29 @@ def test_collect_run_decisions(runs, run_schema):
     )
     assert failed_with_reason["reason"] == "injected failure at step 3"  # the trainer knows best
 
-    failed_no_message = collect_run(run, job_succeeded=False, termination_message="", job_reason="DeadlineExceeded")
+    failed_no_message = _collect_run(run, job_succeeded=False, termination_message="", job_reason="DeadlineExceeded")
     assert failed_no_message["reason"] == "DeadlineExceeded"
 
-    failed_after_ok_summary = collect_run(run, job_succeeded=False, termination_message=good, job_reason="pod evicted")
+    failed_after_ok_summary = _collect_run(run, job_succeeded=False, termination_message=good, job_reason="pod evicted")
     assert failed_after_ok_summary["phase"] == "Failed" and failed_after_ok_summary["reason"] == "pod evicted"
     for entry in (ok, garbage, failed_with_reason, failed_no_message, failed_after_ok_summary):
         run_schema.validate(entry)
 
 
 def test_reasons_are_one_bounded_line(runs):
-    entry = run_entry(runs[0], phase="Failed", reason="line one\nline two\t" + "x" * 5000)
+    entry = _run_entry(runs[0], phase="Failed", reason="line one\nline two\t" + "x" * 5000)
     assert "\n" not in entry["reason"] and len(entry["reason"]) <= 1000
     assert entry["reason"].startswith("line one line two x")
-    assert run_entry(runs[0], phase="Failed")["reason"] == "failed without a reason"
+    assert _run_entry(runs[0], phase="Failed")["reason"] == "failed without a reason"
 
 
 def test_pending_and_running_entries_have_no_results(runs, run_schema):
     for phase in ("Pending", "Running"):
-        entry = run_entry(runs[0], phase=phase)
+        entry = _run_entry(runs[0], phase=phase)
         assert "results" not in entry and "reason" not in entry
         run_schema.validate(entry)
     with pytest.raises(ValueError, match="phase"):
-        run_entry(runs[0], phase="Done")
+        _run_entry(runs[0], phase="Done")
 
 
 # A line `gpt2bench train` printed on this machine (tiny model, 12 steps), trimmed of per-rank lists.
@@ -200,7 +210,7 @@ REAL_LINE = (
 
 def test_a_real_trainer_summary_line(runs, run_schema):
     logs = "2026-11-22 00:18:50,704 rank0 INFO step 12 loss 10.2301\n" + REAL_LINE + "\n"
-    entry = collect_run(runs[0], job_succeeded=True, termination_message=logs, **TIMES)
+    entry = _collect_run(runs[0], job_succeeded=True, termination_message=logs, **TIMES)
     assert entry["phase"] == "Succeeded"
     assert set(entry["results"]) == set(RESULT_FIELDS) - {"mfu"}  # null figures are left out
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)

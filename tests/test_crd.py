@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import pydantic
 import pytest
 import yaml
 from kubeflow_crds import strict
 
 from gpt2bench import crd
 from gpt2bench.spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR
+from gpt2bench.status import BenchmarkStatus
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "manifests" / "examples"
@@ -142,9 +144,28 @@ def test_names_group_version_status_and_columns(generated):
     assert columns["Tokens/s"] == ("number", ".status.best.tokensPerSecond")
     assert columns["Age"] == ("date", ".metadata.creationTimestamp")
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
-    assert status["type"] == "object" and status["x-kubernetes-preserve-unknown-fields"] is True
-    assert all(field.get("nullable") for field in status["properties"].values())  # never reject the operator
-    assert {"phase", "runs", "best", "runsDone", "runsTotal"} <= set(status["properties"])
+    assert status["type"] == "object"
+    assert set(status["properties"]) == {f.alias for f in BenchmarkStatus.model_fields.values()}
+    conditions = status["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert "type" in conditions["items"]["required"]
+
+
+def preserved_paths(node, path="status") -> list[str]:
+    """Where a schema keeps fields it does not declare."""
+    found = [path] if isinstance(node, dict) and node.get("x-kubernetes-preserve-unknown-fields") else []
+    if isinstance(node, dict):
+        for name, child in (node.get("properties") or {}).items():
+            found += preserved_paths(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            found += preserved_paths(node["items"], f"{path}[]")
+    return found
+
+
+def test_the_status_schema_declares_every_field_and_keeps_no_unknown_ones(generated):
+    status = generated["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert preserved_paths(status) == []
+    assert preserved_paths({"x-kubernetes-preserve-unknown-fields": True, "properties": {}}) == ["status"]
 
 
 def test_schema_is_structural(schema):
@@ -241,19 +262,39 @@ def test_invalid_specs_are_rejected_by_the_generated_schema(schema, spec, where)
     assert any(where in "/".join(map(str, e.absolute_path)) + e.message for e in errors), [e.message for e in errors]
 
 
+def operator_status() -> dict:
+    """A finished sweep's status, built by the operator's own functions (one run succeeded, one failed)."""
+    from gpt2bench.collect import collect_run
+    from gpt2bench.controller import reconcile as rc
+    from gpt2bench.plan import plan_runs
+    from gpt2bench.spec import Benchmark, validate_spec
+
+    spec = validate_spec({"sweep": {"strategies": [{"name": "ddp"}, {"name": "ps"}], "scales": [{"processesPerNode": 2}]}})
+    runs = plan_runs(Benchmark(name="b", spec=spec))
+    now = "2026-11-22T00:00:00Z"
+    status = rc.initial_status(runs, 1, now)
+    summary = '{"status": "ok", "tokensPerSecond": 10.5, "worldSize": 2, "mfu": 0.1}'
+    done = [collect_run(runs[0], job_succeeded=True, termination_message=summary),
+            collect_run(runs[1], job_succeeded=False, termination_message=None, job_reason="injected")]
+    return {**status.dump(), **rc.summarize(status, done, now).dump()}
+
+
 def test_status_as_the_operator_writes_it_is_accepted(schema):
-    status = {
-        "phase": "PartiallySucceeded", "message": "1/2 runs succeeded", "observedGeneration": None,
-        "runsTotal": 2, "runsDone": 2, "runsSucceeded": 1, "runsFailed": 1, "best": None,
-        "startTime": "2026-11-22T00:00:00Z", "completionTime": None,
-        "runs": [
-            {"name": "b-ddp-fp32-1x2", "phase": "Succeeded", "results": {"tokensPerSecond": 10.5, "extra": 1}},
-            {"name": "b-ps-fp32-1x2", "phase": "Failed", "reason": "injected", "results": None},
-        ],
-        "conditions": [{"type": "Ready", "status": "True"}], "kopf": {"progress": {}},
-    }  # fmt: skip
+    status = operator_status()
+    assert status["phase"] == "PartiallySucceeded" and status["best"]["tokensPerSecond"] == 10.5
     document = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": "b"}}
     document |= {"spec": {"sweep": {"strategies": [{"name": "ddp"}]}}, "status": status}
     jsonschema.Draft4Validator(strict(schema)).validate(document)
     document["status"]["runsDone"] = "two"
     assert not jsonschema.Draft4Validator(strict(schema)).is_valid(document)
+
+
+def test_a_field_the_model_does_not_declare_is_neither_written_nor_stored(schema):
+    status = operator_status()
+    status["runs"][0]["results"]["extra"] = 1
+    with pytest.raises(pydantic.ValidationError, match="extra"):
+        BenchmarkStatus.model_validate(status)  # the operator cannot write it
+    document = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": "b"},
+                "spec": {"sweep": {"strategies": [{"name": "ddp"}]}}, "status": status}
+    assert not jsonschema.Draft4Validator(strict(schema)).is_valid(document)  # nor an API server keep it
+    assert "extra" not in BenchmarkStatus.read(status).runs[0].results.dump()  # an old object still reads

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2bench.executor import (
+from gpt2bench.local.executor import (
     JobSpecError,
     Replica,
     assign_gpus,

@@ -119,7 +119,7 @@ def test_watch_resumes_from_a_resource_version(api, cluster):
     listed = api.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
     since = listed["metadata"]["resourceVersion"]
     _create(api, "watched")
-    api.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "watched", {"status": {"phase": "X"}})
+    api.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "watched", {"status": {"phase": "Pending"}})
     stream = kubernetes.watch.Watch().stream(api.list_namespaced_custom_object, GROUP, VERSION, "default", PLURAL,
                                              resource_version=since, timeout_seconds=1)
     events = [(e["type"], e["object"]["metadata"]["name"]) for e in stream]
@@ -129,14 +129,14 @@ def test_watch_resumes_from_a_resource_version(api, cluster):
 def test_kubectl_get_wait_and_namespaces(cluster, api):
     _create(api, "waited")
     waiter = subprocess.Popen(
-        ["/usr/bin/kubectl", "wait", "gpt2benchmark/waited", "--for=jsonpath={.status.phase}=Done", "--timeout=30s"],
+        ["/usr/bin/kubectl", "wait", "gpt2benchmark/waited", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=30s"],
         env={"KUBECONFIG": str(cluster.kubeconfig), "HOME": str(cluster.workdir)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     threading.Timer(1.0, lambda: cluster.kubectl(
-        "patch", "g2b", "waited", "--subresource=status", "--type=merge", "-p", '{"status":{"phase":"Done"}}')).start()
+        "patch", "g2b", "waited", "--subresource=status", "--type=merge", "-p", '{"status":{"phase":"Succeeded"}}')).start()
     out, err = waiter.communicate(timeout=40)
     assert waiter.returncode == 0, err
     assert "condition met" in out
     assert "default" in cluster.kubectl("get", "namespaces").stdout
     table = cluster.kubectl("get", "g2b", "waited").stdout.split()
-    assert table[:2] == ["NAME", "PHASE"] and table[7:9] == ["waited", "Done"]
+    assert table[:2] == ["NAME", "PHASE"] and table[7:9] == ["waited", "Succeeded"]

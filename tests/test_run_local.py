@@ -20,7 +20,9 @@ import matplotlib.image
 import pytest
 import yaml
 
-from gpt2bench import report, run_local
+from gpt2bench import report
+from gpt2bench.local import cli as run_local
+from gpt2bench.local import sweep as local_sweep
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
 from gpt2bench.spec import load_benchmark_file
@@ -125,10 +127,10 @@ def test_bad_options_are_named(tmp_path, capsys, example):
 
 
 def test_steps_override_is_validated_like_the_file():
-    benchmark = run_local.with_steps(load_benchmark_file(str(EXAMPLE)), 3)
+    benchmark = local_sweep.with_steps(load_benchmark_file(str(EXAMPLE)), 3)
     assert benchmark.spec.training.steps == 3
     assert benchmark.spec.training.warmup_steps == 2  # the example's 2 still fits below 3
-    assert run_local.with_steps(benchmark, 2).spec.training.warmup_steps == 1  # halved when it would not
+    assert local_sweep.with_steps(benchmark, 2).spec.training.warmup_steps == 1  # halved when it would not
 
 
 # ---------------------------------------------------------------- slow: real sweeps
@@ -188,21 +190,22 @@ def test_default_example_end_to_end(tmp_path, example, child_env):
 @pytest.mark.slow
 def test_a_failing_run_is_reported_and_the_next_one_runs(tmp_path, example, child_env):
     """Failure injected into the rendered job's trainer args (--fail-at-step), as a user's bad run would."""
-    benchmark = run_local.with_steps(load_benchmark_file(str(example)), 3)
-    runs = run_local.select_runs(plan_runs(benchmark), r"single-(fp32|bf16)")
+    benchmark = local_sweep.with_steps(load_benchmark_file(str(example)), 3)
+    runs = local_sweep.select_runs(plan_runs(benchmark), r"single-(fp32|bf16)")
     jobs = [render_job(benchmark, run) for run in runs]
     container = jobs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     container["command"] += ["--fail-at-step", "1"]
-    sweep = run_local.run_sweep(benchmark, runs, tmp_path / "out", jobs=jobs, live=False)
+    sweep = local_sweep.run_sweep(benchmark, runs, tmp_path / "out", jobs=jobs, live=False)
+    doc = sweep.doc.dump()
 
-    failed, succeeded = sweep.doc["runs"]
+    failed, succeeded = doc["runs"]
     assert failed["phase"] == "Failed" and "results" not in failed
     assert "failure injected at step 1" in failed["reason"]
     assert succeeded["phase"] == "Succeeded", succeeded
-    assert sweep.doc["phase"] == "PartiallySucceeded"
-    assert sweep.doc["best"]["run"] == succeeded["name"]
+    assert doc["phase"] == "PartiallySucceeded"
+    assert doc["best"]["run"] == succeeded["name"]
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert saved == sweep.doc
+    assert saved == doc
     table = (tmp_path / "out" / "results.md").read_text()
     assert "Failed: " in table and "failure injected at step 1" in table
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from gpt2bench.collect import SUMMARY_PREFIX  # the marker collect and launch look for
+from gpt2bench.protocol import SUMMARY_PREFIX
 from gpt2bench.files import termination_log_path, write_atomic, write_termination_message
 
 log = logging.getLogger("gpt2bench.trainer")

@@ -13,10 +13,10 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__
-from gpt2bench.render import MPIJOB_API, PYTORCHJOB_API, label_value
+from gpt2bench.protocol import BENCHMARK_LABEL, MPIJOB_API, PYTORCHJOB_API
+from gpt2bench.render import label_value
 from gpt2bench.spec import API_GROUP, API_VERSION, PLURAL
 
-BENCHMARK_LABEL = "gpt2bench.io/benchmark"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
 # Which pod holds the results: the training operator labels the PyTorchJob master `job-role=master`;

@@ -14,13 +14,21 @@ from typing import Any
 
 from gpt2bench import collect
 from gpt2bench.plan import Run
-
-# Overall phases. PartiallySucceeded: every run finished, some failed, some succeeded (the comparison
-# table still has rows to read, so it is not Failed; but not all strategies worked, so not Succeeded).
-PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
-PARTIALLY_SUCCEEDED, INVALID = "PartiallySucceeded", "Invalid"
-TERMINAL_RUN_PHASES = (SUCCEEDED, FAILED)
-FINISHED_PHASES = (SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED, INVALID)
+from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
+    FAILED,
+    FINISHED_PHASES,
+    INVALID,
+    PARTIALLY_SUCCEEDED,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    TERMINAL_RUN_PHASES,
+    BenchmarkStatus,
+    Condition,
+    RunStatus,
+    best_run,
+    overall_phase,
+)
 
 
 def now_rfc3339() -> str:
@@ -59,46 +67,46 @@ def job_state(job: dict[str, Any]) -> JobState:
 # --- status -------------------------------------------------------------------------------------
 
 
-def initial_status(runs: list[Run], generation: int | None, now: str) -> dict[str, Any]:
+def initial_status(runs: list[Run], generation: int | None, now: str) -> BenchmarkStatus:
     """The status a new sweep starts with: every run Pending, nothing started."""
-    return {
-        "phase": RUNNING,
-        "message": f"{len(runs)} runs planned",
-        "observedGeneration": generation,
-        "runsTotal": len(runs),
-        "runsDone": 0,
-        "runsSucceeded": 0,
-        "runsFailed": 0,
-        "startTime": now,
-        "runs": [collect.run_entry(run, phase=PENDING) for run in runs],
-        "conditions": [condition("Ready", "False", "Running", f"0/{len(runs)} runs done", now)],
-    }
+    return BenchmarkStatus(
+        phase=RUNNING,
+        message=f"{len(runs)} runs planned",
+        observed_generation=generation,
+        runs_total=len(runs),
+        runs_done=0,
+        runs_succeeded=0,
+        runs_failed=0,
+        start_time=now,
+        runs=[collect.run_entry(run, phase=PENDING) for run in runs],
+        conditions=[condition("Ready", "False", "Running", f"0/{len(runs)} runs done", now)],
+    )
 
 
-def invalid_status(errors: list[tuple[str, str]], generation: int | None, now: str) -> dict[str, Any]:
-    message = "invalid spec: " + "; ".join(f"{path}: {msg}" for path, msg in errors)
-    return {
-        "phase": INVALID,
-        "message": collect.clean_reason(message),
-        "observedGeneration": generation,
-        "runsTotal": 0,
-        "runsDone": 0,
-        "runs": [],
-        "conditions": [condition("Ready", "False", "InvalidSpec", collect.clean_reason(message), now)],
-    }
+def invalid_status(errors: list[tuple[str, str]], generation: int | None, now: str) -> BenchmarkStatus:
+    message = collect.clean_reason("invalid spec: " + "; ".join(f"{path}: {msg}" for path, msg in errors))
+    return BenchmarkStatus(
+        phase=INVALID,
+        message=message,
+        observed_generation=generation,
+        runs_total=0,
+        runs_done=0,
+        runs=[],
+        conditions=[condition("Ready", "False", "InvalidSpec", message, now)],
+    )
 
 
-def condition(type_: str, status: str, reason: str, message: str, now: str) -> dict[str, str]:
-    return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": now}
+def condition(type_: str, status: str, reason: str, message: str, now: str) -> Condition:
+    return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=now)
 
 
-def set_condition(conditions: list[dict], new: dict) -> list[dict]:
+def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
     """Replace the condition of the same type, keeping lastTransitionTime when the status is unchanged."""
     result = []
     for old in conditions or []:
-        if old.get("type") == new["type"]:
-            if old.get("status") == new["status"]:
-                new = {**new, "lastTransitionTime": old.get("lastTransitionTime", new["lastTransitionTime"])}
+        if old.type == new.type:
+            if old.status == new.status:
+                new = new.model_copy(update={"last_transition_time": old.last_transition_time})
             continue
         result.append(old)
     return result + [new]
@@ -124,118 +132,95 @@ class Observation:
     unexplained: set[str] = field(default_factory=set)  # finished without a condition message
 
 
-def observe(runs: list[dict], jobs: dict[str, dict]) -> Observation:
+def observe(runs: list[RunStatus], jobs: dict[str, dict]) -> Observation:
     """Compare `status.runs` with the jobs that exist (by job name)."""
     seen = Observation()
     for run in runs:
-        if run["phase"] in TERMINAL_RUN_PHASES:
+        if run.phase in TERMINAL_RUN_PHASES:
             continue
-        job = jobs.get(run["jobName"])
+        job = jobs.get(run.job_name)
         if job is None:
-            if run["phase"] == RUNNING:
-                seen.vanished.append(run["name"])
+            if run.phase == RUNNING:
+                seen.vanished.append(run.name)
             continue
         state = job_state(job)
         if state.phase in TERMINAL_RUN_PHASES:
-            seen.finished.append(Finished(run["name"], state.phase == SUCCEEDED, state.message or state.reason))
+            seen.finished.append(Finished(run.name, state.phase == SUCCEEDED, state.message or state.reason))
             if not state.message:
-                seen.unexplained.add(run["name"])
-        elif run["phase"] == PENDING:
-            seen.started.append(run["name"])
+                seen.unexplained.add(run.name)
+        elif run.phase == PENDING:
+            seen.started.append(run.name)
     return seen
 
 
-def runs_to_start(runs: list[dict], jobs: dict[str, dict], concurrency: int) -> list[str]:
+def runs_to_start(runs: list[RunStatus], jobs: dict[str, dict], concurrency: int) -> list[str]:
     """Pending runs without a job, in plan order, while fewer than `concurrency` are active."""
-    active = sum(1 for r in runs if r["phase"] not in TERMINAL_RUN_PHASES and r["jobName"] in jobs)
-    active += sum(1 for r in runs if r["phase"] == RUNNING and r["jobName"] not in jobs)  # being re-read
+    active = sum(1 for r in runs if r.phase not in TERMINAL_RUN_PHASES and r.job_name in jobs)
+    active += sum(1 for r in runs if r.phase == RUNNING and r.job_name not in jobs)  # being re-read
     chosen = []
     for run in runs:
         if active + len(chosen) >= concurrency:
             break
-        if run["phase"] == PENDING and run["jobName"] not in jobs:
-            chosen.append(run["name"])
+        if run.phase == PENDING and run.job_name not in jobs:
+            chosen.append(run.name)
     return chosen
 
 
-def mark_running(entry: dict, now: str) -> dict:
-    return {**entry, "phase": RUNNING, "startTime": entry.get("startTime") or now}
+def mark_running(entry: RunStatus, now: str) -> RunStatus:
+    return entry.model_copy(update={"phase": RUNNING, "start_time": entry.start_time or now})
 
 
-def finish_entry(run: Run, entry: dict, finished: Finished, termination_message: str | None, now: str) -> dict:
+def finish_entry(run: Run, entry: RunStatus, finished: Finished, termination_message: str | None,
+                 now: str) -> RunStatus:
     """The results entry of a finished run (collect decides Succeeded/Failed and the reason)."""
     return collect.collect_run(
         run,
         job_succeeded=finished.job_succeeded,
         termination_message=termination_message,
         job_reason=finished.job_message or ("job failed" if not finished.job_succeeded else None),
-        start_time=entry.get("startTime") or now,
+        start_time=entry.start_time or now,
         completion_time=now,
     )
 
 
-def vanished_entry(run: Run, entry: dict, now: str) -> dict:
-    return collect.run_entry(run, phase=FAILED, reason=f"job {entry['jobName']} was deleted before it finished",
-                             start_time=entry.get("startTime"), completion_time=now)
+def vanished_entry(run: Run, entry: RunStatus, now: str) -> RunStatus:
+    return collect.run_entry(run, phase=FAILED, reason=f"job {entry.job_name} was deleted before it finished",
+                             start_time=entry.start_time, completion_time=now)
 
 
-def best_run(runs: list[dict]) -> dict[str, Any] | None:
-    """The succeeded run with the highest tokens/s (ties: the earlier run in plan order)."""
-    best = None
-    for run in runs:
-        tps = (run.get("results") or {}).get("tokensPerSecond")
-        if run["phase"] == SUCCEEDED and tps is not None and (best is None or tps > best["tokensPerSecond"]):
-            best = {"run": run["name"], "strategy": run["strategy"], "precision": run["precision"],
-                    "tokensPerSecond": tps}
-    return best
-
-
-def overall_phase(runs: list[dict]) -> str:
-    if not runs:
-        return SUCCEEDED
-    if any(r["phase"] not in TERMINAL_RUN_PHASES for r in runs):
-        return RUNNING
-    succeeded = sum(r["phase"] == SUCCEEDED for r in runs)
-    if succeeded == len(runs):
-        return SUCCEEDED
-    return FAILED if succeeded == 0 else PARTIALLY_SUCCEEDED
-
-
-def summarize(status: dict, runs: list[dict], now: str) -> dict[str, Any]:
-    """The status patch for these runs: counts, best, overall phase, Ready condition, completionTime."""
-    done = sum(r["phase"] in TERMINAL_RUN_PHASES for r in runs)
-    succeeded = sum(r["phase"] == SUCCEEDED for r in runs)
+def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str) -> BenchmarkStatus:
+    """The status fields these runs decide: counts, best, overall phase, Ready condition, completionTime."""
+    done = sum(r.phase in TERMINAL_RUN_PHASES for r in runs)
+    succeeded = sum(r.phase == SUCCEEDED for r in runs)
     phase = overall_phase(runs)
-    active = [r["name"] for r in runs if r["phase"] == RUNNING]
+    active = [r.name for r in runs if r.phase == RUNNING]
     if phase == RUNNING:
         message = f"{done}/{len(runs)} runs done" + (f"; running {', '.join(active)}" if active else "")
     else:
         message = f"{succeeded}/{len(runs)} runs succeeded"
-    patch: dict[str, Any] = {
-        "phase": phase,
-        "message": message,
-        "runs": runs,
-        "runsTotal": len(runs),
-        "runsDone": done,
-        "runsSucceeded": succeeded,
-        "runsFailed": done - succeeded,
-        "best": best_run(runs),
-    }
     ready = condition("Ready", "True" if phase in FINISHED_PHASES else "False", phase, message, now)
-    patch["conditions"] = set_condition(status.get("conditions") or [], ready)
-    if phase != RUNNING and not status.get("completionTime"):
-        patch["completionTime"] = now
-    return patch
+    return BenchmarkStatus(
+        phase=phase,
+        message=message,
+        runs=runs,
+        runs_total=len(runs),
+        runs_done=done,
+        runs_succeeded=succeeded,
+        runs_failed=done - succeeded,
+        best=best_run(runs),
+        conditions=set_condition(status.conditions or [], ready),
+        completion_time=now if phase != RUNNING and not status.completion_time else None,
+    )
 
 
-def spec_ignored_condition(generation: int, observed: int | None, now: str) -> dict[str, str]:
+def spec_ignored_condition(generation: int, observed: int | None, now: str) -> Condition:
     """A started sweep keeps the spec it started with: say so, and how to run the new one."""
     message = (f"spec changed (generation {generation}) after the sweep started; the sweep keeps running with "
                f"generation {observed}'s spec. Create a new GPT2Benchmark to run the changed one.")
     return condition("SpecChangeIgnored", "True", "SweepAlreadyStarted", message, now)
 
 
-def transitions(old_runs: list[dict], new_runs: list[dict]) -> list[tuple[dict, str]]:
+def transitions(old_runs: list[RunStatus], new_runs: list[RunStatus]) -> list[tuple[RunStatus, str]]:
     """(entry, previous phase) for every run whose phase changed: the Events to post."""
-    before = {r["name"]: r["phase"] for r in old_runs}
-    return [(r, before.get(r["name"], PENDING)) for r in new_runs if before.get(r["name"]) != r["phase"]]
+    before = {r.name: r.phase for r in old_runs}
+    return [(r, before.get(r.name, PENDING)) for r in new_runs if before.get(r.name) != r.phase]

@@ -13,8 +13,10 @@ from typing import Any
 import kopf
 
 from gpt2bench.plan import Run, plan_runs
-from gpt2bench.render import label_value, render_job
+from gpt2bench.protocol import LAUNCHER_CONTAINER, PYTORCH_CONTAINER
+from gpt2bench.render import render_job
 from gpt2bench.spec import API_GROUP, Benchmark, SpecError, validate_spec
+from gpt2bench.status import BenchmarkStatus, RunStatus
 
 from . import kube, metrics
 from . import reconcile as rc
@@ -38,9 +40,9 @@ def benchmark_of(body: kopf.Body, spec: dict[str, Any]) -> Benchmark:
 def reject(body: kopf.Body, patch: kopf.Patch, error: SpecError) -> None:
     """Invalid spec: say which fields in status and in an Event, create nothing, never retry."""
     status = rc.invalid_status(error.errors, body.metadata.get("generation"), rc.now_rfc3339())
-    patch.status.update(status)
-    _event(body, "Warning", "InvalidSpec", status["message"])
-    raise kopf.PermanentError(status["message"])
+    patch.status.update(status.dump())
+    _event(body, "Warning", "InvalidSpec", status.message)
+    raise kopf.PermanentError(status.message)
 
 
 def start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
@@ -59,12 +61,12 @@ def start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
     _event(body, "Normal", "SweepPlanned", f"{len(runs)} runs: {', '.join(r.name for r in runs)}")
     logger.info("planned %d runs for %s/%s", len(runs), benchmark.namespace, benchmark.name)
     # No job listing here: a job left by a crashed attempt answers 409 and is adopted as ours.
-    new_runs = _start_runs(body, benchmark, runs, status["runs"], {}, now)
-    if new_runs != status["runs"]:
+    new_runs = _start_runs(body, benchmark, runs, status.runs, {}, now)
+    if new_runs != status.runs:
         metrics.observe_first_job(body.metadata.get("creationTimestamp"))
     summary = rc.summarize(status, new_runs, now)
-    _post_transitions(body, status["runs"], new_runs, summary, rc.PENDING)
-    patch.status.update({**status, **summary})
+    _post_transitions(body, status.runs, new_runs, summary, rc.PENDING)
+    patch.status.update({**status.dump(), **summary.dump()})
 
 
 def step(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
@@ -72,23 +74,24 @@ def step(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
     fresh = kube.get_benchmark(body.metadata.namespace or "default", body.metadata.name)
     if fresh is None or (fresh.get("status") or {}).get("phase") != rc.RUNNING:
         return  # deleted, or finished by a step whose patch this timer's body had not seen yet
-    status = fresh["status"]
+    stored = fresh["status"]
+    status = BenchmarkStatus.read(stored)
     benchmark = benchmark_of(body, sweep_spec(fresh))
     runs = plan_runs(benchmark)
     by_name = {run.name: run for run in runs}
-    old_runs = list(status.get("runs") or [])
+    old_runs = list(status.runs or [])
     try:
         jobs = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
     except kube.JobKindMissing as exc:
         raise kopf.TemporaryError(str(exc), delay=MISSING_KIND_RETRY_SECONDS) from None
     seen = rc.observe(old_runs, jobs)
     now = rc.now_rfc3339()
-    entries = {entry["name"]: dict(entry) for entry in old_runs}
+    entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
     for name in seen.started:
         entries[name] = rc.mark_running(entries[name], now)
     for finished in seen.finished:
         run, entry = by_name[finished.name], entries[finished.name]
-        pod = kube.result_pod(benchmark.namespace, run.job_kind, entry["jobName"])
+        pod = kube.result_pod(benchmark.namespace, run.job_kind, entry.job_name)
         message = kube.termination_message(pod, container=_container(run))
         if not finished.job_succeeded and finished.name in seen.unexplained:
             why = kube.termination_reason(pod) or finished.job_message or "job failed"
@@ -96,18 +99,18 @@ def step(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
         entries[finished.name] = rc.finish_entry(run, entry, finished, message, now)
     for name in seen.vanished:
         entries[name] = rc.vanished_entry(by_name[name], entries[name], now)
-    current = [entries[entry["name"]] for entry in old_runs]
+    current = [entries[entry.name] for entry in old_runs]
     current = _start_runs(body, benchmark, runs, current, jobs, now)
     summary = rc.summarize(status, current, now)
-    generation, observed = fresh["metadata"].get("generation") or 0, status.get("observedGeneration") or 0
+    generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
     if generation > observed:  # written here, not by the update handler: one writer while Running
         ignored = rc.spec_ignored_condition(generation, observed, now)
-        summary["conditions"] = rc.set_condition(summary["conditions"], ignored)
-    _post_transitions(body, old_runs, current, summary, status.get("phase"))
-    changed = {key: value for key, value in summary.items() if status.get(key) != value}
+        summary.conditions = rc.set_condition(summary.conditions or [], ignored)
+    _post_transitions(body, old_runs, current, summary, status.phase)
+    changed = {key: value for key, value in summary.dump().items() if stored.get(key) != value}
     if changed:  # an idle tick writes nothing (100 sweeps polling would otherwise patch every tick)
         patch.status.update(changed)
-    logger.debug("step: %s", summary["message"])
+    logger.debug("step: %s", summary.message)
 
 
 def spec_changed(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
@@ -119,8 +122,9 @@ def spec_changed(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> 
     condition = rc.spec_ignored_condition(body.metadata.get("generation") or 0,
                                           body.status.get("observedGeneration"), rc.now_rfc3339())
     if body.status.get("phase") != rc.RUNNING:  # while Running, the timer writes the condition
-        patch.status["conditions"] = rc.set_condition(list(body.status.get("conditions") or []), condition)
-    _event(body, "Warning", "SpecChangeIgnored", condition["message"])
+        conditions = BenchmarkStatus.read({"conditions": body.status.get("conditions") or []}).conditions
+        patch.status["conditions"] = [c.dump() for c in rc.set_condition(conditions or [], condition)]
+    _event(body, "Warning", "SpecChangeIgnored", condition.message)
 
 
 def _event(body: kopf.Body, type_: str, reason: str, message: str) -> None:
@@ -134,20 +138,19 @@ def _without_status(body: kopf.Body) -> kopf.Body:
 
 
 def _container(run: Run) -> str:
-    return "pytorch" if run.job_kind == "PyTorchJob" else "launcher"
+    return PYTORCH_CONTAINER if run.job_kind == "PyTorchJob" else LAUNCHER_CONTAINER
 
 
-def _start_runs(body: kopf.Body, benchmark: Benchmark, runs: list[Run], entries: list[dict],
-                jobs: dict[str, dict], now: str) -> list[dict]:
+def _start_runs(body: kopf.Body, benchmark: Benchmark, runs: list[Run], entries: list[RunStatus],
+                jobs: dict[str, dict], now: str) -> list[RunStatus]:
     """Create the jobs of the runs that may start now (409 = it exists: ours, from before a restart)."""
     by_name = {run.name: run for run in runs}
     chosen = set(rc.runs_to_start(entries, jobs, benchmark.spec.concurrency))
     result = []
     for entry in entries:
-        if entry["name"] in chosen:
-            job = render_job(benchmark, by_name[entry["name"]])
-            kopf.adopt(job, owner=body, strict=True)
-            kopf.label(job, {kube.BENCHMARK_LABEL: label_value(benchmark.name)})
+        if entry.name in chosen:
+            job = render_job(benchmark, by_name[entry.name])
+            kopf.adopt(job, owner=body, strict=True)  # render labels it; ownership is the operator's
             try:
                 created = kube.create_job(job)
             except kube.JobKindMissing as exc:  # wait for it, without sleeping in the handler
@@ -159,21 +162,22 @@ def _start_runs(body: kopf.Body, benchmark: Benchmark, runs: list[Run], entries:
     return result
 
 
-def _post_transitions(body: kopf.Body, old_runs: list[dict], new_runs: list[dict], summary: dict,
-                      phase_before: str | None) -> None:
+def _post_transitions(body: kopf.Body, old_runs: list[RunStatus], new_runs: list[RunStatus],
+                      summary: BenchmarkStatus, phase_before: str | None) -> None:
     namespace = body.metadata.namespace or "default"
     for entry, _before in rc.transitions(old_runs, new_runs):
-        if entry["phase"] == rc.RUNNING:
-            _event(body, "Normal", "RunStarted", f"{entry['name']}: job {entry['jobName']} created")
-        elif entry["phase"] == rc.SUCCEEDED:
+        if entry.phase == rc.RUNNING:
+            _event(body, "Normal", "RunStarted", f"{entry.name}: job {entry.job_name} created")
+        elif entry.phase == rc.SUCCEEDED:
             metrics.RUNS_SUCCEEDED.labels(namespace).inc()
-            tps = (entry.get("results") or {}).get("tokensPerSecond")
-            _event(body, "Normal", "RunSucceeded", f"{entry['name']}: {tps} tokens/s")
-        elif entry["phase"] == rc.FAILED:
+            tps = entry.results.tokens_per_second if entry.results else None
+            _event(body, "Normal", "RunSucceeded", f"{entry.name}: {tps} tokens/s")
+        elif entry.phase == rc.FAILED:
             metrics.RUNS_FAILED.labels(namespace).inc()
-            _event(body, "Warning", "RunFailed", f"{entry['name']}: {entry.get('reason')}")
-    if summary["phase"] != rc.RUNNING and phase_before == rc.RUNNING:
-        best = summary.get("best") or {}
-        text = f"{summary['message']}; best: {best.get('run')} ({best.get('tokensPerSecond')} tokens/s)"
-        kind = "Normal" if summary["phase"] == rc.SUCCEEDED else "Warning"
-        _event(body, kind, f"Sweep{summary['phase']}", text)
+            _event(body, "Warning", "RunFailed", f"{entry.name}: {entry.reason}")
+    if summary.phase != rc.RUNNING and phase_before == rc.RUNNING:
+        best = summary.best
+        text = (f"{summary.message}; best: {best.run if best else None} "
+                f"({best.tokens_per_second if best else None} tokens/s)")
+        kind = "Normal" if summary.phase == rc.SUCCEEDED else "Warning"
+        _event(body, kind, f"Sweep{summary.phase}", text)

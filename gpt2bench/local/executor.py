@@ -38,11 +38,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.collect import SUMMARY_PREFIX  # the trainer's last stdout line
-from gpt2bench.files import TERMINATION_LOG_ENV
-from gpt2bench.processes import kill_tree
+from gpt2bench.protocol import (
+    LAUNCHER_CONTAINER,
+    MPIJOB_API,
+    OUTPUT_ENV,
+    PYTORCH_CONTAINER,
+    PYTORCHJOB_API,
+    SUMMARY_PREFIX,
+    TERMINATION_LOG_ENV,
+    WORKER_CONTAINER,
+)
+from gpt2bench.local.processes import kill_tree
 
-OUTPUT_ENV = "GPT2BENCH_OUTPUT_DIR"
 KILL_GRACE_SECONDS = 5.0
 
 _INSTALL_HINTS = {
@@ -211,7 +218,7 @@ def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, master_port: int | N
                 "PET_NODE_RANK": str(node_rank),
                 "PET_NNODES": str(total),
             }
-            container = _container(replica_specs[role]["template"], "pytorch")
+            container = _container(replica_specs[role]["template"], PYTORCH_CONTAINER)
             replicas.append(
                 _replica(role, index, container, injected, run_dir, job["metadata"]["name"], _gpus(container))
             )
@@ -246,18 +253,18 @@ def mpijob_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
         injected = {"K_MPI_JOB_ROLE": "launcher", "HYDRA_HOST_FILE": str(hostfile)}
     else:
         raise JobSpecError(f"MPIJob mpiImplementation {implementation!r} is not supported locally")
-    container = _container(replica_specs["Launcher"]["template"], "launcher")
+    container = _container(replica_specs["Launcher"]["template"], LAUNCHER_CONTAINER)
     # The ranks run here, under mpirun: they need the GPUs the Worker pods would have had.
-    worker_gpus = _gpus(_container(replica_specs["Worker"]["template"], "worker")) if workers else 0
+    worker_gpus = _gpus(_container(replica_specs["Worker"]["template"], WORKER_CONTAINER)) if workers else 0
     return [_replica("Launcher", 0, container, injected, run_dir, job["metadata"]["name"], worker_gpus * workers)]
 
 
 def job_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
     """The processes a rendered job becomes on this machine (not started)."""
     kind, api = job.get("kind"), job.get("apiVersion")
-    if (kind, api) == ("PyTorchJob", "kubeflow.org/v1"):
+    if (kind, api) == ("PyTorchJob", PYTORCHJOB_API):
         return pytorchjob_replicas(job, run_dir)
-    if (kind, api) == ("MPIJob", "kubeflow.org/v2beta1"):
+    if (kind, api) == ("MPIJob", MPIJOB_API):
         return mpijob_replicas(job, run_dir)
     raise JobSpecError(f"cannot run {api}/{kind} locally (PyTorchJob kubeflow.org/v1 or MPIJob v2beta1 only)")
 

@@ -1,0 +1,200 @@
+"""The local sweep: each planned run's rendered job executed here, one at a time, into `results.json`.
+
+The same path as the operator: the benchmark is planned by `plan_runs`, each run rendered by
+`render_job` into the job a cluster would get, that job executed by `executor` (its replicas as local
+processes, with the Kubeflow operators' env), and each finished run collected by `collect.collect_run`
+from the result replica's termination message, exactly as the operator does with the result pod's.
+
+Runs go one at a time (runs sharing one machine would disturb each other's timings). DIR/results.json is
+rewritten atomically after every change, so an interrupted sweep (Ctrl-C, SIGTERM) leaves a consistent
+folder: finished runs kept, the run in flight `Interrupted`, the rest `Skipped`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sysconfig
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpt2bench import collect
+from gpt2bench.files import write_atomic
+from gpt2bench.local.executor import JobSpecError, Replica, execute_job
+from gpt2bench.local.progress import Display
+from gpt2bench.plan import Run
+from gpt2bench.protocol import STEPS_FILE
+from gpt2bench.render import render_job
+from gpt2bench.spec import Benchmark, validate_spec
+from gpt2bench.status import (
+    INTERRUPTED,
+    PENDING,
+    RUNNING,
+    SKIPPED,
+    LocalRun,
+    ResultsDocument,
+    RunStatus,
+    best_run,
+    overall_phase,
+)
+
+
+def rfc3339(moment: datetime | None = None) -> str:
+    return (moment or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def with_steps(benchmark: Benchmark, steps: int) -> Benchmark:
+    """The benchmark with `training.steps` overridden (quick tries); warm-up shrinks to half when it
+    would not fit. Re-validated, so the override obeys the same rules as the file."""
+    spec = benchmark.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    spec["training"]["steps"] = steps
+    if spec["training"].get("warmupSteps", 0) >= steps:
+        spec["training"]["warmupSteps"] = steps // 2
+    return benchmark.model_copy(update={"spec": validate_spec(spec)})
+
+
+def select_runs(runs: list[Run], only: str | None) -> list[Run]:
+    if not only:
+        return runs
+    pattern = re.compile(only)
+    return [run for run in runs if pattern.search(run.name)]
+
+
+def local_entry(entry: RunStatus, **extra: Any) -> LocalRun:
+    return LocalRun(**{**dict(entry), **extra})
+
+
+class Sweep:
+    """The results document of a local sweep, saved atomically at every change."""
+
+    def __init__(self, benchmark: Benchmark, runs: list[Run], directory: Path):
+        self.benchmark, self.runs, self.directory = benchmark, runs, directory
+        self.interrupted = False
+        self.doc = ResultsDocument(
+            benchmark=benchmark.name,
+            namespace=benchmark.namespace,
+            spec=benchmark.spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+            runs=[local_entry(collect.run_entry(run, phase=PENDING)) for run in runs],
+            phase=RUNNING,
+            start_time=rfc3339(),
+        )
+
+    def save(self) -> None:
+        self.doc.save(self.directory)
+
+    def set_entry(self, index: int, entry: LocalRun) -> None:
+        self.doc.runs[index] = entry
+        self.save()
+
+    def finish(self) -> None:
+        """The operator's own rules for `best` and the overall phase."""
+        runs = self.doc.runs
+        self.doc.best = best_run(runs)
+        self.doc.phase = INTERRUPTED if self.interrupted else overall_phase(runs)
+        self.doc.completion_time = rfc3339()
+        self.save()
+
+
+def run_directory(directory: Path, run: Run) -> Path:
+    return directory / "runs" / run.name
+
+
+def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display, base_env: dict[str, str]) -> None:
+    run = sweep.runs[index]
+    run_dir = run_directory(sweep.directory, run)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a previous sweep's files must not pass for this one's
+    run_dir.mkdir(parents=True)
+    write_atomic(run_dir / "job.yaml", yaml.safe_dump(job, sort_keys=False))
+    started = rfc3339()
+    run_dir_name = str(run_dir.relative_to(sweep.directory))
+    sweep.set_entry(index, local_entry(collect.run_entry(run, phase=RUNNING, start_time=started), run_dir=run_dir_name))
+
+    def on_tick(_primary: Replica, _elapsed: float) -> None:
+        display.tick(run_dir)
+
+    try:
+        outcome = execute_job(job, run_dir, base_env=base_env, on_tick=on_tick)
+    except JobSpecError as exc:
+        entry = collect.run_entry(
+            run, phase="Failed", reason=f"cannot run locally: {exc}", start_time=started, completion_time=rfc3339()
+        )
+    except KeyboardInterrupt:
+        entry = collect.run_entry(run, phase=PENDING, start_time=started, completion_time=rfc3339())
+        stopped = local_entry(entry, phase=INTERRUPTED, reason="stopped by Ctrl-C / SIGTERM; its processes were killed")
+        sweep.set_entry(index, _with_files(stopped, sweep.directory, run_dir))
+        raise
+    else:
+        entry = collect.collect_run(
+            run,
+            job_succeeded=outcome.phase == "Succeeded",
+            termination_message=outcome.termination_message,
+            job_reason=outcome.reason,
+            start_time=started,
+            completion_time=rfc3339(outcome.completion_time),
+        )
+    sweep.set_entry(index, _with_files(local_entry(entry), sweep.directory, run_dir))
+
+
+def _with_files(entry: LocalRun, directory: Path, run_dir: Path) -> LocalRun:
+    """Local additions to the results entry: where the run's files are (paths relative to DIR)."""
+    steps = sorted(run_dir.glob(f"*/{STEPS_FILE}"))  # master-0 / launcher-0 first; ps: the worker's pod
+    return entry.model_copy(update={
+        "run_dir": str(run_dir.relative_to(directory)),
+        "steps_file": str(steps[0].relative_to(directory)) if steps else None,
+    })
+
+
+def child_env() -> dict[str, str]:
+    """The local 'image': this environment, with this Python's scripts (gpt2bench, torchrun) on PATH."""
+    env = dict(os.environ)
+    scripts = sysconfig.get_path("scripts")
+    if scripts and scripts not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = scripts + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def run_sweep(
+    benchmark: Benchmark,
+    runs: list[Run],
+    directory: Path,
+    *,
+    jobs: list[dict] | None = None,
+    console: Any = None,
+    live: bool | None = None,
+) -> Sweep:
+    """Run `runs` (rendered as `jobs`, default: render_job) one at a time; results land in `directory`.
+    A KeyboardInterrupt stops the sweep cleanly: `sweep.interrupted` is then True."""
+    from rich.console import Console
+
+    from gpt2bench import report
+
+    console = console or Console()
+    jobs = jobs if jobs is not None else [render_job(benchmark, run) for run in runs]
+    if len(jobs) != len(runs):
+        raise ValueError(f"{len(runs)} runs but {len(jobs)} jobs")
+    directory.mkdir(parents=True, exist_ok=True)
+    sweep = Sweep(benchmark, runs, directory)
+    sweep.save()
+    base_env = child_env()
+    live = console.is_terminal if live is None else live
+    with Display(console, len(runs), benchmark.spec.training.steps, live) as display:
+        try:
+            for index, (run, job) in enumerate(zip(runs, jobs)):
+                display.start_run(index, len(runs), run)
+                execute_run(sweep, index, job, display, base_env)
+                display.end_run(sweep.doc.runs[index])
+        except KeyboardInterrupt:
+            sweep.interrupted = True
+            for i, entry in enumerate(sweep.doc.runs):
+                if entry.phase == RUNNING:  # interrupted between the executor and the entry update
+                    sweep.doc.runs[i] = local_entry(entry, phase=INTERRUPTED, reason="stopped by Ctrl-C / SIGTERM")
+                elif entry.phase == PENDING:
+                    sweep.doc.runs[i] = local_entry(entry, phase=SKIPPED,
+                                                    reason="not started: the sweep was interrupted")
+    sweep.finish()
+    report.write_report(sweep.doc.dump(), directory)
+    return sweep

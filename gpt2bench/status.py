@@ -1,0 +1,219 @@
+"""The GPT2Benchmark status and the local results document: one definition of both.
+
+The CRD's status schema is generated from these models (`gpt2bench.crd`), and everything that writes or
+reads a status goes through them: `collect` builds run entries, the operator's `reconcile` decides on
+them, the local runner keeps them in `results.json`, and the report reads them back. A field that is not
+declared here cannot be written (extra fields are errors), so status and schema cannot drift apart.
+
+Shapes (camelCase on the wire, snake_case in Python):
+- `RunResults`: the trainer summary's figures (docs/metrics.md);
+- `RunStatus`: one run of the sweep (`status.runs[]`); `LocalRun` adds what only a local run has;
+- `Condition`: `metav1.Condition`, in a list keyed by `type`;
+- `BenchmarkStatus`: the resource's `status`; `ResultsDocument`: `results.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic.alias_generators import to_camel
+
+from gpt2bench.files import write_atomic
+
+# Run phases. Interrupted and Skipped exist only locally (a cluster sweep is never Ctrl-C'd).
+PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+INTERRUPTED, SKIPPED = "Interrupted", "Skipped"
+# Overall phases. PartiallySucceeded: every run finished, some failed, some succeeded (the comparison
+# table still has rows to read, so it is not Failed; but not all strategies worked, so not Succeeded).
+PARTIALLY_SUCCEEDED, INVALID = "PartiallySucceeded", "Invalid"
+TERMINAL_RUN_PHASES = (SUCCEEDED, FAILED)
+FINISHED_PHASES = (SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED, INVALID)
+
+RunPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+LocalRunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Interrupted", "Skipped"]
+BenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid"]
+LocalBenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid",
+                              "Interrupted"]
+
+DATE_TIME = {"format": "date-time"}
+
+
+class StatusModel(BaseModel):
+    """camelCase on the wire; unknown fields are errors, so nothing undeclared is ever written."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON form the API server and results.json hold (unset and None fields left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    @classmethod
+    def read(cls, data: Any) -> Self:
+        """Parse a stored status or results.json: fields this version does not declare are dropped (as the
+        API server prunes them from an object stored under an older schema); declared ones are checked."""
+        return cls.model_validate(data, context={"read": True})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_undeclared_when_reading(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and (info.context or {}).get("read"):
+            declared = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            return {key: value for key, value in data.items() if key in declared}
+        return data
+
+
+class RunResults(StatusModel):
+    """A succeeded run's figures, from the trainer summary (definitions: docs/metrics.md)."""
+
+    world_size: int | None = Field(None, description="Training workers (parameter servers excluded).")
+    tokens_per_second: float | None = Field(None, description="Global tokens/s over the measured steps.")
+    tokens_per_second_per_device: float | None = Field(None, description="tokensPerSecond / devices.")
+    step_time_p50_seconds: float | None = Field(None, description="Median step time, measured steps.")
+    step_time_p95_seconds: float | None = Field(None, description="95th percentile step time, measured steps.")
+    peak_memory_bytes: int | None = Field(None, description="Largest peak memory of any process of the job.")
+    train_seconds: float | None = Field(None, description="Worker 0: start of step 1 to end of the last step.")
+    startup_seconds: float | None = Field(None, description="Worker 0: process start to the start of step 1.")
+    final_loss: float | None = Field(None, description="Loss of the last step.")
+    grad_norm: float | None = Field(None, description="Gradient norm of the last step, before clipping.")
+    mfu: float | None = Field(None, description="Model FLOPs utilisation, 0-1 (absent where the peak is unknown).")
+
+
+class RunStatus(StatusModel):
+    """One run of the sweep, as `status.runs[]` holds it (docs/design.md, Results entry)."""
+
+    name: str = Field(description="Run name (also the job's name).")
+    strategy: str
+    precision: str
+    nodes: int
+    devices_per_node: int
+    processes_per_node: int = Field(description="Processes per pod, parameter servers included.")
+    job_kind: str = Field(description="PyTorchJob or MPIJob.")
+    job_name: str
+    phase: RunPhase = Field(description="Pending, Running, Succeeded or Failed.")
+    start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    reason: str | None = Field(None, description="Why the run failed.")
+    results: RunResults | None = Field(None, description="The trainer's summary figures (docs/metrics.md).")
+
+
+class LocalRun(RunStatus):
+    """A run of `gpt2bench run`: local-only phases, and where its files are (relative to the folder)."""
+
+    phase: LocalRunPhase = Field(description="Pending, Running, Succeeded, Failed, Interrupted or Skipped.")
+    run_dir: str | None = None
+    steps_file: str | None = None
+
+
+class BestRun(StatusModel):
+    run: str
+    strategy: str
+    precision: str
+    tokens_per_second: float
+
+
+class Condition(StatusModel):
+    """`metav1.Condition`: the shape `kubectl wait --for=condition=...` and every tool expect."""
+
+    type: str = Field(max_length=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                                                r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(max_length=32768)
+    last_transition_time: str = Field(json_schema_extra=DATE_TIME)
+    observed_generation: int | None = Field(None, ge=0)
+
+
+# A list of conditions is a map keyed by type, as in every Kubernetes API.
+CONDITIONS_LIST = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+
+
+class BenchmarkStatus(StatusModel):
+    """`status` of a GPT2Benchmark, written by the operator (docs/operator.md, Status)."""
+
+    phase: BenchmarkPhase | None = Field(
+        None, description="Running, Succeeded, PartiallySucceeded, Failed or Invalid.")
+    message: str | None = None
+    observed_generation: int | None = Field(None, description="The generation whose spec the sweep runs.")
+    runs_total: int | None = None
+    runs_done: int | None = None
+    runs_succeeded: int | None = None
+    runs_failed: int | None = None
+    start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
+    runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
+    conditions: list[Condition] | None = Field(None, json_schema_extra=CONDITIONS_LIST)
+
+
+RESULTS_JSON = "results.json"
+
+
+class ResultsDocument(StatusModel):
+    """`results.json` of a local sweep, or a cluster benchmark's status read back by `gpt2bench report`."""
+
+    benchmark: str | None = None
+    namespace: str | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    runs: list[LocalRun] = Field(default_factory=list)
+    phase: LocalBenchmarkPhase | Literal["Unknown"] = "Unknown"
+    best: BestRun | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write DIR/results.json whole or not at all (an interrupted sweep leaves a readable file)."""
+        path = Path(directory) / RESULTS_JSON
+        write_atomic(path, json.dumps(self.dump(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> ResultsDocument:
+        """Read DIR/results.json. Raises OSError, ValueError (not JSON) or pydantic's ValidationError."""
+        return cls.read(json.loads((Path(directory) / RESULTS_JSON).read_text(encoding="utf-8")))
+
+    @classmethod
+    def from_resource(cls, resource: dict[str, Any]) -> ResultsDocument:
+        """A GPT2Benchmark object as the API returns it."""
+        metadata = resource.get("metadata") or {}
+        status = BenchmarkStatus.read(resource.get("status") or {})
+        return cls(benchmark=metadata.get("name"), namespace=metadata.get("namespace"),
+                   spec=resource.get("spec") or {}, runs=[LocalRun.read(r.dump()) for r in status.runs or []],
+                   phase=status.phase or "Unknown", best=status.best, start_time=status.start_time,
+                   completion_time=status.completion_time)
+
+
+# ------------------------------------------------------------------ rules over runs
+def best_run(runs: list[RunStatus]) -> BestRun | None:
+    """The succeeded run with the highest tokens/s (ties: the earlier run in plan order)."""
+    best = None
+    for run in runs:
+        tps = run.results.tokens_per_second if run.results else None
+        if run.phase == SUCCEEDED and tps is not None and (best is None or tps > best.tokens_per_second):
+            best = BestRun(run=run.name, strategy=run.strategy, precision=run.precision, tokens_per_second=tps)
+    return best
+
+
+def overall_phase(runs: list[RunStatus]) -> str:
+    """Running until every run is done; then Succeeded, Failed (none succeeded) or PartiallySucceeded."""
+    if not runs:
+        return SUCCEEDED
+    if any(r.phase not in TERMINAL_RUN_PHASES for r in runs):
+        return RUNNING
+    succeeded = sum(r.phase == SUCCEEDED for r in runs)
+    if succeeded == len(runs):
+        return SUCCEEDED
+    return FAILED if succeeded == 0 else PARTIALLY_SUCCEEDED
+
+
+def status_label(entry: RunStatus) -> str:
+    """`Succeeded`, or the phase with its reason on one line (at most 160 characters), for tables."""
+    reason = " ".join((entry.reason or "").split())
+    if entry.phase == SUCCEEDED or not reason:
+        return entry.phase
+    if len(reason) > 160:
+        reason = reason[:157] + "..."
+    return f"{entry.phase}: {reason}"
