@@ -96,9 +96,14 @@ def summary_results(summary: dict[str, Any]) -> RunResults:
     flat = {camel(key): value for key, value in summary.items()}
     results: dict[str, Any] = {}
     for name, field in RunResults.model_fields.items():
-        value = _number(flat.get(field.alias or name))
+        raw = flat.get(field.alias or name)
+        if field.annotation == str | None:
+            value = clean_reason(raw)[:200] if isinstance(raw, str) and raw.strip() else None
+        else:
+            value = _number(raw)
+            value = int(value) if value is not None and field.annotation == int | None else value
         if value is not None:
-            results[name] = int(value) if field.annotation == int | None else value
+            results[name] = value
     return RunResults(**results)
 
 

@@ -80,6 +80,7 @@ class RunResults(StatusModel):
     final_loss: float | None = Field(None, description="Loss of the last step.")
     grad_norm: float | None = Field(None, description="Gradient norm of the last step, before clipping.")
     mfu: float | None = Field(None, description="Model FLOPs utilisation, 0-1 (absent where the peak is unknown).")
+    device_name: str | None = Field(None, description="What worker 0 trained on: the GPU's or the CPU's model name.")
 
 
 class RunStatus(StatusModel):

@@ -45,6 +45,7 @@ SUMMARY = {
     "final_loss": 7.5,
     "grad_norm": 1.25,
     "mfu": 0.01,
+    "device_name": "NVIDIA H100 80GB HBM3",
     "losses": [9.0, 8.0],  # extra keys are not results
 }
 TIMES = {"start_time": "2026-11-22T00:00:00Z", "completion_time": "2026-11-22T00:01:00Z"}
@@ -80,6 +81,12 @@ def test_results_are_camel_case_and_complete():
     assert results["peakMemoryBytes"] == 123456789 and isinstance(results["peakMemoryBytes"], int)
     camel = {"tokensPerSecond": 10.0, "finalLoss": 2.0}
     assert _summary_results(camel) == camel  # camelCase summaries work too
+
+
+def test_the_device_name_is_one_short_line():
+    assert _summary_results({"device_name": "Tesla\nV100\x07"}) == {"deviceName": "Tesla V100"}
+    assert _summary_results({"device_name": "x" * 500})["deviceName"] == "x" * 200
+    assert _summary_results({"device_name": 3, "tokens_per_second": "fast"}) == {}
 
 
 def test_non_finite_and_non_numeric_figures_are_dropped():
@@ -212,6 +219,6 @@ def test_a_real_trainer_summary_line(runs, run_schema):
     logs = "2026-11-22 00:18:50,704 rank0 INFO step 12 loss 10.2301\n" + REAL_LINE + "\n"
     entry = _collect_run(runs[0], job_succeeded=True, termination_message=logs, **TIMES)
     assert entry["phase"] == "Succeeded"
-    assert set(entry["results"]) == set(RESULT_FIELDS) - {"mfu"}  # null figures are left out
+    assert set(entry["results"]) == set(RESULT_FIELDS) - {"mfu", "deviceName"}  # null/absent figures left out
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
     run_schema.validate(entry)

@@ -326,6 +326,7 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "peak_memory_bytes": max(peaks) if peaks else None,
         "peak_memory_reserved_bytes": max((p.get("peak_memory_reserved_bytes") or 0 for p in payloads), default=None),
         "peak_memory_kind": "cuda_max_allocated" if on_gpu else "cpu_peak_rss",
+        "device_name": lead.get("device_name"),
         "peak_memory_bytes_per_rank": peaks,
         "state_bytes": max((p.get("state_bytes") or 0 for p in payloads), default=None),
         "state_bytes_per_rank": [p.get("state_bytes") for p in payloads],

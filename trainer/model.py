@@ -7,6 +7,7 @@ step by step.
 
 from __future__ import annotations
 
+import platform
 from functools import lru_cache
 from pathlib import Path
 
@@ -89,6 +90,20 @@ def flops_per_token(model_config: GPT2Config, seq_len: int, n_params: int) -> fl
     """
     n = n_params - model_config.n_positions * model_config.n_embd
     return 6.0 * n + 12.0 * model_config.n_layer * model_config.n_embd * seq_len
+
+
+def device_name(device: torch.device) -> str:
+    """What the figures were measured on: the GPU's name, else the CPU's model name (Linux), else 'cpu'."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
 
 
 def peak_flops_per_device(device: torch.device, precision: str, override: float | None) -> float | None:

@@ -12,7 +12,13 @@ import torch.nn.functional as F
 from gpt2bench.trainer.config import TrainConfig
 from gpt2bench.trainer.data import ShardedBatches, load_tokens
 from gpt2bench.trainer.metrics import MetricsProcessor, PrometheusExporter
-from gpt2bench.trainer.model import build_model, count_params, flops_per_token, peak_flops_per_device
+from gpt2bench.trainer.model import (
+    build_model,
+    count_params,
+    device_name,
+    flops_per_token,
+    peak_flops_per_device,
+)
 from gpt2bench.trainer.parallel.base import Parallelism
 
 log = logging.getLogger("gpt2bench.trainer")
@@ -122,4 +128,5 @@ class Trainer:
             "mfu_above_one": self.metrics.mfu_above_one,
             "devices": self.devices,
             "device_type": p.device.type,
+            "device_name": device_name(p.device),
         }
