@@ -70,26 +70,31 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpt2bench.trainer.config import TrainConfig
     from gpt2bench.trainer.env import detect_env
-    from gpt2bench.trainer.metrics import PrometheusExporter
+    from gpt2bench.trainer.exporter import PrometheusExporter
     from gpt2bench.trainer.parallel import strategy_class
     from gpt2bench.trainer.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as output:
         port = _free_port()
-        config = TrainConfig(model=args.model, precision=args.precision, seq_len=args.seq_len,
-                             micro_batch_size=args.micro_batch_size, steps=args.steps + 1, warmup_steps=1,
-                             device=args.device, max_documents=args.max_documents, output=output, metrics_port=port)
+        config = TrainConfig(
+            precision=args.precision,
+            model={"preset": args.model},
+            data={"max_documents": args.max_documents},
+            training={"seq_len": args.seq_len, "micro_batch_size": args.micro_batch_size, "steps": args.steps + 1,
+                      "warmup_steps": 1},
+            process={"device": args.device, "output": output, "metrics_port": port},
+        )
         parallel = strategy_class("single")(config, detect_env({}))
         parallel.setup()
         exporter = PrometheusExporter(config, rank=0, strategy="single", local_rank=0, workers=1)
         trainer = Trainer(config, parallel, exporter=exporter)
         batch = trainer.batches.micro_batch(0, 0).to(parallel.device)
         # warm-up: allocator, autotuning, first-touch of the optimizer state
-        bare_loop(trainer.model, trainer.optimizer, batch, 3, args.precision, config.max_grad_norm)
+        bare_loop(trainer.model, trainer.optimizer, batch, 3, args.precision, config.training.max_grad_norm)
         trainer.run_steps(3, with_metrics=True)
         loops = {
             "bare": lambda: bare_loop(trainer.model, trainer.optimizer, batch, args.steps, args.precision,
-                                      config.max_grad_norm),
+                                      config.training.max_grad_norm),
             "off": lambda: trainer.run_steps(args.steps, with_metrics=False),
             "on": lambda: trainer.run_steps(args.steps, with_metrics=True),
         }

@@ -16,15 +16,15 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+from gpt2bench.protocol import OUTPUT_ENV
 from gpt2bench.spec import Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
+from gpt2bench.trainer.config import ProcessOptions, TrainConfig
 
 # Job names must be DNS-1035 labels (<= 63). The Kubeflow operators derive pod and Service names from
 # them (`<job>-worker-<i>`, `<job>-launcher`), so run names keep room for those suffixes.
 MAX_NAME_LENGTH = 52
 _HASH_LENGTH = 8
 
-# Boolean strategy options: True -> `--flag`; False -> `--no-flag` where the trainer has one, else omitted.
-_NEGATABLE_FLAGS = {"--reshard-after-forward"}
 
 
 @dataclass(frozen=True)
@@ -54,50 +54,24 @@ class Run:
         """Training processes per pod (parameter servers left out)."""
         return self.procs_per_node - self.ps_servers // self.nodes
 
-    def trainer_args(self, output: str = "$(GPT2BENCH_OUTPUT_DIR)") -> list[str]:
-        """The exact `gpt2bench train` options of this run (docs/design.md, Trainer)."""
+    def train_config(self, output: str = f"$({OUTPUT_ENV})") -> TrainConfig:
+        """What this run's trainer is told: the spec's sections as they are, plus its labels and device."""
         if self.spec is None:
             raise ValueError(f"run {self.name!r} was planned without its spec")
         spec = self.spec
-        model, data, training = spec.model, spec.data, spec.training
-        args = {
-            "--strategy": self.strategy.name,
-            "--precision": self.precision,
-            "--model": model.preset,
-            "--n-layer": model.n_layer,
-            "--n-head": model.n_head,
-            "--n-embd": model.n_embd,
-            "--n-positions": model.n_positions,
-            "--pretrained": model.pretrained,
-            "--steps": training.steps,
-            "--warmup-steps": training.warmup_steps,
-            "--micro-batch-size": training.micro_batch_size,
-            "--grad-accum": training.grad_accum,
-            "--seq-len": training.seq_len,
-            "--lr": training.lr,
-            "--seed": training.seed,
-            "--max-grad-norm": training.max_grad_norm,
-            "--data": data.source,
-            "--max-documents": data.max_documents,
-            "--device": "cuda" if self.devices_per_node else "cpu",
-            "--metrics-port": spec.metrics.port,
-            "--benchmark": self.benchmark,
-            "--run": self.name,
-            **self.strategy.trainer_options(),
-            "--output": output,
-        }
-        flat: list[str] = []
-        for flag, value in args.items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                if value:
-                    flat.append(flag)
-                elif flag in _NEGATABLE_FLAGS:
-                    flat.append("--no-" + flag[2:])
-                continue
-            flat += [flag, str(value)]
-        return flat
+        return TrainConfig(
+            strategy=self.strategy,
+            precision=self.precision,
+            model=spec.model,
+            data=spec.data,
+            training=spec.training,
+            process=ProcessOptions(output=output, metrics_port=spec.metrics.port, benchmark=self.benchmark,
+                                   run=self.name, device="cuda" if self.devices_per_node else "cpu"),
+        )
+
+    def trainer_args(self, output: str = f"$({OUTPUT_ENV})") -> list[str]:
+        """The exact `gpt2bench train` options of this run (docs/design.md, Trainer)."""
+        return self.train_config(output).to_argv()
 
 
 def dns_label(text: str) -> str:

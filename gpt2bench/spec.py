@@ -14,7 +14,7 @@ Two layers of checks:
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -102,10 +102,11 @@ class StrategySpec(SpecModel):
     name: StrategyName = Field(description="Data-parallel strategy.")
     # ddp
     bucket_cap_mb: float | None = Field(None, gt=0, le=4096, description="ddp: gradient bucket size in MiB.")
-    static_graph: bool | None = Field(None, description="ddp: static_graph=True.")
-    gradient_as_bucket_view: bool | None = Field(None, description="ddp: gradient_as_bucket_view=True.")
+    static_graph: bool | None = Field(None, description="ddp: static_graph=True (default off).")
+    gradient_as_bucket_view: bool | None = Field(None, description="ddp: gradient_as_bucket_view=True (default off).")
     # fsdp
-    reshard_after_forward: bool | None = Field(None, description="fsdp: free gathered params after forward.")
+    reshard_after_forward: bool | None = Field(
+        None, description="fsdp: free gathered params after forward (default on).")
     # ps, ps-sharded
     ps_servers: int | None = Field(None, ge=1, le=64, description="ps/ps-sharded: server processes.")
     ps_mode: Literal["sync", "async"] | None = Field(None, description="ps/ps-sharded: sync (default) or async.")
@@ -137,16 +138,10 @@ class StrategySpec(SpecModel):
             return self.ps_servers or 2
         return 0
 
-    def trainer_options(self) -> dict[str, Any]:
-        """Set options as trainer CLI flags (`--bucket-cap-mb 25`), in a stable order."""
-        flags: dict[str, Any] = {}
-        for option in self._OPTIONS:
-            value = getattr(self, option)
-            if value is not None:
-                flags["--" + option.replace("_", "-")] = value
-        if self.name in ("ps", "ps-sharded"):
-            flags["--ps-servers"] = self.servers
-        return flags
+    @property
+    def mode(self) -> str:
+        """ps/ps-sharded: sync unless async was asked for."""
+        return self.ps_mode or "sync"
 
 
 class ScaleSpec(SpecModel):
@@ -216,8 +211,12 @@ class RunPolicySpec(SpecModel):
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete finished jobs after this long.")
 
 
+# A trainer's Prometheus port: unprivileged, so that the non-root trainer can bind it.
+MetricsPort = Annotated[int, Field(ge=1024, le=65535)]
+
+
 class MetricsSpec(SpecModel):
-    port: int = Field(9400, ge=1024, le=65535, description="Trainer's Prometheus port in every pod.")
+    port: MetricsPort = Field(9400, description="Trainer's Prometheus port in every pod.")
     scrape_annotations: bool = Field(True, description="Add prometheus.io/scrape|port|path pod annotations.")
     pod_labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels (e.g. for PodMonitor).")
     pod_annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
@@ -262,9 +261,16 @@ def cross_field_errors(spec: GPT2BenchmarkSpec):
                     f"{strategy.servers} servers cannot be spread evenly over {scale.nodes} nodes "
                     f"(spec.sweep.scales[{j}].nodes)",
                 )
-    seq_limit = spec.model.n_positions
-    if seq_limit is not None and spec.training.seq_len > seq_limit:
-        yield "spec.training.seqLen", f"seqLen ({spec.training.seq_len}) exceeds model.nPositions ({seq_limit})"
+    problem = seq_len_error(spec.model, spec.training)
+    if problem:
+        yield "spec.training.seqLen", problem
+
+
+def seq_len_error(model: ModelSpec, training: TrainingSpec) -> str | None:
+    """A sequence must fit the model's positions (a rule across two sections, also the trainer's)."""
+    if model.n_positions is not None and training.seq_len > model.n_positions:
+        return f"seqLen ({training.seq_len}) exceeds model.nPositions ({model.n_positions})"
+    return None
 
 
 class SpecError(ValueError):

@@ -7,6 +7,7 @@ root on `sys.path` first. A top-level package named like a standard-library modu
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -62,3 +63,11 @@ def test_the_standard_library_runs_from_the_repository_root(plain_python):
                             check=False)
     assert result.returncode == 0, result.stderr
     assert not result.stdout.startswith(str(REPO))
+
+
+def test_ruff_finds_no_unused_or_undefined_names_and_imports_are_sorted():
+    ruff = shutil.which("ruff")
+    assert ruff, "ruff is a test dependency (pip install -e '.[test]')"
+    result = subprocess.run([ruff, "check", "--no-cache", "."], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 import kubernetes_validate
 import pytest
 import yaml
+
 from gpt2bench.controller import main
 
 MANIFEST = Path(__file__).resolve().parents[1] / "manifests" / "operator.yaml"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from gpt2bench.controller import kube
 from gpt2bench.controller import reconcile as rc
-
 from gpt2bench.plan import plan_runs
 from gpt2bench.spec import Benchmark, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus

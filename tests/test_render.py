@@ -17,6 +17,7 @@ from kubeflow_crds import JobInvalid, job_problems, validate_job
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import OUTPUT_DIR, main, render_all, render_job
 from gpt2bench.spec import STRATEGIES, SpecError, load_benchmark, load_benchmark_file
+from gpt2bench.trainer.config import TrainConfig
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -348,6 +349,8 @@ def test_any_valid_spec_renders_only_valid_uniquely_named_jobs(spec, name, uid):
         assert len(job["metadata"]["name"]) <= 63 and DNS_LABEL.match(job["metadata"]["name"])
         assert all(len(v) <= 63 and LABEL_VALUE.match(v) for v in job["metadata"]["labels"].values())
         assert (job["kind"] == "MPIJob") == (run.strategy.name == "horovod")
+        # the trainer reads back exactly the config the run was planned with (spec sections included)
+        assert TrainConfig.from_argv(run.trainer_args()) == run.train_config()
         if job["kind"] == "PyTorchJob":
             assert int(job["spec"]["nprocPerNode"]) * run.nodes == run.world_size + run.ps_servers
         else:

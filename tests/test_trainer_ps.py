@@ -21,6 +21,7 @@ import time
 
 import pytest
 from conftest import free_port, gpt2bench_executable
+
 from gpt2bench.trainer.parallel.ps import server_ranks, shard_ranges
 
 LOSS_TOL = 1e-4
@@ -139,7 +140,8 @@ from gpt2bench.trainer.config import TrainConfig
 from gpt2bench.trainer.env import detect_env
 from gpt2bench.trainer.parallel import strategy_class
 
-config = TrainConfig(strategy="ps-sharded", ps_servers=2, precision="fp16", lr=0.1, timeout_seconds=60)
+config = TrainConfig(strategy={"name": "ps-sharded", "ps_servers": 2}, precision="fp16", training={"lr": 0.1},
+                     process={"timeout_seconds": 60})
 def factory():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 3))
@@ -148,7 +150,7 @@ p.setup()
 if not p.is_worker:
     payload = p.serve(factory)
 else:
-    model = p.wrap(factory()); opt = p.build_optimizer(model, config.lr); scaler = p.build_scaler()
+    model = p.wrap(factory()); opt = p.build_optimizer(model, config.training.lr); scaler = p.build_scaler()
     first_shard_end = p.ranges[0][1]
     records = []
     for step in range(3):

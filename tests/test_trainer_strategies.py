@@ -32,7 +32,8 @@ def check_common(run, *, strategy: str, precision: str, devices: int):
     assert summary["measured_steps"] == summary["steps"] - summary["warmup_steps"] == len(run.steps) - 2 > 0
     measured = [s for s in run.steps if not s["warmup"]]
     # a step's tokens are global (every device's sequences), not one device's: catches tokens/s off by devices
-    per_device = summary["config"]["micro_batch_size"] * summary["config"]["seq_len"] * summary["config"]["grad_accum"]
+    training = summary["config"]["training"]
+    per_device = training["micro_batch_size"] * training["seq_len"] * training["grad_accum"]
     assert {s["tokens"] for s in run.steps} == {per_device * devices}
     assert summary["tokens_per_second"] == pytest.approx(
         sum(s["tokens"] for s in measured) / sum(s["step_seconds"] for s in measured))

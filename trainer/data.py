@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from gpt2bench.trainer.model import EOS_TOKEN_ID, load_tokenizer, tokenizer_dir
 
 TEXT_SUFFIXES = (".txt", ".jsonl")

@@ -12,8 +12,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-from gpt2bench.trainer.config import TrainConfig
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+from gpt2bench.trainer.config import TrainConfig
 
 VOCAB_SIZE = 50257
 EOS_TOKEN_ID = 50256
@@ -47,13 +48,13 @@ def load_tokenizer() -> GPT2TokenizerFast:
 
 
 def gpt2_config(config: TrainConfig) -> GPT2Config:
-    n_layer, n_head, n_embd = PRESETS[config.model]
+    n_layer, n_head, n_embd = PRESETS[config.model.preset]
     return GPT2Config(
         vocab_size=VOCAB_SIZE,
-        n_layer=config.n_layer or n_layer,
-        n_head=config.n_head or n_head,
-        n_embd=config.n_embd or n_embd,
-        n_positions=config.n_positions or max(1024, config.seq_len),
+        n_layer=config.model.n_layer or n_layer,
+        n_head=config.model.n_head or n_head,
+        n_embd=config.model.n_embd or n_embd,
+        n_positions=config.model.n_positions or max(1024, config.training.seq_len),
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
@@ -64,16 +65,17 @@ def gpt2_config(config: TrainConfig) -> GPT2Config:
 
 def build_model(config: TrainConfig) -> GPT2LMHeadModel:
     """The model on CPU in fp32, seeded by --seed so every rank builds identical weights."""
-    torch.manual_seed(config.seed)
-    if config.pretrained:
+    torch.manual_seed(config.training.seed)
+    if config.model.pretrained:
         try:
-            model = GPT2LMHeadModel.from_pretrained(config.pretrained)
+            model = GPT2LMHeadModel.from_pretrained(config.model.pretrained)
         except OSError as exc:
-            raise RuntimeError(f"--pretrained {config.pretrained!r}: cannot load ({exc})") from exc
+            raise RuntimeError(f"--pretrained {config.model.pretrained!r}: cannot load ({exc})") from exc
     else:
         model = GPT2LMHeadModel(gpt2_config(config))
-    if config.seq_len > model.config.n_positions:
-        raise RuntimeError(f"--seq-len {config.seq_len} exceeds the model's n_positions {model.config.n_positions}")
+    if config.training.seq_len > model.config.n_positions:
+        raise RuntimeError(
+            f"--seq-len {config.training.seq_len} exceeds the model's n_positions {model.config.n_positions}")
     return model.float().train()
 
 

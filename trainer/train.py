@@ -13,9 +13,11 @@ import time
 
 from gpt2bench.trainer.config import ConfigError, parse_config
 from gpt2bench.trainer.env import detect_env, process_start_time
-from gpt2bench.trainer.metrics import PeakMemory, PrometheusExporter, build_summary, publish_summary
+from gpt2bench.trainer.exporter import PrometheusExporter
+from gpt2bench.trainer.metrics import PeakMemory
 from gpt2bench.trainer.model import build_model
 from gpt2bench.trainer.parallel import strategy_class
+from gpt2bench.trainer.summary import build_summary, publish_summary
 
 log = logging.getLogger("gpt2bench.trainer")
 
@@ -30,21 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     env = detect_env()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{env.rank} %(levelname)s %(message)s")
     try:
-        parallel = strategy_class(config.strategy)(config, env)
+        parallel = strategy_class(config.strategy.name)(config, env)
     except (ImportError, RuntimeError) as exc:  # e.g. horovod not installed, --device cuda without CUDA
-        reason = f"--strategy {config.strategy} needs {exc.name}: {exc}" if isinstance(exc, ImportError) else str(exc)
+        reason = f"--strategy {config.strategy.name} needs {exc.name}: {exc}" if isinstance(exc, ImportError) else str(exc)
         print(f"gpt2bench train: error: {reason}", file=sys.stderr)
         if env.rank == 0:  # the operator and `gpt2bench launch` read the reason from rank 0's summary
-            publish_summary({"status": "failed", "reason": reason, "strategy": config.strategy,
-                             "precision": config.precision}, config.output)
+            publish_summary({"status": "failed", "reason": reason, "strategy": config.strategy.name,
+                             "precision": config.precision}, config.process.output)
         return 1
     payload, exporter = {"job_rank": env.rank}, None
     try:
         parallel.setup()
         if parallel.is_reporter:
             log.info("config %s", json.dumps(config.as_dict(), sort_keys=True))
-        if config.metrics_port:
-            exporter = PrometheusExporter(config, rank=env.rank, strategy=config.strategy,
+        if config.process.metrics_port:
+            exporter = PrometheusExporter(config, rank=env.rank, strategy=config.strategy.name,
                                           local_rank=env.local_rank, workers=parallel.world_size)
         if parallel.is_worker:
             payload = train_worker(config, parallel, exporter, started)
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         payloads = parallel.gather_to_reporter(payload)
         if parallel.is_reporter:
             summary = build_summary(config, env, parallel, payloads)
-            publish_summary(summary, config.output)
+            publish_summary(summary, config.process.output)
             return 0 if summary["status"] == "succeeded" else 1
         return 0 if payload.get("status") == "succeeded" else 1
     except Exception as exc:  # a crash on this process: say why where the operator looks, then exit 1
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if parallel.is_reporter:
             reason = f"{type(exc).__name__}: {exc}"
             publish_summary(build_summary(config, env, parallel, [payload], status="failed", reason=reason),
-                            config.output)
+                            config.process.output)
         return 1
     finally:
         if exporter is not None:

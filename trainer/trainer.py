@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from gpt2bench.trainer.config import TrainConfig
 from gpt2bench.trainer.data import ShardedBatches, load_tokens
-from gpt2bench.trainer.metrics import MetricsProcessor, PrometheusExporter
+from gpt2bench.trainer.exporter import PrometheusExporter
+from gpt2bench.trainer.metrics import MetricsProcessor
 from gpt2bench.trainer.model import (
     build_model,
     count_params,
@@ -40,18 +42,18 @@ class Trainer:
         self.n_params = count_params(base_model)
         self.model_config = base_model.config
         self.model = p.wrap(base_model)
-        self.optimizer = p.build_optimizer(self.model, config.lr)
+        self.optimizer = p.build_optimizer(self.model, config.training.lr)
         self.scaler = p.build_scaler()
-        batch = config.micro_batch_size * p.devices_per_worker
-        tokens = load_tokens(config.data, config.max_documents)
-        self.batches = ShardedBatches(tokens, config.seq_len, batch, config.grad_accum, p.rank, p.world_size,
-                                      config.seed)
+        batch = config.training.micro_batch_size * p.devices_per_worker
+        tokens = load_tokens(config.data.source, config.data.max_documents)
+        self.batches = ShardedBatches(tokens, config.training.seq_len, batch, config.training.grad_accum, p.rank, p.world_size,
+                                      config.training.seed)
         self.devices = p.world_size * p.devices_per_worker
         self.metrics = MetricsProcessor(
-            config=config, rank=p.rank, tokens_per_step=batch * config.grad_accum * config.seq_len * p.world_size,
+            config=config, rank=p.rank, tokens_per_step=batch * config.training.grad_accum * config.training.seq_len * p.world_size,
             devices=self.devices, device=p.device,
-            flops_per_token=flops_per_token(self.model_config, config.seq_len, self.n_params),
-            peak_flops=peak_flops_per_device(p.device, config.precision, config.peak_flops), exporter=exporter,
+            flops_per_token=flops_per_token(self.model_config, config.training.seq_len, self.n_params),
+            peak_flops=peak_flops_per_device(p.device, config.precision, config.process.peak_flops), exporter=exporter,
         )
 
     # ------------------------------------------------------------------ one step
@@ -60,27 +62,27 @@ class Trainer:
         p, config = self.parallel, self.config
         loss_sum = torch.zeros((), device=p.device)
         data_seconds = 0.0
-        for micro in range(config.grad_accum):
+        for micro in range(config.training.grad_accum):
             started = time.perf_counter()
             block = self.batches.micro_batch(step, micro).to(p.device, non_blocking=True)
             data_seconds += time.perf_counter() - started
-            with p.no_sync(self.model, last_micro_step=micro == config.grad_accum - 1), p.autocast():
+            with p.no_sync(self.model, last_micro_step=micro == config.training.grad_accum - 1), p.autocast():
                 logits = self.model(input_ids=block[:, :-1], use_cache=False).logits
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), block[:, 1:].flatten())
-                if step + 1 == config.nan_at_step and p.rank == 0:
+                if step + 1 == config.process.nan_at_step and p.rank == 0:
                     loss = loss * float("nan")  # failure injection: one worker's loss goes bad
-                self.scaler.scale(loss / config.grad_accum).backward()
+                self.scaler.scale(loss / config.training.grad_accum).backward()
             loss_sum += loss.detach()
-        grad_norm = p.step(self.model, self.optimizer, self.scaler, config.max_grad_norm)
-        return loss_sum / config.grad_accum, grad_norm, data_seconds
+        grad_norm = p.step(self.model, self.optimizer, self.scaler, config.training.max_grad_norm)
+        return loss_sum / config.training.grad_accum, grad_norm, data_seconds
 
     # ------------------------------------------------------------------ the loop
     def train(self, first_step_at: list[float] | None = None) -> None:
         """Run every step; raise TrainingFailed on a non-finite loss, InjectedFailure for --fail-at-step."""
         p, config = self.parallel, self.config
         lr = self.optimizer.param_groups[0]["lr"]
-        for step in range(1, config.steps + 1):
-            if step == config.fail_at_step and p.rank == 0:  # the first worker (job rank 0 is a server under ps)
+        for step in range(1, config.training.steps + 1):
+            if step == config.process.fail_at_step and p.rank == 0:  # the first worker (job rank 0 is a server under ps)
                 raise InjectedFailure(f"failure injected at step {step} (--fail-at-step)")
             started = time.perf_counter()
             if first_step_at is not None and step == 1:
@@ -88,7 +90,7 @@ class Trainer:
             loss, grad_norm, data_seconds = self.train_step(step - 1)
             loss = p.mean_over_workers(loss)  # every worker gets the same value, so all stop together
             record = self.metrics.record(step, loss, grad_norm, lr, started, data_seconds)
-            if p.rank == 0 and (step == 1 or step % 10 == 0 or step == config.steps):
+            if p.rank == 0 and (step == 1 or step % 10 == 0 or step == config.training.steps):
                 log.info("step %d loss %.4f grad_norm %.3f %.0f tok/s", step, record["loss"], record["grad_norm"],
                          record["tokens_per_second"])
             if not math.isfinite(record["loss"]):

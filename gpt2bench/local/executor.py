@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpt2bench.local.processes import kill_tree
 from gpt2bench.protocol import (
     LAUNCHER_CONTAINER,
     MPIJOB_API,
@@ -48,7 +49,6 @@ from gpt2bench.protocol import (
     TERMINATION_LOG_ENV,
     WORKER_CONTAINER,
 )
-from gpt2bench.local.processes import kill_tree
 
 KILL_GRACE_SECONDS = 5.0
 

@@ -96,7 +96,7 @@ class Parallelism:
         """Create process groups, pick the device. Called once before anything else.
 
         Distributed strategies call `self.init_process_group(backend)`, which honours
-        `config.timeout_seconds` so that a crashed peer ends the job instead of hanging it.
+        `config.process.timeout_seconds` so that a crashed peer ends the job instead of hanging it.
         """
 
     def serve(self, model_factory: Callable[[], torch.nn.Module]) -> dict[str, Any] | None:
@@ -201,7 +201,7 @@ class Parallelism:
 
     # ------------------------------------------------------------------ helpers
     def _pick_device(self) -> torch.device:
-        want = self.config.device
+        want = self.config.process.device
         if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
             return torch.device("cpu")
         if not torch.cuda.is_available():
@@ -221,7 +221,7 @@ class Parallelism:
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 init_method=self.env.init_method,
-                timeout=datetime.timedelta(seconds=self.config.timeout_seconds),
+                timeout=datetime.timedelta(seconds=self.config.process.timeout_seconds),
                 **kwargs,
             )
 

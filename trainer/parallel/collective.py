@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from gpt2bench.trainer.parallel.base import Parallelism
 
 

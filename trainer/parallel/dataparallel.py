@@ -9,6 +9,7 @@ it trains exactly as `single` and says so in the summary's `note`.
 from __future__ import annotations
 
 import torch
+
 from gpt2bench.trainer.parallel.base import Parallelism
 
 

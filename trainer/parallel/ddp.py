@@ -11,8 +11,9 @@ import contextlib
 from typing import Any
 
 import torch
-from gpt2bench.trainer.parallel.collective import CollectiveParallelism
 from torch.nn.parallel import DistributedDataParallel
+
+from gpt2bench.trainer.parallel.collective import CollectiveParallelism
 
 
 class DDPParallelism(CollectiveParallelism):
@@ -22,18 +23,18 @@ class DDPParallelism(CollectiveParallelism):
         super().__init__(config, env)
         # torch's reducer breaks on no_sync() under static_graph (first backward asserts; later steps
         # silently skip the all-reduce: pytorch#143580, #187732), so such runs sync every micro-step.
-        self.accumulate_locally = not (config.static_graph and config.grad_accum > 1)
+        self.accumulate_locally = not (bool(config.strategy.static_graph) and config.training.grad_accum > 1)
         if not self.accumulate_locally:
             self.notes.append("static_graph with grad_accum: no_sync() off (pytorch#143580), "
                               "gradients all-reduced every micro-step")
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         options: dict[str, Any] = {
-            "static_graph": self.config.static_graph,
-            "gradient_as_bucket_view": self.config.gradient_as_bucket_view,
+            "static_graph": bool(self.config.strategy.static_graph),
+            "gradient_as_bucket_view": bool(self.config.strategy.gradient_as_bucket_view),
         }
-        if self.config.bucket_cap_mb is not None:
-            options["bucket_cap_mb"] = self.config.bucket_cap_mb
+        if self.config.strategy.bucket_cap_mb is not None:
+            options["bucket_cap_mb"] = self.config.strategy.bucket_cap_mb
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # DDP broadcasts rank 0's parameters at construction, so replicas start identical.
         return DistributedDataParallel(model.to(self.device), device_ids=device_ids, **options)

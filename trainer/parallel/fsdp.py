@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from gpt2bench.trainer.parallel.collective import CollectiveParallelism
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from gpt2bench.trainer.parallel.collective import CollectiveParallelism
 
 _DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -28,7 +29,8 @@ class FSDPParallelism(CollectiveParallelism):
         param_dtype = _DTYPES[self.config.precision]
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         model = model.to(self.device)
-        options = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": self.config.reshard_after_forward}
+        reshard = self.config.strategy.reshard_after_forward is not False  # on unless turned off
+        options = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": reshard}
         for block in model.transformer.h:
             fully_shard(block, **options)
         fully_shard(model, **options)

@@ -55,7 +55,7 @@ class HorovodParallelism(Parallelism):
         optimizer = hvd.DistributedOptimizer(
             super().build_optimizer(model, lr),
             named_parameters=model.named_parameters(),
-            backward_passes_per_step=self.config.grad_accum,
+            backward_passes_per_step=self.config.training.grad_accum,
             op=hvd.Average,
         )
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)

@@ -38,8 +38,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from gpt2bench.trainer.parallel.base import Parallelism, state_bytes
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+from gpt2bench.trainer.parallel.base import Parallelism, state_bytes
 
 # Message tags (one stream per kind, so an any-source receive only ever matches a push header).
 TAG_PUSH_HEADER, TAG_PUSH_GRAD, TAG_REPLY_HEADER, TAG_REPLY_PARAM = 11, 12, 13, 14
@@ -101,8 +102,8 @@ class ParameterServerParallelism(Parallelism):
 
     def __init__(self, config, env):
         super().__init__(config, env)
-        self.num_servers = config.ps_servers or (2 if self.sharded else 1)
-        self.mode = config.ps_mode
+        self.num_servers = config.strategy.servers
+        self.mode = config.strategy.mode
         self.servers = server_ranks(env.world_size, env.local_world_size, self.num_servers)
         self.workers = [r for r in range(env.world_size) if r not in self.servers]
         self.is_worker = env.rank in self.workers
@@ -127,7 +128,7 @@ class ParameterServerParallelism(Parallelism):
         self.init_process_group("gloo")
         # new_group is collective: every process creates both groups, in the same order
         # (new_group's own default timeout is 30 min: pass the job's, so a hung peer fails these too)
-        timeout = datetime.timedelta(seconds=self.config.timeout_seconds)
+        timeout = datetime.timedelta(seconds=self.config.process.timeout_seconds)
         self.servers_group = dist.new_group(self.servers, timeout=timeout)
         self.workers_group = dist.new_group(self.workers, timeout=timeout)
 
@@ -247,7 +248,7 @@ class ParameterServerParallelism(Parallelism):
         self.grad_segments = _segments(self.param.grad, [p.numel() for p in params], lo, hi)
         del flat, params
         holder = torch.nn.ParameterList([self.param])
-        self.optimizer = super().build_optimizer(holder, self.config.lr)  # the same AdamW as every strategy
+        self.optimizer = super().build_optimizer(holder, self.config.training.lr)  # the same AdamW as every strategy
         enabled = self.config.precision == "fp16"
         if self.num_servers > 1 and self.mode == "sync":
             self.scaler = ShardedGradScaler("cpu", enabled=enabled, process_group=self.servers_group)
@@ -310,8 +311,8 @@ class ParameterServerParallelism(Parallelism):
             self.param.grad.mul_(scale / scale_used)
         self.scaler.unscale_(self.optimizer)
         norm = self._grad_norm(worker_norm)
-        if self.config.max_grad_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_([self.param], self.config.max_grad_norm, norm)
+        if self.config.training.max_grad_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_([self.param], self.config.training.max_grad_norm, norm)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.scaler.step(self.optimizer)  # skipped when unscale_ found inf/NaN (fp16)

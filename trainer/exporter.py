@@ -1,0 +1,92 @@
+"""Prometheus export of the per-step figures (docs/metrics.md, Prometheus).
+
+Every process of a pod writes into one prometheus-client multiprocess folder; local rank 0 serves them
+all on `--metrics-port`, so the pod's one scrape annotation sees every rank (label `rank`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+log = logging.getLogger("gpt2bench.trainer")
+
+
+class PrometheusExporter:
+    """Per-rank metrics; every local process writes, local rank 0 serves them on --metrics-port.
+
+    Processes of one pod share a prometheus-client multiprocess folder, so one port (the pod's
+    scrape annotation) exposes every rank, told apart by the `rank` label.
+    """
+
+    GAUGES: ClassVar[dict[str, tuple[str, str]]] = {
+        "step": ("gpt2bench_train_step", ("Last completed optimizer step (1-based, warm-up included).")),
+        "loss": ("gpt2bench_train_loss", ("Training loss of the last step: mean over workers of each worker's mean "
+                 "micro-step cross-entropy (nats/token).")),
+        "grad_norm": ("gpt2bench_train_grad_norm", ("Global L2 norm of all gradients after cross-worker sync, "
+                      "before clipping, last step.")),
+        "lr": ("gpt2bench_train_learning_rate", ("Learning rate of the last step.")),
+        "step_seconds": ("gpt2bench_train_step_duration_seconds", ("Wall time of the last optimizer step on this "
+                         "rank, after a device synchronise.")),
+        "data_loading_seconds": ("gpt2bench_train_data_loading_seconds", ("Time the last step waited for its "
+                                 "batches (indexing + host-to-device copy).")),
+        "tokens_per_second": ("gpt2bench_train_tokens_per_second", ("Global tokens per second of the last step: "
+                              "tokens of all workers / step duration (torchtitan tps x devices).")),
+        "tokens_per_second_per_device": ("gpt2bench_train_tokens_per_second_per_device", ("Tokens per second per "
+                                         "device of the last step (torchtitan's tps).")),
+        "mfu": ("gpt2bench_train_mfu_ratio", ("Model FLOPs utilisation of the last step, 0-1: flops_per_token x "
+                "tokens/s per device / device peak FLOP/s. Absent when the peak is unknown (CPU).")),
+        "peak_memory_bytes": ("gpt2bench_train_memory_peak_bytes", ("Peak memory of this rank during the last step: "
+                              "CUDA max allocated, or peak RSS (high-water mark) on CPU.")),
+        "peak_memory_reserved_bytes": ("gpt2bench_train_memory_peak_reserved_bytes", ("Peak CUDA memory reserved by "
+                                       "the caching allocator during the last step (peak RSS on CPU).")),
+    }
+
+    def __init__(self, config, *, rank: int, strategy: str, local_rank: int, workers: int):
+        self.workers = max(1, workers)
+        self.folder = Path(tempfile.gettempdir()) / f"gpt2bench-prometheus-{os.getppid()}-{config.process.metrics_port}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.folder)
+        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server, values
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        values.ValueClass = values.MultiProcessValue()  # in case prometheus_client was imported before
+        labels = {"benchmark": config.process.benchmark, "run": config.process.run, "strategy": strategy,
+                  "precision": config.precision, "rank": str(rank)}
+        names = list(labels)
+        self._gauges = {
+            key: Gauge(name, doc, names, registry=None, multiprocess_mode="mostrecent").labels(**labels)
+            for key, (name, doc) in self.GAUGES.items()
+        }
+        self._steps = Counter("gpt2bench_train_steps", "Optimizer steps completed by this rank.",
+                              names, registry=None).labels(**labels)
+        self._tokens = Counter("gpt2bench_train_tokens", "Tokens this worker trained on (its share of each "
+                               "global step); sum over ranks for the global count.",
+                               names, registry=None).labels(**labels)
+        self._seconds = Counter("gpt2bench_train_step_seconds", "Total wall time spent in optimizer steps on this "
+                                "rank; rate(tokens_total)/rate(step_seconds_total) gives mean tokens/s.",
+                                names, registry=None).labels(**labels)
+        self.server = None
+        if local_rank == 0:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=str(self.folder))
+            try:
+                self.server, _thread = start_http_server(config.process.metrics_port, registry=registry)
+            except OSError as exc:  # e.g. several "pods" of a local run share one network: train on anyway
+                log.warning("metrics port %d unavailable (%s): this process group's metrics are not served",
+                            config.process.metrics_port, exc)
+
+    def observe(self, record: dict[str, Any]) -> None:
+        for key, gauge in self._gauges.items():
+            if record.get(key) is not None:
+                gauge.set(float(record[key]))
+        self._steps.inc()
+        self._tokens.inc(record["tokens"] / self.workers)
+        self._seconds.inc(record["step_seconds"])
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()

@@ -1,0 +1,158 @@
+"""The run's summary: every process's payload gathered on the reporter, summarised, published.
+
+`summary.json` (atomic), the compact copy (<= 4 KB) in the container's termination message, and the last
+stdout line `GPT2BENCH_SUMMARY {json}`: where the operator, `gpt2bench launch` and the local runner read a
+run's result. Definitions: docs/metrics.md (Summary).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt2bench.files import termination_log_path, write_atomic, write_termination_message
+from gpt2bench.protocol import MAX_TERMINATION_MESSAGE, SUMMARY_FILE, SUMMARY_PREFIX
+
+COMPACT_LIMIT_BYTES = MAX_TERMINATION_MESSAGE
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(records: list[dict[str, Any]], devices: int) -> dict[str, Any]:
+    """Summary figures over the measured (non-warm-up) steps of worker 0's records."""
+    measured = [r for r in records if not r["warmup"]]
+    times = [r["step_seconds"] for r in measured]
+    tokens = sum(r["tokens"] for r in measured)
+    tps = tokens / sum(times) if times and sum(times) > 0 else None
+    mfus = [r["mfu"] for r in measured if r["mfu"] is not None]
+    last = records[-1] if records else {}
+    mfu = sum(mfus) / len(mfus) if mfus and len(mfus) == len(measured) else None
+    return {
+        "steps": len(records),
+        "measured_steps": len(measured),
+        "tokens_per_second": tps,
+        "tokens_per_second_per_device": tps / devices if tps is not None else None,
+        "step_time_p50_seconds": percentile(times, 50),
+        "step_time_p95_seconds": percentile(times, 95),
+        "data_loading_seconds_mean": sum(r["data_loading_seconds"] for r in measured) / len(measured) if measured else None,
+        "final_loss": last.get("loss"),
+        "first_loss": records[0]["loss"] if records else None,
+        "grad_norm": last.get("grad_norm"),
+        "mfu": mfu,
+    }
+
+
+def compact(summary: dict[str, Any]) -> str:
+    """The summary as one JSON line ≤ 4 KB: long strings are cut, then bulky fields dropped."""
+    small = {k: v for k, v in summary.items() if k != "config"}
+    for key in ("reason", "note"):
+        if isinstance(small.get(key), str) and len(small[key]) > 1000:
+            small[key] = small[key][:997] + "..."
+    text = json.dumps(small, separators=(",", ":"), allow_nan=False, default=str)
+    for bulky in ("param_checksums", "state_bytes_per_rank", "peak_memory_bytes_per_rank", "note"):
+        if len(text.encode()) <= COMPACT_LIMIT_BYTES:
+            break
+        small.pop(bulky, None)
+        text = json.dumps(small, separators=(",", ":"), allow_nan=False, default=str)
+    return text
+
+
+def finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; the reason field says what happened
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+def publish_summary(summary: dict[str, Any], output: str) -> str:
+    """summary.json (atomic), the termination message, then the stdout line. Returns the compact text."""
+    summary = finite(summary)
+    write_atomic(Path(output) / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n")
+    text = compact(summary)
+    target = termination_log_path()
+    if target is not None:
+        try:
+            write_termination_message(target, text)
+        except OSError as exc:
+            print(f"gpt2bench train: cannot write termination log {target}: {exc}", file=sys.stderr)
+    print(SUMMARY_PREFIX + text, flush=True)
+    return text
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    import gpt2bench
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "gpt2bench": gpt2bench.__version__,
+            "python": sys.version.split()[0]}
+
+
+def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, status: str = "succeeded",
+                  reason: str | None = None) -> dict[str, Any]:
+    """The run's summary from every process's payload (worker 0's carries the step records)."""
+    workers = sorted((p for p in payloads if p.get("is_worker")), key=lambda p: p.get("worker_rank", 0))
+    lead = next((p for p in workers if p.get("records") is not None), {})
+    devices = lead.get("devices") or parallel.world_size * parallel.devices_per_worker
+    for payload in payloads:  # a failure anywhere fails the run
+        if payload.get("status") == "failed" and status != "failed":
+            status, reason = "failed", payload.get("reason")
+    peaks = [p.get("peak_memory_bytes") or 0 for p in payloads]
+    # From the workers: under ps the reporter (job rank 0) is a CPU server even when workers use GPUs.
+    on_gpu = lead.get("device_type", parallel.device.type) == "cuda"
+    summary = {
+        "status": status,
+        "reason": reason,
+        "benchmark": config.process.benchmark,
+        "run": config.process.run,
+        "strategy": config.strategy.name,
+        "precision": config.precision,
+        "model": config.model.preset,
+        "world_size": parallel.world_size,
+        "nodes": env.nodes,
+        "devices_per_node": devices // max(1, env.nodes) if on_gpu else 0,  # workers' devices, servers excluded
+        "devices": devices,
+        "processes": env.world_size,
+        "micro_batch_size": config.training.micro_batch_size,
+        "grad_accum": config.training.grad_accum,
+        "seq_len": config.training.seq_len,
+        "global_batch_tokens": config.tokens_per_step_per_worker * devices,
+        "warmup_steps": config.training.warmup_steps,
+        **summarize(lead.get("records") or [], devices),
+        "peak_memory_bytes": max(peaks) if peaks else None,
+        "peak_memory_reserved_bytes": max((p.get("peak_memory_reserved_bytes") or 0 for p in payloads), default=None),
+        "peak_memory_kind": "cuda_max_allocated" if on_gpu else "cpu_peak_rss",
+        "device_name": lead.get("device_name"),
+        "peak_memory_bytes_per_rank": peaks,
+        "state_bytes": max((p.get("state_bytes") or 0 for p in payloads), default=None),
+        "state_bytes_per_rank": [p.get("state_bytes") for p in payloads],
+        "param_checksums": [p.get("param_checksum") for p in workers],
+        "train_seconds": lead.get("train_seconds"),
+        "startup_seconds": lead.get("startup_seconds"),
+        "n_params": lead.get("n_params"),
+        "flops_per_token": lead.get("flops_per_token"),
+        "peak_flops": lead.get("peak_flops"),
+        "note": "; ".join(parallel.notes + (["mfu above 1 with this peak FLOP/s: mfu left out, check --peak-flops"]
+                                           if lead.get("mfu_above_one") else [])) or None,
+        **parallel.extra_summary,
+        "versions": versions(),
+        "config_hash": config.config_hash(),
+        "config": config.as_dict(),
+    }
+    return summary
