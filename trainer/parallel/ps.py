@@ -196,7 +196,7 @@ class ParameterServerParallelism(Parallelism):
         self.wire_param = self.flat_param if on_cpu else torch.empty(numel, pin_memory=pin)
         self.reply_headers = [torch.zeros(HEADER_LEN, dtype=torch.float64) for _ in self.servers]
         for server in local:  # every server of the node learns how this worker's payload travels
-            offer = [b.handle for b in self._buffers] if self.shared_with else [None, why]
+            offer = [b.handle for b in self._buffers] if self.shared_with else [None, why]  # [param, grad]
             dist.send_object_list(offer, dst=server)
         self._receive_params()  # the servers' initial parameters: every replica starts from them
         for buffer in self._buffers:
@@ -310,12 +310,13 @@ class ParameterServerParallelism(Parallelism):
         memory.reset()
         (self._serve_sync if self.mode == "sync" else self._serve_async)()
         serving = memory.read()
+        figures = self._final_figures(holder, index, lo, hi)  # counts the pairs sharing memory: before letting go
         self.shared_grads = self.shared_params = {}  # let go of the workers' memory before they exit
         return {"role": "server", "device_peak_bytes": serving["device_bytes"],
                 "device_reserved_peak_bytes": serving["device_reserved_bytes"],
                 "host_peak_bytes": serving["host_bytes"], "setup_device_peak_bytes": setup["device_bytes"],
                 "setup_host_peak_bytes": setup["host_bytes"], "host_peak_since_start": memory.host_since_start,
-                **self._final_figures(holder, index, lo, hi)}
+                **figures}
 
     def _open_worker_buffers(self) -> None:
         """Map the gradient and parameter buffers of the node's workers that share them; the others send
@@ -330,7 +331,8 @@ class ParameterServerParallelism(Parallelism):
             if offer[0] is None:
                 self.notes.append(f"ps: worker {worker} and the servers of its node exchange messages: {offer[1]}")
                 continue
-            self.shared_grads[worker], self.shared_params[worker] = (open_shared(h) for h in offer)
+            # the worker's offer is [flat_param's handle, flat_grad's handle] (its `_buffers` order)
+            self.shared_params[worker], self.shared_grads[worker] = (open_shared(h) for h in offer)
         on_gpu = self.device.type == "cuda"
         self.wire_grads = {w: torch.empty(self.hi - self.lo, pin_memory=on_gpu) if on_gpu else
                            torch.empty_like(self.param.grad) for w in self.workers if w not in self.shared_grads}
