@@ -2,7 +2,9 @@
 
 In one process and one run, over the same model, batch size and precision:
   A. a bare hand-written loop (forward, cross-entropy, backward, clip, AdamW step; nanoGPT style) over
-     batches prepared beforehand;
+     batches prepared beforehand, with torch's `F.cross_entropy` on fp32 logits (what such a loop writes);
+  A'. the same bare loop with the trainer's chunked cross-entropy (`trainer/loss.py`): B against A' is the
+     loop's own cost, B against A also counts the faster loss;
   B. the trainer's real loop, `Trainer.train(steps)` - what `gpt2bench train` runs: data loading with
      prefetch, the strategy hooks, the per-step marks, and a log-step flush (read-back, steps.jsonl line,
      Prometheus update) every `--log-every` steps.
@@ -27,7 +29,12 @@ import torch
 import torch.nn.functional as F
 
 
-def bare_loop(model, optimizer, batches, precision: str, max_grad_norm: float, vocab_size: int) -> None:
+def plain_cross_entropy(logits, targets, vocab_size: int):
+    return F.cross_entropy(logits[..., :vocab_size].flatten(0, 1).float(), targets.flatten())
+
+
+def bare_loop(model, optimizer, batches, precision: str, max_grad_norm: float, vocab_size: int,
+              loss_fn=plain_cross_entropy) -> None:
     """The reference: nothing but the maths of a training step."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     device = batches[0].device
@@ -36,7 +43,7 @@ def bare_loop(model, optimizer, batches, precision: str, max_grad_norm: float, v
     for batch in batches:
         with autocast:
             logits = model(input_ids=batch[:, :-1], use_cache=False).logits
-            loss = F.cross_entropy(logits[..., :vocab_size].flatten(0, 1).float(), batch[:, 1:].flatten())
+            loss = loss_fn(logits, batch[:, 1:], vocab_size)
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
@@ -71,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpt2bench.trainer.config import TrainConfig
     from gpt2bench.trainer.env import detect_env
     from gpt2bench.trainer.exporter import PrometheusExporter
+    from gpt2bench.trainer.loss import cross_entropy
     from gpt2bench.trainer.parallel import strategy_class
     from gpt2bench.trainer.trainer import Trainer
 
@@ -92,17 +100,20 @@ def main(argv: list[str] | None = None) -> int:
         device = parallel.device
         shards = trainer.batches.batches
         batches = [shards.micro_batch(i, 0).to(device) for i in range(args.steps)]
-        bare = lambda: bare_loop(trainer.model, trainer.optimizer, batches, args.precision,  # noqa: E731
-                                 config.training.max_grad_norm, trainer.vocab_size)
+        def bare(loss_fn=plain_cross_entropy):
+            bare_loop(trainer.model, trainer.optimizer, batches, args.precision, config.training.max_grad_norm,
+                      trainer.vocab_size, loss_fn)
+
         bare()  # warm-up: allocator, first-touch of the optimizer state
         trainer.train(range(1, warm + 1))
         next_step = warm + 1
-        best = {"bare": [float("inf")] * 2, "trainer": [float("inf")] * 2}
+        best = {name: [float("inf")] * 2 for name in ("bare", "bare-chunked", "trainer")}
         for repeat in range(args.repeats):
             block = range(next_step, next_step + args.steps)
             next_step += args.steps
-            loops = [("bare", bare), ("trainer", lambda block=block: trainer.train(block))]
-            for name, fn in loops[repeat % 2:] + loops[:repeat % 2]:  # alternate which runs first
+            loops = [("bare", bare), ("bare-chunked", lambda: bare(cross_entropy)),
+                     ("trainer", lambda block=block: trainer.train(block))]
+            for name, fn in loops[repeat % 3:] + loops[:repeat % 3]:  # rotate which runs first
                 best[name] = [min(old, new) for old, new in zip(best[name], timed(fn, device))]
         per_call = _metrics_cost(trainer)
         trainer.metrics.close()
@@ -114,16 +125,21 @@ def main(argv: list[str] | None = None) -> int:
     wall = {k: v[0] / args.steps for k, v in best.items()}
     tokens = args.micro_batch_size * args.seq_len
     ratio = per_step["bare"] / per_step["trainer"]
+    loop_ratio = per_step["bare-chunked"] / per_step["trainer"]
     print(f"device {device} | model {args.model} ({trainer.n_params / 1e6:.2f} M params) | precision "
           f"{args.precision} | batch {args.micro_batch_size}x{args.seq_len} | best of {args.repeats} alternated "
           f"blocks of {args.steps} steps | log every {args.log_every} | torch {torch.__version__} | threads "
           f"{torch.get_num_threads()} | load average {os.getloadavg()[0]:.2f} | compared on {clock_name} time")
     print(f"| loop | {clock_name} s/step | tokens/s | wall s/step | vs bare |\n|---|---|---|---|---|")
-    for name, label in (("bare", "bare hand-written loop"), ("trainer", "trainer's loop (gpt2bench train)")):
+    for name, label in (("bare", "bare hand-written loop (F.cross_entropy)"),
+                        ("bare-chunked", "bare loop, the trainer's chunked loss"),
+                        ("trainer", "trainer's loop (gpt2bench train)")):
         print(f"| {label} | {per_step[name]:.4f} | {tokens / per_step[name]:.0f} | {wall[name]:.4f} | "
               f"{per_step['bare'] / per_step[name]:.3f}x |")
     verdict = lambda ok: "ok" if ok else "MISSED"  # noqa: E731
     print(f"trainer/bare throughput: {ratio:.3f}x (target >= 0.97: {verdict(ratio >= 0.97)})")
+    print(f"trainer/bare with the same loss (the loop's own cost): {loop_ratio:.3f}x "
+          f"(target >= 0.97: {verdict(loop_ratio >= 0.97)})")
     share = per_call / wall["bare"]
     print(f"metrics' own work, timed alone: {per_call * 1e6:.0f} us per step = {share * 100:.3f}% of a bare step "
           f"(target <= 1%: {verdict(share <= 0.01)})")
