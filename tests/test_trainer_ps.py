@@ -166,9 +166,9 @@ else:
         if step == 1 and p.rank == 0:  # overflow in ONE worker's gradient, inside server 0's shard only
             p.flat_grad[first_shard_end - 1] = float("inf")
         before = p.flat_param.clone()
-        norm = float(p.step(model, opt, scaler, 1.0))
+        norm, skipped = p.step(model, opt, scaler, 1.0)
         moved = [bool((p.flat_param[lo:hi] != before[lo:hi]).any()) for lo, hi in p.ranges]
-        records.append({"norm": norm, "scale": scaler.get_scale(), "moved": moved})
+        records.append({"norm": float(norm), "skipped": bool(skipped), "scale": scaler.get_scale(), "moved": moved})
     payload = {"records": records, "params": p.flat_param.tolist()}
 out = p.gather_to_reporter(payload)
 if p.is_reporter:
@@ -193,8 +193,9 @@ def test_fp16_overflow_is_skipped_by_every_server_and_worker(tmp_path):
     assert len(workers) == 2
     for worker in workers:
         good, bad, after = worker["records"]
-        assert good["moved"] == [True, True] and math.isfinite(good["norm"])
+        assert good["moved"] == [True, True] and math.isfinite(good["norm"]) and not good["skipped"]
         assert bad["moved"] == [False, False], "a server stepped on an overflowed gradient"
+        assert bad["skipped"] and not after["skipped"]  # what the step reports, for skipped_steps
         assert not math.isfinite(bad["norm"])
         assert bad["scale"] == good["scale"] / 2  # backed off together
         assert after["moved"] == [True, True] and after["scale"] == bad["scale"]
@@ -262,12 +263,17 @@ def test_a_dead_or_hung_worker_ends_the_job(tmp_path, token_cache, how):
 
 @pytest.mark.slow
 def test_sync_ps_in_bf16_trains_like_single_in_bf16(run_trainer):
-    """The precision recipe is the same on a ps worker (autocast) as in single: the curves agree as in fp32."""
+    """The precision recipe is the same on a ps worker (autocast) as in single: the curves agree within the
+    tolerances every fp32 equal-batch test of ddp and fsdp uses (test_trainer_strategies: loss rel 1e-4, grad
+    norm rel 1e-3). Tighter than ps's own fp32 check is not possible in bf16: a bf16 matmul over 2 sequences
+    rounds differently from one over 4 (about 1e-5 of the loss here); a different recipe (bf16 LayerNorm and
+    residual stream, as FSDP's param_dtype policy) moves it by more than 1e-4."""
     single = run_trainer(["--strategy", "single", "--micro-batch-size", "4", "--precision", "bf16"])
     for strategy, nproc in (("ps", 3), ("ps-sharded", 4)):
         run = run_trainer(["--strategy", strategy, "--precision", "bf16"], nproc=nproc)
         assert run.summary["status"] == "succeeded", run.describe()
-        assert_same_curve(run, single)
+        assert run.losses == pytest.approx(single.losses, rel=1e-4)
+        assert run.grad_norms == pytest.approx(single.grad_norms, rel=1e-3)
         assert_replicas_equal_servers(run.summary, workers=2)
 
 
