@@ -13,7 +13,7 @@ import sys
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gpt2bench.local.cli", "run a GPT2Benchmark YAML on this machine, no cluster needed"),
-    "render": ("gpt2bench.render", "print the Kubeflow jobs a GPT2Benchmark YAML becomes"),
+    "render": ("gpt2bench.render.cli", "print the Kubeflow jobs a GPT2Benchmark YAML becomes"),
     "report": ("gpt2bench.report", "rebuild the results table and plots (from a folder or a cluster)"),
     "train": ("gpt2bench.trainer.train", "train GPT-2 under one strategy (runs inside every job replica)"),
     "operator": ("gpt2bench.controller.main", "run the kopf operator that reconciles GPT2Benchmarks"),

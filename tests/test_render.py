@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from kubeflow_crds import JobInvalid, job_problems, validate_job
 
 from gpt2bench.plan import plan_runs
-from gpt2bench.render import OUTPUT_DIR, main, render_all, render_job
+from gpt2bench.protocol import OUTPUT_DIR
+from gpt2bench.render import render_all, render_job
+from gpt2bench.render.cli import main
 from gpt2bench.spec import STRATEGIES, SpecError, load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
 
