@@ -20,3 +20,7 @@ test-fast:
 generate:
 	$(PYTHON) -m gpt2bench.crd --write
 	$(PYTHON) -m monitoring.generate --write
+
+# Unused or undefined names and import order (tests/test_layout.py runs the same check).
+lint:
+	ruff check .
