@@ -209,3 +209,50 @@ def trainer_v2_problems(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]]
     if kind == "JobSet":
         return jobset_spec_problems(obj.get("spec") or {}, (obj.get("metadata") or {}).get("name", ""))
     return [f"not a Trainer v2 kind: {kind}"]
+
+
+# Pod Security Standards "restricted" (PSA v0.36.2 policy/check_*.go; notes §12), on a pod's spec.
+RESTRICTED_VOLUMES = {"configMap", "downwardAPI", "emptyDir", "projected", "secret", "csi", "persistentVolumeClaim",
+                      "ephemeral", "image"}
+
+
+def restricted_problems(pod: dict[str, Any]) -> list[str]:
+    """Why the pod would be rejected by a namespace enforcing Pod Security "restricted"."""
+    problems = []
+    pod_context = pod.get("securityContext") or {}
+    containers = [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(flag):
+            problems.append(f"{flag} is set")
+    for volume in pod.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {volume['name']} uses {sorted(kinds - RESTRICTED_VOLUMES)}")
+    if pod_context.get("runAsUser") == 0:
+        problems.append("pod runAsUser is 0")
+    pod_non_root = pod_context.get("runAsNonRoot") is True
+    pod_seccomp = (pod_context.get("seccompProfile") or {}).get("type")
+    if pod_seccomp == "Unconfined":
+        problems.append("pod seccompProfile is Unconfined")
+    for container in containers:
+        where = f"container {container['name']}"
+        context = container.get("securityContext") or {}
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{where}: allowPrivilegeEscalation must be false")
+        capabilities = context.get("capabilities") or {}
+        if "ALL" not in (capabilities.get("drop") or []):
+            problems.append(f"{where}: capabilities must drop ALL")
+        if set(capabilities.get("add") or []) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{where}: adds capabilities {capabilities['add']}")
+        if context.get("privileged"):
+            problems.append(f"{where}: privileged")
+        if context.get("runAsNonRoot") is False or not (pod_non_root or context.get("runAsNonRoot") is True):
+            problems.append(f"{where}: runAsNonRoot must be true (pod or container)")
+        if context.get("runAsUser") == 0:
+            problems.append(f"{where}: runAsUser is 0")
+        seccomp = (context.get("seccompProfile") or {}).get("type") or pod_seccomp
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{where}: seccompProfile must be RuntimeDefault or Localhost (pod or container)")
+        if any(port.get("hostPort") for port in container.get("ports") or []):
+            problems.append(f"{where}: hostPort")
+    return problems
