@@ -155,7 +155,7 @@ def trainjob_problems(job: dict[str, Any], runtimes: dict[str, dict[str, Any]]) 
     if bad_env:
         problems.append(f"spec.trainer.env: must not have reserved envs, invalid envs configured: {bad_env}")
     for key in ("numNodes", "numProcPerNode"):
-        if key in trainer and trainer[key] < 1:
+        if isinstance(trainer.get(key), int) and trainer[key] < 1:  # a string is the schema's to report
             problems.append(f"spec.trainer.{key}: {trainer[key]} must be at least 1")
     runtime_jobs = {j["name"]: j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
     if "mpi" in policy and policy["mpi"].get("runLauncherAsNode") and trainer.get("numNodes", 1) >= 2:
