@@ -294,3 +294,14 @@ def test_any_valid_spec_renders_only_valid_restricted_trainjobs(spec, name):
             assert trainer["numNodes"] * trainer["numProcPerNode"] == run.world_size
         else:
             assert trainer["numNodes"] * trainer["numProcPerNode"] == run.world_size + run.ps_servers
+
+
+def test_render_cli_prints_the_runtimes_to_install(capsys):
+    assert main(["--runtimes", "--image", "registry.example/gpt2bench:2"]) == 0
+    runtimes = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [r["metadata"]["name"] for r in runtimes] == ["gpt2bench-torch", "gpt2bench-mpi"]
+    for runtime in runtimes:
+        validate_job(runtime)
+    assert runtimes == list(project_runtimes("registry.example/gpt2bench:2").values())
+    with pytest.raises(SystemExit):
+        main([])  # neither a file nor --runtimes

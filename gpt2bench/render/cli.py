@@ -4,6 +4,9 @@ The first line says which backend the jobs are for and why; `--backend` picks on
 backend needs the API server to resolve (the operator asks it, TrainJob preferred); rendered offline
 it gives the v1 jobs (gpt2bench.jobkinds.OFFLINE_BACKEND). Settings the chosen backend cannot apply
 are named on stderr.
+
+`gpt2bench render --runtimes [--image IMAGE]` prints the project's Trainer v2 runtimes instead (what
+TrainJobs point at; install them once per cluster).
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import sys
 from gpt2bench.jobkinds import AUTO, BACKENDS, OFFLINE_BACKEND, TRAINJOB
 from gpt2bench.plan import resolved_backend
 from gpt2bench.render import dump_jobs, render_all
+from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
-from gpt2bench.spec import SpecError, load_benchmark_file
+from gpt2bench.spec import DEFAULT_IMAGE, SpecError, load_benchmark_file
 
 
 def backend_line(requested: str, flag: str | None, resolved: str) -> str:
@@ -30,13 +34,21 @@ def backend_line(requested: str, flag: str | None, resolved: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpt2bench render", description="Print the Kubeflow jobs a GPT2Benchmark YAML becomes.")
-    parser.add_argument("file", help="GPT2Benchmark YAML")
+    parser.add_argument("file", nargs="?", help="GPT2Benchmark YAML")
     parser.add_argument("-n", "--namespace", help="namespace of the jobs (default: the resource's, else default)")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="jobs for this backend instead of spec.backend: trainjob (Kubeflow Trainer v2 TrainJobs) "
                              f"or pytorchjob (PyTorchJob, MPIJob); spec.backend auto renders {OFFLINE_BACKEND} "
                              "offline (docs/backends.md)")
+    parser.add_argument("--runtimes", action="store_true",
+                        help="print the project's ClusterTrainingRuntimes (for the trainjob backend) instead")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"--runtimes: their image (default {DEFAULT_IMAGE})")
     args = parser.parse_args(argv)
+    if args.runtimes:
+        sys.stdout.write(dump_jobs(list(project_runtimes(args.image).values())))
+        return 0
+    if args.file is None:
+        parser.error("give a GPT2Benchmark FILE (or --runtimes)")
     try:
         benchmark = load_benchmark_file(args.file)
     except OSError as exc:
