@@ -22,10 +22,13 @@ SUMMARY_PREFIX = "GPT2BENCH_SUMMARY "
 # ------------------------------------------------------------------ the jobs a run becomes
 PYTORCHJOB_API = "kubeflow.org/v1"
 MPIJOB_API = "kubeflow.org/v2beta1"
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"  # Kubeflow Trainer v2
 # Container names: the training operator finds the PyTorchJob's container by the name `pytorch`.
 PYTORCH_CONTAINER = "pytorch"
 LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
+# Trainer v2's plugins only touch containers named `node` (the trainer's, and an MPI launcher's too).
+TRAINJOB_CONTAINER = "node"
 
 # ------------------------------------------------------------------ labels on jobs and pods
 BENCHMARK_LABEL = "gpt2bench.io/benchmark"
@@ -33,3 +36,5 @@ RUN_LABEL = "gpt2bench.io/run"
 STRATEGY_LABEL = "gpt2bench.io/strategy"
 PRECISION_LABEL = "gpt2bench.io/precision"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# On a TrainJob: which of its replicated jobs' pod 0 holds the trainer's summary (`node` or `launcher`).
+RESULT_REPLICATED_JOB_ANNOTATION = "gpt2bench.io/result-replicated-job"
