@@ -62,3 +62,18 @@ def test_the_standard_library_runs_from_the_repository_root(plain_python):
                             check=False)
     assert result.returncode == 0, result.stderr
     assert not result.stdout.startswith(str(REPO))
+
+
+def test_every_package_folder_is_listed_for_installation():
+    """pyproject lists packages explicitly (the trainer and operator live outside gpt2bench/), so a new
+    subpackage that is not listed is missing from `pip install .` and the image, though editable installs work."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name: Path(path) for name, path in setuptools["package-dir"].items()}
+    expected = set()
+    for name, folder in folders.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder).parts
+            expected.add(".".join((name, *relative)))
+    assert expected - set(setuptools["packages"]) == set()
