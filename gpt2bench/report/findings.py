@@ -205,9 +205,10 @@ def synchronous_strategies_agree(configs: list[Configuration], spec: dict[str, A
 
 def ddp_scales_near_linearly(effs: list[Efficiency]) -> Finding:
     outcomes, parts, single = [], [], False
-    threshold = Stat(NEAR_LINEAR, 0.0, 1)
     for eff in (e for e in effs if e.config.strategy == "ddp"):
-        outcomes.append(beats(eff.stat, threshold, higher_is_better=True))
+        value, spread = eff.stat.mean, eff.stat.spread
+        within = spread is not None and abs(value - NEAR_LINEAR) <= spread
+        outcomes.append("noise" if within else "holds" if value >= NEAR_LINEAR else "fails")
         parts.append(f"{eff.config.precision} {eff.baseline.scale.label} → {eff.config.scale.label}: scaling "
                      f"efficiency {eff.stat.mean:.2f}")
         single |= eff.stat.spread is None
