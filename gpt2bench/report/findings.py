@@ -8,7 +8,6 @@ such comparison: `measured` says what is missing). Definitions: docs/analysis.md
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from gpt2bench.report.measures import (
@@ -20,7 +19,7 @@ from gpt2bench.report.measures import (
     scales,
     tokens_per_second,
 )
-from gpt2bench.status import Finding
+from gpt2bench.status import Finding, RunStatus
 
 NEAR_LINEAR = 0.9  # scaling efficiency that counts as near-linear (Li 2020's DDP stays above it)
 LOSS_TOLERANCE = 0.01  # largest relative loss gap between synchronous strategies that counts as agreeing
@@ -83,7 +82,10 @@ def _tps(value: float) -> str:
 # ------------------------------------------------------------------ the claims
 def fsdp_memory(configs: list[Configuration]) -> Finding:
     outcomes, parts, single = [], [], False
-    metric: Callable = lambda run: memory_per_rank(run)[0]  # noqa: E731
+
+    def metric(run: RunStatus) -> float | None:
+        return memory_per_rank(run)[0]
+
     for fsdp in (c for c in configs if c.strategy == "fsdp" and c.scale.devices >= 2):
         ddp = _find(configs, "ddp", fsdp.precision, fsdp.scale)
         a, b = fsdp.stat(metric), ddp.stat(metric) if ddp else None

@@ -134,8 +134,9 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
         lines += [_spec_line(doc.spec) + ".", ""]
     if doc.analysis:
         lines += ["## Recommendation", "", headline(doc.analysis), "", recommendations_markdown(doc.analysis),
-                  "## Scaling efficiency", "", "Tokens/s per device ÷ the same strategy and precision at its "
-                  "smallest scale.", "", scaling_markdown(doc.analysis),
+                  "## Scaling efficiency", "",
+                  "Tokens/s per device ÷ the same strategy and precision at its smallest scale.", "",
+                  scaling_markdown(doc.analysis),
                   "## The papers' findings on this hardware", "", findings_markdown(doc.analysis)]
     lines += ["## Runs", "", results_table_markdown(doc)]
     counts: dict[str, int] = {}
@@ -145,8 +146,8 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
     if repeated(doc):
         lines += ["Configurations: mean ± sample standard deviation over their succeeded repeats.", "",
                   configurations_markdown(configurations(doc.runs))]
-    lines += ["Definitions: docs/metrics.md (tokens/s excludes warm-up steps; peak memory is the largest across "
-              "ranks) and docs/analysis.md (scale, spread, margin, cost, scaling efficiency, verdicts).", ""]
+    lines += [("Definitions: docs/metrics.md (tokens/s excludes warm-up steps; peak memory is the largest across "
+               "ranks) and docs/analysis.md (scale, spread, margin, cost, scaling efficiency, verdicts)."), ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(plot).stem}]({plot})\n" for plot in plots]
     lines += [f"_{note}_\n" for note in notes]

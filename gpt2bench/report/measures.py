@@ -156,7 +156,8 @@ class Prices:
         cost = (spec or {}).get("cost")
         if not isinstance(cost, dict):
             return None
-        return cls(float(cost.get("gpuHour") or 0), float(cost.get("nodeHour") or 0), str(cost.get("currency") or "USD"))
+        return cls(float(cost.get("gpuHour") or 0), float(cost.get("nodeHour") or 0),
+                   str(cost.get("currency") or "USD"))
 
     @property
     def unit(self) -> str:

@@ -138,7 +138,7 @@ def print_table(doc: ResultsDocument, console: Any = None) -> None:
         table.add_row(*row, style="bold green" if configuration_name(entry) == recommended else None)
     widths = [max([len(header)] + [len(row[i]) for row in rows]) for i, (header, _) in enumerate(COLUMNS)]
     widths[-1] = min(widths[-1], 60)  # long reasons fold inside the status column
-    plain = dict(markup=False, highlight=False, soft_wrap=True)
+    plain = {"markup": False, "highlight": False, "soft_wrap": True}
     if console.is_terminal and sum(widths) + 3 * len(widths) + 1 <= console.width:
         console.print(table)
     else:  # a log, or a terminal too narrow for every column: the markdown rows, unwrapped

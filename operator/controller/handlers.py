@@ -79,7 +79,7 @@ def follow_jobs(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_:
 
 
 @kopf.on.event(*RESOURCE)
-def forget_deleted(type: str, body: kopf.Body, **_: Any) -> None:  # noqa: A002 (kopf's argument name)
+def forget_deleted(type: str, body: kopf.Body, **_: Any) -> None:  # `type`: kopf's name for the event type
     if type == "DELETED":  # its recommendation series go with it
         metrics.export_recommendations(body.metadata.namespace or "", body.metadata.name, None)
 
