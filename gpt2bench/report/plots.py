@@ -36,13 +36,13 @@ BAR_PLOTS: list[tuple[str, Metric, float, str, str]] = [
 # file, keys a step record may carry, x axis, y label, title
 CURVE_PLOTS: list[tuple[str, tuple[str, ...], str, str, str]] = [
     ("loss.png", ("loss",), "step", "training loss", "Loss per step"),
-    ("loss_time.png", ("loss",), "seconds", "training loss", "Loss per wall-clock second (warm-up included)"),
+    ("loss_time.png", ("loss",), "seconds", "training loss", "Loss per wall-clock second"),
     ("grad_norm_steps.png", ("grad_norm", "gradNorm"), "step", "gradient norm (before clipping)",
      "Gradient norm per step"),
 ]
 SCALING_PLOT = "scaling.png"
 ALL_PLOTS = [p[0] for p in BAR_PLOTS] + [p[0] for p in CURVE_PLOTS] + [SCALING_PLOT]
-X_LABELS = {"step": "step", "seconds": "seconds of training (sum of step times)"}
+X_LABELS = {"step": "step", "seconds": "seconds of training (step times summed, warm-up included)"}
 
 
 def _pyplot() -> Any:
