@@ -404,3 +404,26 @@ def test_cluster_report_says_when_the_benchmark_is_missing(fake_cluster, tmp_pat
     assert cli.main(["--cluster", "absent", "-n", "other", "--output", str(tmp_path / "r")]) == 1
     assert "GPT2Benchmark other/absent: not found" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_results_md_says_no_clear_winner_and_names_the_tied_runs(tmp_path):
+    runs = []
+    for strategy, values in (("ddp", (95.0, 105.0, 100.0)), ("fsdp", (99.0, 104.0, 106.0))):
+        for k, tps in enumerate(values, start=1):
+            results = {**DDP_RESULTS, "tokensPerSecond": tps}
+            runs.append(entry(f"demo-{strategy}-bf16-1x2g-r{k}", strategy, "bf16", gpus=2, results=results)
+                        | {"repeat": k})
+    report.write_report(synthetic_doc(runs=runs), tmp_path)
+    markdown = (tmp_path / "results.md").read_text()
+    spread = (5.0 + 3.605551) / 100  # sample std of each configuration's repeats, over the runner-up's mean
+    assert (f"| 1×2 GPU | fastest | demo-fsdp-bf16-1x2g | 103 tokens/s | demo-ddp-bf16-1x2g (100 tokens/s) | 3.0% | "
+            f"no clear winner: margin 3.0% within spread {spread:.1%}; tied: demo-fsdp-bf16-1x2g, demo-ddp-bf16-1x2g |"
+            ) in markdown
+
+
+def test_compare_applies_the_noise_rule():
+    from gpt2bench.report.measures import Stat
+
+    assert compare.beyond_noise(Stat(100.0, 5.0, 3), Stat(103.0, 3.0, 3)) == "no (within spread)"
+    assert compare.beyond_noise(Stat(100.0, 1.0, 3), Stat(110.0, 1.0, 3)) == "yes"
+    assert compare.beyond_noise(Stat(100.0, None, 1), Stat(110.0, 1.0, 3)) == "spread unknown"
