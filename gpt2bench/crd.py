@@ -125,13 +125,16 @@ def status_schema() -> dict[str, Any]:
 
 
 def build_crd() -> dict[str, Any]:
+    # name, type, path, priority (1: only with `kubectl get -o wide`)
     columns = [
-        ("Phase", "string", ".status.phase"),
-        ("Done", "integer", ".status.runsDone"),
-        ("Runs", "integer", ".status.runsTotal"),
-        ("Best", "string", ".status.best.strategy"),
-        ("Tokens/s", "number", ".status.best.tokensPerSecond"),
-        ("Age", "date", ".metadata.creationTimestamp"),
+        ("Phase", "string", ".status.phase", 0),
+        ("Done", "integer", ".status.runsDone", 0),
+        ("Runs", "integer", ".status.runsTotal", 0),
+        ("Recommended", "string", ".status.analysis.recommended.run", 0),  # fastest at the largest scale
+        ("Decision", "string", ".status.analysis.recommended.decision", 0),  # clear, no-clear-winner, ...
+        ("Best", "string", ".status.best.strategy", 1),  # highest tokens/s, any scale, no noise rule
+        ("Tokens/s", "number", ".status.best.tokensPerSecond", 1),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
     ]
     schema = {
         "type": "object",
@@ -166,7 +169,8 @@ def build_crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        {"name": name, "type": type_, "jsonPath": path} for name, type_, path in columns
+                        {"name": name, "type": type_, "jsonPath": path} | ({"priority": priority} if priority else {})
+                        for name, type_, path, priority in columns
                     ],
                     "schema": {"openAPIV3Schema": schema},
                 }

@@ -175,6 +175,10 @@ class SweepSpec(SpecModel):
     strategies: list[StrategySpec] = Field(min_length=1, description="Strategies to compare.")
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
     scales: list[ScaleSpec] = Field(default_factory=lambda: [ScaleSpec()], min_length=1)
+    repeats: int = Field(
+        1, ge=1, le=20,
+        description="Runs of every configuration; with 2 or more the report gives mean and spread (docs/analysis.md).",
+    )
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> SweepSpec:
@@ -223,6 +227,20 @@ class MetricsSpec(SpecModel):
     pod_annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
 
 
+class CostSpec(SpecModel):
+    """Prices for the report's cost per 1 M tokens (docs/analysis.md): GPUs and pods a run holds, per hour."""
+
+    gpu_hour: float | None = Field(None, ge=0, description="Price of one GPU for one hour.")
+    node_hour: float | None = Field(None, ge=0, description="Price of one node (one pod of a run) for one hour.")
+    currency: str = Field("USD", min_length=1, max_length=8, description="Currency of the prices, for display.")
+
+    @model_validator(mode="after")
+    def _some_price(self) -> CostSpec:
+        if self.gpu_hour is None and self.node_hour is None:
+            raise ValueError("gpuHour: set gpuHour and/or nodeHour (a cost without a price)")
+        return self
+
+
 class GPT2BenchmarkSpec(SpecModel):
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
@@ -245,6 +263,7 @@ class GPT2BenchmarkSpec(SpecModel):
             "asks the API server and prefers TrainJob (docs/backends.md)."
         ),
     )
+    cost: CostSpec | None = Field(None, description="Prices: the report adds cost per 1 M tokens.")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> GPT2BenchmarkSpec:

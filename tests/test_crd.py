@@ -137,12 +137,16 @@ def test_names_group_version_status_and_columns(generated):
     (version,) = spec["versions"]
     assert version["name"] == API_VERSION and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
-    columns = {c["name"]: (c["type"], c["jsonPath"]) for c in version["additionalPrinterColumns"]}
-    assert columns["Phase"] == ("string", ".status.phase")
-    assert columns["Done"] == ("integer", ".status.runsDone") and columns["Runs"] == ("integer", ".status.runsTotal")
-    assert columns["Best"] == ("string", ".status.best.strategy")
-    assert columns["Tokens/s"] == ("number", ".status.best.tokensPerSecond")
-    assert columns["Age"] == ("date", ".metadata.creationTimestamp")
+    columns = {c["name"]: (c["type"], c["jsonPath"], c.get("priority", 0))
+               for c in version["additionalPrinterColumns"]}
+    assert columns["Phase"] == ("string", ".status.phase", 0)
+    assert columns["Done"] == ("integer", ".status.runsDone", 0)
+    assert columns["Runs"] == ("integer", ".status.runsTotal", 0)
+    assert columns["Recommended"] == ("string", ".status.analysis.recommended.run", 0)
+    assert columns["Decision"] == ("string", ".status.analysis.recommended.decision", 0)
+    assert columns["Best"] == ("string", ".status.best.strategy", 1)  # -o wide only
+    assert columns["Tokens/s"] == ("number", ".status.best.tokensPerSecond", 1)
+    assert columns["Age"] == ("date", ".metadata.creationTimestamp", 0)
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert status["type"] == "object"
     assert set(status["properties"]) == {f.alias for f in BenchmarkStatus.model_fields.values()}
@@ -282,6 +286,7 @@ def operator_status() -> dict:
 def test_status_as_the_operator_writes_it_is_accepted(schema):
     status = operator_status()
     assert status["phase"] == "PartiallySucceeded" and status["best"]["tokensPerSecond"] == 10.5
+    assert status["analysis"]["recommended"]["run"] == "b-ddp-fp32-1x2" and len(status["analysis"]["findings"]) == 6
     document = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": "b"}}
     document |= {"spec": {"sweep": {"strategies": [{"name": "ddp"}]}}, "status": status}
     jsonschema.Draft4Validator(strict(schema)).validate(document)

@@ -79,6 +79,15 @@ class OperatorProcess:
         return sum(values)
 
 
+    def samples(self, name: str) -> list[dict[str, str]]:
+        """The label sets of `name`'s samples whose value is 1 (info metrics)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = self.get(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
+        return [sample.labels for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name == name and sample.value == 1]
+
+
 def job_creations(cluster: EmulatedCluster) -> list[str]:
     """Names of every job the emulator created (its ADDED watch events), duplicates kept."""
     def read(emulator):
@@ -129,6 +138,13 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
             assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 0
             events = [e["reason"] for e in benchmarks.events("restart")]
             assert events.count("RunSucceeded") == 4 and events.count("SweepSucceeded") == 1
+            info = {"namespace": "default", "benchmark": "restart", "objective": "fastest", "scale": "1×2 CPU",
+                    "run": "restart-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "decision": "spread-unknown"}
+            assert info in operator.samples("gpt2bench_operator_recommendation_info")
+            operator.stop()  # a restarted operator serves the finished benchmark's recommendation again
+            operator.start()
+            wait_for(lambda: info in operator.samples("gpt2bench_operator_recommendation_info"),
+                     what="the recommendation after a restart")
         finally:
             code = operator.stop()
         assert code == 0, operator.log.read_text()[-3000:]

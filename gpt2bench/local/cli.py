@@ -18,6 +18,7 @@ from gpt2bench import report
 from gpt2bench.jobkinds import BACKENDS, OFFLINE_BACKEND
 from gpt2bench.local.sweep import run_sweep, select_runs, with_steps
 from gpt2bench.plan import plan_runs
+from gpt2bench.report.export import RESULTS_CSV
 from gpt2bench.spec import SpecError, load_benchmark_file
 from gpt2bench.status import RESULTS_JSON, SUCCEEDED
 
@@ -121,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     doc = sweep.doc
-    report.print_table(doc.dump(), console)
-    console.print(f"results: {directory / RESULTS_JSON}, {directory / report.RESULTS_MD}", highlight=False)
+    report.print_table(doc, console)
+    console.print(f"results: {directory / RESULTS_JSON}, {directory / report.RESULTS_MD}, "
+                  f"{directory / RESULTS_CSV}", highlight=False)
     if sweep.interrupted:
         console.print("interrupted: finished runs are kept in the results", style="yellow")
         return EXIT_INTERRUPTED

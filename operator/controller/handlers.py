@@ -78,6 +78,12 @@ def follow_jobs(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_:
         sweep.step(body, patch, logger)
 
 
+@kopf.on.event(*RESOURCE)
+def forget_deleted(type: str, body: kopf.Body, **_: Any) -> None:  # `type`: kopf's name for the event type
+    if type == "DELETED":  # its recommendation series go with it
+        metrics.export_recommendations(body.metadata.namespace or "", body.metadata.name, None)
+
+
 @kopf.on.update(*RESOURCE, field="spec")
 def spec_changed(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
     with metrics.counting_errors(body.metadata.namespace):

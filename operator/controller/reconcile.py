@@ -14,6 +14,8 @@ from typing import Any
 
 from gpt2bench import collect
 from gpt2bench.plan import Run
+from gpt2bench.report.analysis import analyze
+from gpt2bench.spec import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     FAILED,
     FINISHED_PHASES,
@@ -188,8 +190,10 @@ def vanished_entry(run: Run, entry: RunStatus, now: str) -> RunStatus:
                              start_time=entry.start_time, completion_time=now)
 
 
-def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str) -> BenchmarkStatus:
-    """The status fields these runs decide: counts, best, overall phase, Ready condition, completionTime."""
+def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
+              spec: GPT2BenchmarkSpec | None = None) -> BenchmarkStatus:
+    """The status fields these runs decide: counts, best, overall phase, Ready condition, completionTime, and,
+    once every run is done, the analysis (recommendations, scaling, findings; `spec` gives the prices)."""
     done = sum(r.phase in TERMINAL_RUN_PHASES for r in runs)
     succeeded = sum(r.phase == SUCCEEDED for r in runs)
     phase = overall_phase(runs)
@@ -208,9 +212,14 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str) -> Bench
         runs_succeeded=succeeded,
         runs_failed=done - succeeded,
         best=best_run(runs),
+        analysis=None if phase == RUNNING else analyze(runs, _camel(spec)),
         conditions=set_condition(status.conditions or [], ready),
         completion_time=now if phase != RUNNING and not status.completion_time else None,
     )
+
+
+def _camel(spec: GPT2BenchmarkSpec | None) -> dict[str, Any] | None:
+    return spec.model_dump(by_alias=True, exclude_none=True, mode="json") if spec else None
 
 
 def spec_ignored_condition(generation: int, observed: int | None, now: str) -> Condition:

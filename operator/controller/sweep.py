@@ -48,6 +48,8 @@ def reject(body: kopf.Body, patch: kopf.Patch, error: SpecError) -> None:
 def start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
     """Validate, plan, record every run as Pending, start the first run(s)."""
     if body.status.get("phase"):
+        if body.status.get("phase") in rc.FINISHED_PHASES:  # a restarted operator serves its metric again
+            _export(body, BenchmarkStatus.read(dict(body.status)))
         return  # resumed or retried: a started sweep is the timer's, an Invalid one waits for a new spec
     spec = dict(body.spec)
     try:
@@ -64,7 +66,8 @@ def start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
     new_runs = _start_runs(body, benchmark, runs, status.runs, {}, now)
     if new_runs != status.runs:
         metrics.observe_first_job(body.metadata.get("creationTimestamp"))
-    summary = rc.summarize(status, new_runs, now)
+    summary = rc.summarize(status, new_runs, now, benchmark.spec)
+    _export(body, summary)
     _post_transitions(body, status.runs, new_runs, summary, rc.PENDING)
     patch.status.update({**status.dump(), **summary.dump()})
 
@@ -101,7 +104,8 @@ def step(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
         entries[name] = rc.vanished_entry(by_name[name], entries[name], now)
     current = [entries[entry.name] for entry in old_runs]
     current = _start_runs(body, benchmark, runs, current, jobs, now)
-    summary = rc.summarize(status, current, now)
+    summary = rc.summarize(status, current, now, benchmark.spec)
+    _export(body, summary)
     generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
     if generation > observed:  # written here, not by the update handler: one writer while Running
         ignored = rc.spec_ignored_condition(generation, observed, now)
@@ -135,6 +139,12 @@ def _event(body: kopf.Body, type_: str, reason: str, message: str) -> None:
 def _without_status(body: kopf.Body) -> kopf.Body:
     raw = {k: v for k, v in dict(body).items() if k != "status"}
     return kopf.Body(raw)
+
+
+def _export(body: kopf.Body, status: BenchmarkStatus) -> None:
+    """The recommendations as the operator's info metric (for Grafana's table), once the sweep is done."""
+    if status.phase in rc.FINISHED_PHASES:
+        metrics.export_recommendations(body.metadata.namespace or "", body.metadata.name, status.analysis)
 
 
 def _container(run: Run) -> str:
