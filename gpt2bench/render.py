@@ -281,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpt2bench render: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except SpecError as exc:
-        for path, message in exc.errors:
-            print(f"gpt2bench render: {args.file}: {path}: {message}", file=sys.stderr)
+        for line in exc.lines():
+            print(f"gpt2bench render: {line}", file=sys.stderr)
         return 2
     if args.namespace:
         benchmark = benchmark.model_copy(update={"namespace": args.namespace})
