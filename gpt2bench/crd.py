@@ -102,8 +102,8 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 _KEY_ORDER = (
     "type", "x-kubernetes-int-or-string", "nullable", "description", "enum", "default", "format", "pattern",
     "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
-    "maxItems", "maxProperties", "required", "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-validations",
-    "properties", "additionalProperties", "items",
+    "maxItems", "maxProperties", "required", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+    "x-kubernetes-validations", "properties", "additionalProperties", "items",
 )  # fmt: skip
 
 

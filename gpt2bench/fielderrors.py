@@ -25,7 +25,8 @@ _NOT_FIELDS = re.compile(r"^(\[key\]|function-(after|before|plain|wrap)\[.*\])$"
 # Error types whose message gains the value that was given.
 _TYPE_ERRORS = {"int_type", "int_parsing", "int_from_float", "float_type", "float_parsing", "finite_number",
                 "bool_type", "bool_parsing", "string_type", "dict_type", "list_type", "model_type", "literal_error",
-                "model_attributes_type", "enum"}
+                "model_attributes_type", "enum", "greater_than", "greater_than_equal", "less_than",
+                "less_than_equal"}
 
 
 class RuleError(ValueError):

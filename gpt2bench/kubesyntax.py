@@ -67,7 +67,7 @@ def dns1123_label_problem(name: str) -> str | None:
     if len(name) > DNS1123_LABEL_MAX:
         return f"must be at most {DNS1123_LABEL_MAX} characters, got {len(name)}"
     if not _DNS1123_LABEL_RE.match(name):
-        return f"{name!r} is not {PATTERN_MEANINGS[DNS1123_LABEL_PATTERN]}"
+        return f"{shown(name)} is not {PATTERN_MEANINGS[DNS1123_LABEL_PATTERN]}"
     return None
 
 
@@ -75,7 +75,7 @@ def dns1123_subdomain_problem(name: str) -> str | None:
     if len(name) > DNS1123_SUBDOMAIN_MAX:
         return f"must be at most {DNS1123_SUBDOMAIN_MAX} characters, got {len(name)}"
     if not _DNS1123_SUBDOMAIN_RE.match(name):
-        return f"{name!r} is not {PATTERN_MEANINGS[DNS1123_SUBDOMAIN_PATTERN]}"
+        return f"{shown(name)} is not {PATTERN_MEANINGS[DNS1123_SUBDOMAIN_PATTERN]}"
     return None
 
 
@@ -83,13 +83,13 @@ def qualified_name_problem(key: str) -> str | None:
     """Label and annotation keys: `[prefix/]name`, prefix a DNS subdomain, name <= 63 characters."""
     prefix, slash, name = key.rpartition("/")
     if slash and (not prefix or "/" in prefix):
-        return f"{key!r} is not a qualified name: at most one '/', with a DNS subdomain before it"
+        return f"{shown(key)} is not a qualified name: at most one '/', with a DNS subdomain before it"
     if slash and dns1123_subdomain_problem(prefix):
-        return f"the prefix of {key!r} is not a DNS subdomain (lower-case letters, digits, '-' and '.')"
+        return f"the prefix of {shown(key)} is not a DNS subdomain (lower-case letters, digits, '-' and '.')"
     if len(name) > QUALIFIED_NAME_MAX:
-        return f"the name part of {key!r} must be at most {QUALIFIED_NAME_MAX} characters, got {len(name)}"
+        return f"the name part of {shown(key)} must be at most {QUALIFIED_NAME_MAX} characters, got {len(name)}"
     if not _QUALIFIED_NAME_RE.match(name):
-        return (f"{key!r} is not a qualified name: letters, digits, '-', '_' and '.', starting and ending with a "
+        return (f"{shown(key)} is not a qualified name: letters, digits, '-', '_' and '.', starting and ending with a "
                 "letter or digit, optionally after a DNS subdomain and '/'")
     return None
 
@@ -98,7 +98,7 @@ def label_value_problem(value: str) -> str | None:
     if len(value) > LABEL_VALUE_MAX:
         return f"a label value must be at most {LABEL_VALUE_MAX} characters, got {len(value)}"
     if not _LABEL_VALUE_RE.match(value):
-        return f"{value!r} is not {PATTERN_MEANINGS[LABEL_VALUE_PATTERN]}"
+        return f"{shown(value)} is not {PATTERN_MEANINGS[LABEL_VALUE_PATTERN]}"
     return None
 
 
@@ -184,12 +184,12 @@ def quantity_problem(value: Any) -> str | None:
         return None if value >= 0 else f"must not be negative, got {value}"
     if not _QUANTITY_RE.match(value):
         if value.startswith("-") and _QUANTITY_RE.match(value[1:]):
-            return f"must not be negative, got {value!r}"
-        return f"{value!r} is not {PATTERN_MEANINGS[QUANTITY_PATTERN]}"
+            return f"must not be negative, got {shown(value)}"
+        return f"{shown(value)} is not {PATTERN_MEANINGS[QUANTITY_PATTERN]}"
     try:
         parse_quantity(value)
     except ValueError:
-        return f"{value!r} is too large to be a quantity"
+        return f"{shown(value)} is too large to be a quantity"
     return None
 
 
@@ -213,7 +213,7 @@ def resource_name_problem(name: str) -> str | None:
         return None
     if name.startswith(HUGEPAGES_PREFIX) and quantity_problem(name[len(HUGEPAGES_PREFIX):]) is None:
         return None
-    return (f"{name!r} is not a container resource: {', '.join(STANDARD_CONTAINER_RESOURCES)}, hugepages-<size>, "
+    return (f"{shown(name)} is not a container resource: {', '.join(STANDARD_CONTAINER_RESOURCES)}, hugepages-<size>, "
             "or a domain-prefixed extended resource such as nvidia.com/gpu")
 
 

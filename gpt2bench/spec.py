@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 
 from gpt2bench import kubesyntax
 from gpt2bench.fielderrors import RuleError
-from gpt2bench.kubesyntax import DNS1123_SUBDOMAIN_PATTERN, IMAGE_PATTERN
+from gpt2bench.kubesyntax import DNS1123_SUBDOMAIN_PATTERN, IMAGE_PATTERN, shown
 from gpt2bench.spectypes import Annotations, Labels, LabelValue, ResourceList, SpecModel, cel
 
 API_GROUP = "gpt2bench.io"
@@ -235,8 +235,9 @@ class ScaleSpec(SpecModel):
         return self
 
 
-_SERVERS_SPREAD = ("!has(self.scales) || self.strategies.all(s, !(s.name in ['ps', 'ps-sharded']) || self.scales.all(c, "
-                   "(has(s.psServers) ? s.psServers : (s.name == 'ps' ? 1 : 2)) % (has(c.nodes) ? c.nodes : 1) == 0))")
+_SERVERS_SPREAD = ("!has(self.scales) || self.strategies.all(s, !(s.name in ['ps', 'ps-sharded']) || "
+                   "self.scales.all(c, (has(s.psServers) ? s.psServers : (s.name == 'ps' ? 1 : 2)) % "
+                   "(has(c.nodes) ? c.nodes : 1) == 0))")
 
 
 class SweepSpec(SpecModel):
@@ -260,7 +261,7 @@ class SweepSpec(SpecModel):
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> SweepSpec:
-        errors = [(("precisions", i), f"{precision!r} is listed twice")
+        errors = [(("precisions", i), f"{shown(precision)} is listed twice")
                   for i, precision in enumerate(self.precisions) if precision in self.precisions[:i]]
         if errors:
             raise RuleError(errors)
@@ -287,20 +288,20 @@ class ResourcesSpec(SpecModel):
                 problem = kubesyntax.resource_name_problem(name)
                 if not problem and kubesyntax.is_extended_resource(name) and \
                         kubesyntax.quantity_value(value) % 1:
-                    problem = f"an extended resource must be a whole number, got {value!r}"
+                    problem = f"an extended resource must be a whole number, got {shown(value)}"
                 if problem:
                     errors.append(((section, name), problem))
         for name, request in self.requests.items():
             limit = self.limits.get(name)
             if kubesyntax.is_extended_resource(name) and limit is None:
                 errors.append((("limits", name), f"is required: extended resources cannot be overcommitted "
-                               f"(request {request!r})"))
+                               f"(request {shown(request)})"))
             elif kubesyntax.is_extended_resource(name) and \
                     kubesyntax.quantity_value(limit) != kubesyntax.quantity_value(request):
-                errors.append((("limits", name), f"{limit!r} must equal the request {request!r} for an extended "
-                               "resource"))
+                errors.append((("limits", name), f"{shown(limit)} must equal the request {shown(request)} for an "
+                               "extended resource"))
             elif limit is not None and kubesyntax.quantity_value(limit) < kubesyntax.quantity_value(request):
-                errors.append((("limits", name), f"{limit!r} is less than the request {request!r}"))
+                errors.append((("limits", name), f"{shown(limit)} is less than the request {shown(request)}"))
         if errors:
             raise RuleError(errors)
         return self
@@ -427,7 +428,7 @@ def cross_field_errors(spec: GPT2BenchmarkSpec):
     for i, strategy in enumerate(sweep.strategies):
         where = ("spec", "sweep", "strategies", i)
         if names.count(strategy.name) > 1 and names.index(strategy.name) < i:
-            yield (*where, "name"), f"strategy {strategy.name!r} is listed twice"
+            yield (*where, "name"), f"strategy {shown(strategy.name)} is listed twice"
         for j, scale in enumerate(sweep.scales):
             if strategy.name == "dataparallel" and scale.nodes > 1:
                 yield ("spec", "sweep", "scales", j, "nodes"), \

