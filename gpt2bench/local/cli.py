@@ -3,8 +3,8 @@
 Validates the file exactly as the operator does (a bad field exits 2 and runs nothing), checks that the
 data and pretrained weights it names are here (`gpt2bench.local.preflight`: exit 2 before any process
 starts), plans it, and runs the sweep (`gpt2bench.local.sweep`). `spec.concurrency` is not honoured
-locally: runs go one at a time. Exit code: 0 when at least one run succeeded (failed runs are in the table with their reasons),
-1 when every run failed, 2 for a bad file or option, 130 when interrupted.
+locally: runs go one at a time. Exit code: 0 when at least one run succeeded (failed runs are in the
+table with their reasons), 1 when every run failed, 2 for a bad file or option, 130 when interrupted.
 """
 
 from __future__ import annotations
