@@ -262,6 +262,12 @@ def cel_errors(value: Any, schema: dict) -> list[str]:
     return causes
 
 
+def _short(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message without a long value in it (`[{...}, ...] is too long` → `<value> is too long`)."""
+    shown = repr(error.instance)
+    return error.message.replace(shown, "<value>") if len(shown) > 80 else error.message
+
+
 def validate_custom_resource(obj: dict, crd_version: dict, strict: bool) -> dict:
     """Prune (or, with `fieldValidation=Strict`, reject) unknown fields, prune nulls, then check the schema,
     list types and CEL rules.
@@ -280,8 +286,7 @@ def validate_custom_resource(obj: dict, crd_version: dict, strict: bool) -> dict
     stored = {**{k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}, **pruned}
     checked = {k: v for k, v in stored.items() if k not in ("apiVersion", "kind", "metadata")}
     errors = sorted(_validator(schema).iter_errors(checked), key=lambda e: list(e.absolute_path))
-    causes = [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: Invalid value: {e.message[:300]}"
-              for e in errors]
+    causes = [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: Invalid value: {_short(e)}" for e in errors]
     if not causes:
         body_schema = {**schema, "properties": {k: v for k, v in (schema.get("properties") or {}).items()
                                                 if k not in ("apiVersion", "kind", "metadata")}}
