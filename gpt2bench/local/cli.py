@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def refuse(lines: list[str]) -> int:
         for line in [*lines, "nothing was run"]:
-            err.print(f"gpt2bench run: {line}", highlight=False, markup=False)
+            err.print(f"gpt2bench run: {line}", highlight=False, markup=False, soft_wrap=True)  # one line each
         return 2
 
     try:
