@@ -72,14 +72,13 @@ def parse_document(data: bytes) -> Any:
                             "(save the file as UTF-8)") from None
     text = text.removeprefix("\ufeff")
     try:
-        documents = _scan(yaml.parse(text, Loader=_BaseLoader))
-        if documents == 0:
+        if _scan(yaml.parse(text, Loader=_BaseLoader)) == 0:
             return None
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise DocumentError(f"not valid YAML: {_one_line(exc)}") from None
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # a scalar the constructor refuses
-        raise DocumentError(f"not valid YAML: {' '.join(str(exc).split())}") from None
+    except Exception as exc:  # PyYAML's constructors raise what they meet (`!!int ` → IndexError)
+        raise DocumentError(f"not valid YAML: {' '.join(str(exc).split()) or type(exc).__name__}") from None
 
 
 def _one_line(exc: yaml.YAMLError) -> str:

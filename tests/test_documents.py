@@ -50,6 +50,7 @@ BAD_FILES = [
     ("local-tag", b"spec: !secret x\n", "YAML tag !secret is not allowed"),
     ("binary-tag", b"spec: !!binary aGVsbG8=\n", "YAML tag !!binary is not allowed"),
     ("bad-int-tag", b"spec: !!int abc\n", "not valid YAML: invalid literal"),
+    ("empty-int-tag", b"!!int ", "not valid YAML: "),  # PyYAML's constructor raises IndexError
     ("huge-integer", b"spec: {concurrency: " + b"9" * 5000 + b"}\n", "not valid YAML: Exceeds the limit"),
     ("not-a-mapping", b"- a\n- b\n", "a GPT2Benchmark must be a YAML mapping, got a list"),
     ("scalar", b"hello\n", 'a GPT2Benchmark must be a YAML mapping, got "hello"'),
