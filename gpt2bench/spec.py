@@ -2,16 +2,19 @@
 
 The CRD's openAPIV3Schema is generated from these models (`gpt2bench.crd`); `gpt2bench render`, `run`,
 `report` and the operator validate with the same functions (`load_benchmark_file`, `load_benchmark`,
-`validate_spec`), and every error names the field as the user wrote it (`spec.sweep.scales[1].nodes`).
-The rules, their bounds and where each is enforced: docs/validation.md.
+`validate_spec`, in gpt2bench.validation and importable from here), and every error names the field as
+the user wrote it (`spec.sweep.scales[1].nodes`). The rules, their bounds and where each is enforced:
+docs/validation.md.
 
 Three layers of checks, each as close to the API server as it can be:
 - field checks (JSON types without coercion, enums, bounds, patterns, required, unknown or snake_case
   fields) live in the models, so the CRD schema has them and the API server enforces them;
 - cross-field rules CEL can express are declared on the models as `x-kubernetes-validations` (see
-  `gpt2bench.spectypes.cel`) and checked again by the model validators, so `kubectl apply` and the local tools agree;
-- what neither can express (map keys, quantities compared, sizes, the sweep as planned) is checked here
-  only, by `validate_spec` / `load_benchmark`, for the operator and the local tools alike.
+  `gpt2bench.spectypes.cel`) and checked again by the model validators, so `kubectl apply` and the
+  local tools agree;
+- what neither can express (map keys, quantities compared, derived ports, the sweep's size) is checked
+  by the model validators only, and object sizes and metadata by gpt2bench.validation: the operator and
+  the local tools run both.
 
 As in the API server, a null means "not given" (it is dropped, so a default applies), except where
 null itself means something (`runPolicy.activeDeadlineSeconds: null` turns the deadline off).
@@ -59,8 +62,9 @@ assert typing.get_args(Preset) == MODEL_PRESETS and typing.get_args(StrategyName
 DEFAULT_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0"
 
 # Runs per GPT2Benchmark (strategies x precisions x scales, as written). Each run is an entry of a few
-# hundred bytes (up to ~1.3 KB with a failure reason) in the status, which etcd keeps in one object of at
-# most 1.5 MiB beside the spec and its copies: 256 runs stay below half of that (tests/test_sweep_bound.py).
+# hundred bytes in the status (1.7 KB at most: a 1,000-character failure reason and every figure), which
+# etcd keeps in one object of at most 1.5 MiB with the spec and its copies: 256 runs come to about 0.7 MiB
+# in the worst case (tests/test_sweep_bound.py), and 7 strategies x 3 precisions still get 12 scales.
 MAX_RUNS = 256
 # The trainer seeds torch with `seed` and each epoch's data order with `seed * 1000003 + epoch` (both must
 # fit 64 bits); 2**32 - 1 keeps every derived seed far inside that and the value exact in any JSON client.
