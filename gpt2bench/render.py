@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from gpt2bench.kubesyntax import dns1123_label_problem
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
@@ -285,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpt2bench render: {line}", file=sys.stderr)
         return 2
     if args.namespace:
+        if problem := dns1123_label_problem(args.namespace):
+            print(f"gpt2bench render: --namespace: {problem}", file=sys.stderr)
+            return 2
         benchmark = benchmark.model_copy(update={"namespace": args.namespace})
     sys.stdout.write(dump_jobs(render_all(benchmark)))
     return 0

@@ -96,6 +96,13 @@ def test_the_issue_messages_read_well(tmp_path, capsys):
     assert ": : " not in err
 
 
+def test_a_namespace_option_that_no_api_server_takes_exits_2(tmp_path, capsys):
+    path = tmp_path / "ok.yaml"
+    path.write_bytes(VALID)
+    assert render_main([str(path), "-n", "Team_A"]) == 2
+    assert '--namespace: "Team_A" is not a DNS-1123 label' in capsys.readouterr().err
+
+
 def test_an_unreadable_path_exits_2(tmp_path, capsys):
     assert render_main([str(tmp_path)]) == 2  # a folder
     assert render_main([str(tmp_path / "missing.yaml")]) == 2
