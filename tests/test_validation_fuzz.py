@@ -16,9 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kube.semantics import ApiError, validate_custom_resource
+from kubeflow_crds import validate_job
 from pydantic import BaseModel
 
 from gpt2bench import crd, documents
+from gpt2bench.plan import plan_runs
+from gpt2bench.render import render_job
 from gpt2bench.spec import GPT2BenchmarkSpec, SpecError, load_benchmark, validate_spec
 from gpt2bench.spectypes import SpecModel
 
@@ -122,18 +125,20 @@ SPECS = st.one_of(model_dict(GPT2BenchmarkSpec, st.nothing()), model_dict(GPT2Be
 
 @FUZZ
 @given(SPECS)
-def test_what_the_local_validation_accepts_the_crd_accepts(spec):
+def test_what_the_local_validation_accepts_the_crd_and_the_kubeflow_crds_accept(spec):
+    document = {"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": {"name": "fuzz"},
+                "spec": spec}
     try:
-        validate_spec(spec)
+        benchmark = load_benchmark(document)
     except SpecError as error:
         one_line(error)
         return
-    document = {"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": {"name": "fuzz"},
-                "spec": spec}
     try:
         validate_custom_resource(document, VERSION, strict=True)
     except ApiError as refused:
         pytest.fail(f"accepted locally, refused by the CRD: {refused.message}")
+    for run in plan_runs(benchmark)[:2]:  # and the jobs it becomes pass the upstream Kubeflow CRDs
+        validate_job(render_job(benchmark, run))
 
 
 # ---------------------------------------------------------------- the file loader
