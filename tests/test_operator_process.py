@@ -162,10 +162,10 @@ def test_kopf_run_process_rejects_a_bad_spec_and_counts_no_reconcile_error(tmp_p
         try:
             benchmarks = Benchmarks(api_client(cluster))
             wait_for(lambda: OperatorProcess.get(f"http://127.0.0.1:{port}/metrics"), 60, what="/metrics")
-            benchmarks.create(benchmark("bad", sweep={"strategies": [{"name": "dataparallel"}],
-                                                      "scales": [{"nodes": 3}]}))
+            # a rule only the operator checks (the CRD states the others, and the API server refuses those)
+            benchmarks.create(benchmark("bad", resources={"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}))
             status = wait_for(lambda: (s := benchmarks.status("bad")).get("phase") and s, what="a phase")
-            assert status["phase"] == "Invalid" and "spec.sweep.scales[0].nodes" in status["message"]
+            assert status["phase"] == "Invalid" and "spec.resources.limits.cpu" in status["message"]
             time.sleep(1)  # a permanent error must not be retried or counted as ours
             text = OperatorProcess.get(f"http://127.0.0.1:{port}/metrics") or ""
             assert "gpt2bench_operator_reconcile_errors_total" not in text or \
