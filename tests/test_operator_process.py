@@ -7,7 +7,6 @@ is down; the new process resumes from status and the existing jobs and creates n
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,13 +26,9 @@ from kube.fixtures import (
 )
 from kube.training import TrainingOperator
 
+from gpt2bench.local.executor import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OperatorProcess:

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import yaml
 
 from gpt2bench.local import cli as run_local
 from gpt2bench.local import sweep as local_sweep
+from gpt2bench.local.executor import free_port
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
 from gpt2bench.report.steps import read_steps
@@ -40,12 +40,6 @@ def horovod_importable() -> bool:
     return (
         subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, check=False).returncode == 0
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -116,9 +116,12 @@ def test_malformed_spec_is_rejected_naming_the_field(spec, path):
     assert all(message for _, message in caught.value.errors)
 
 
-def test_the_table_is_big_enough_and_every_case_differs_from_a_valid_spec():
-    assert len(MALFORMED) >= 20
-    validate_spec(base_spec())  # the base is valid, so each case fails for its own change
+@pytest.mark.parametrize("spec, path", [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED])
+def test_each_case_breaks_only_the_field_it_names(spec, path):
+    validate_spec(base_spec())  # the base is valid, so each case fails for its own change ...
+    with pytest.raises(SpecError) as caught:
+        validate_spec(spec)
+    assert {p for p, _ in caught.value.errors} == {path}  # ... and for nothing else
 
 
 @pytest.mark.parametrize(
