@@ -94,6 +94,7 @@ FORBIDDEN = {
     "gpt2bench.trainer": ("gpt2bench.plan", "gpt2bench.render", "gpt2bench.collect", "gpt2bench.local",
                           "gpt2bench.report", "gpt2bench.controller"),
     "gpt2bench.local": ("gpt2bench.controller",),
+    "gpt2bench.controller": ("gpt2bench.local",),
     "gpt2bench.report": ("gpt2bench.local", "gpt2bench.controller"),
 }
 
