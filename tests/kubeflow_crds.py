@@ -141,3 +141,19 @@ def validate_job(job: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None
         raise JobInvalid(
             f"{job.get('kind')} {job.get('metadata', {}).get('name')!r} is invalid:\n  " + "\n  ".join(problems)
         )
+
+
+def assert_each_mutation_rejected(job: dict[str, Any], cases) -> None:
+    """Every (mutate, needle): the mutated copy of `job` gets a problem mentioning `needle` and is refused."""
+    import copy
+
+    for mutate, needle in cases:
+        broken = copy.deepcopy(job)
+        mutate(broken)
+        problems = job_problems(broken)
+        assert any(needle in p for p in problems), (needle, problems)
+        try:
+            validate_job(broken)
+        except JobInvalid:
+            continue
+        raise AssertionError(f"validate_job accepted a job broken at {needle}")

@@ -3,7 +3,6 @@ CRDs (strictly), their CEL rules and webhooks; the pods they become satisfy Pod 
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import test_render
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from kube.trainer_v2 import build_jobset
-from kubeflow_crds import JobInvalid, job_problems, validate_job
+from kubeflow_crds import assert_each_mutation_rejected, job_problems, validate_job
 from trainer_v2_rules import jobset_spec_problems, restricted_problems
 
 from gpt2bench.plan import plan_runs
@@ -60,7 +59,7 @@ def test_validator_rejects_broken_trainjobs():
     job = render_all(benchmark({"sweep": {"strategies": [{"name": "ddp"}], "scales": [{"nodes": 2}]}}))[0]
     validate_job(job)
     node = lambda j: patched(j, "node")["spec"]["containers"][0]  # noqa: E731
-    for mutate, needle in [
+    assert_each_mutation_rejected(job, [
         (lambda j: j["spec"]["trainer"].update(numProcPerNode="auto"), "numProcPerNode"),  # int32 since v2.2
         (lambda j: j["spec"]["trainer"].update(nprocPerNode=2), "nprocPerNode"),  # unknown field
         (lambda j: j["spec"].update(podTemplateOverrides=[]), "podTemplateOverrides"),  # v2.1, gone in v2.3
@@ -74,28 +73,19 @@ def test_validator_rejects_broken_trainjobs():
         (lambda j: j["spec"]["runtimeRef"].update(kind="Runtime"), "unsupported runtime"),
         (lambda j: j["metadata"].update(name="x" * 49), "longer than 63"),  # the JobSet's pod names
         (lambda j: j["metadata"].update(name="Bench"), "RFC 1035"),
-    ]:
-        broken = copy.deepcopy(job)
-        mutate(broken)
-        problems = job_problems(broken)
-        assert any(needle in p for p in problems), (needle, problems)
-        with pytest.raises(JobInvalid):
-            validate_job(broken)
+    ])
 
 
 def test_validator_rejects_broken_runtimes_and_accepts_upstreams():
     for path in sorted(UPSTREAM_RUNTIMES.glob("*.yaml")):
         assert job_problems(yaml.safe_load(path.read_text())) == [], path.name
-    for mutate, needle in [
+    assert_each_mutation_rejected(mpi_runtime(), [
         (lambda r: r["spec"]["mlPolicy"].update(torch={}), "only one of the policy"),
         (lambda r: r["spec"]["template"]["spec"]["replicatedJobs"][1].update(replicas=2), "always must be 1"),
         (lambda r: r["spec"]["template"]["spec"]["replicatedJobs"].reverse(), "cannot depend on"),
         (lambda r: r["spec"]["mlPolicy"]["mpi"].update(mpiImplementation="Intel"), "mpiImplementation"),
         (lambda r: r["spec"]["mlPolicy"]["mpi"].update(numProcPerNode="2"), "numProcPerNode"),
-    ]:
-        broken = mpi_runtime()
-        mutate(broken)
-        assert any(needle in p for p in job_problems(broken)), (needle, job_problems(broken))
+    ])
 
 
 # -- the project's runtimes -------------------------------------------------------------------------------
