@@ -35,7 +35,10 @@ StrategyName = Literal["single", "dataparallel", "ddp", "fsdp", "horovod", "ps",
 Precision = Literal["fp32", "fp16", "bf16"]
 IntOrString = int | str
 
+# Trainer images by device type (Dockerfile targets `trainer` and `trainer-cuda`), when neither the spec nor
+# the operator (`--trainer-image-cpu/-gpu`, the chart's `trainerImage`) names one.
 DEFAULT_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0"
+DEFAULT_GPU_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda"
 
 
 class SpecModel(BaseModel):
@@ -222,12 +225,27 @@ class MetricsSpec(SpecModel):
     pod_annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
 
 
+class ImagesSpec(SpecModel):
+    """The trainer image by device type: CPU runs (devicesPerNode 0) and GPU runs need different torch builds."""
+
+    cpu: str | None = Field(
+        None, min_length=1,
+        description=f"Image of CPU runs; default: the operator's --trainer-image-cpu, else {DEFAULT_IMAGE}.")
+    gpu: str | None = Field(
+        None, min_length=1,
+        description=f"Image of GPU runs (CUDA torch, Horovod with NCCL); default: the operator's "
+                    f"--trainer-image-gpu, else {DEFAULT_GPU_IMAGE}.")
+
+
 class GPT2BenchmarkSpec(SpecModel):
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     sweep: SweepSpec
-    image: str = Field(DEFAULT_IMAGE, min_length=1, description="Trainer image (has gpt2bench, torchrun, mpirun).")
+    image: str | None = Field(
+        None, min_length=1,
+        description="Trainer image of every run (has gpt2bench, torchrun, mpirun); unset: `images` by device type.")
+    images: ImagesSpec = Field(default_factory=ImagesSpec, description="Trainer image by device type.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -236,6 +254,20 @@ class GPT2BenchmarkSpec(SpecModel):
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     concurrency: int = Field(1, ge=1, le=64, description="Runs at once; 1 (default) keeps timings undisturbed.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_image(self) -> GPT2BenchmarkSpec:
+        if self.image is not None and (self.images.cpu is not None or self.images.gpu is not None):
+            raise ValueError("spec.images: set either image (every run) or images (by device type), not both")
+        return self
+
+    def trainer_image(self, gpus: bool) -> str:
+        """The image of a run on GPUs (gpus) or on CPU."""
+        if self.image:
+            return self.image
+        if gpus:
+            return self.images.gpu or DEFAULT_GPU_IMAGE
+        return self.images.cpu or DEFAULT_IMAGE
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> GPT2BenchmarkSpec:
