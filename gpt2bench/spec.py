@@ -208,10 +208,25 @@ class SchedulingSpec(SpecModel):
     priority_class_name: str | None = Field(None, description="Pods' priorityClassName.")
 
 
+# The operator reads a finished job's results within a second (it watches the jobs), or at its next poll
+# (--poll-interval, 10 s by default) when it was away: a TTL below this would race it.
+MIN_TTL_SECONDS = 60
+
+
 class RunPolicySpec(SpecModel):
     backoff_limit: int = Field(0, ge=0, le=100, description="Restarts before a job is Failed.")
     active_deadline_seconds: int | None = Field(7200, ge=1, description="Kill a run after this long.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete finished jobs after this long.")
+
+    @model_validator(mode="after")
+    def _ttl_leaves_time_to_read_results(self) -> RunPolicySpec:
+        ttl = self.ttl_seconds_after_finished
+        if ttl is not None and ttl < MIN_TTL_SECONDS:
+            raise ValueError(
+                f"ttlSecondsAfterFinished: {ttl} s would delete a finished job and its pods (whose termination "
+                f"message and log hold the results) before the operator may have read them: use at least "
+                f"{MIN_TTL_SECONDS}, or leave it unset")
+        return self
 
 
 # A trainer's Prometheus port: unprivileged, so that the non-root trainer can bind it.
