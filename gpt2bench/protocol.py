@@ -18,6 +18,13 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 MAX_TERMINATION_MESSAGE = 4096  # the kubelet keeps at most 4096 bytes of a termination message
 # The trainer's last stdout line: `GPT2BENCH_SUMMARY {compact json}` (collect and launch look for it).
 SUMMARY_PREFIX = "GPT2BENCH_SUMMARY "
+# Just before it, the per-step curves: `GPT2BENCH_STEPS <base64 of gzip of a JSON object of columns>`, one
+# line of at most MAX_STEPS_LINE characters (steps are thinned evenly, the last one kept, until it fits). The
+# operator reads it from the result pod's log into a ConfigMap, so that the curves outlive the pods.
+STEPS_PREFIX = "GPT2BENCH_STEPS "
+MAX_STEPS_LINE = 16_000  # below the 16 KiB at which container runtimes split a log line
+STEPS_COLUMNS = ("step", "warmup", "loss", "grad_norm", "lr", "step_seconds", "tokens_per_second")
+MAX_STEPS_JSON = 1_000_000  # decoded size limit: what a ConfigMap can hold
 
 # ------------------------------------------------------------------ the jobs a run becomes
 PYTORCHJOB_API = "kubeflow.org/v1"
@@ -26,6 +33,19 @@ MPIJOB_API = "kubeflow.org/v2beta1"
 PYTORCH_CONTAINER = "pytorch"
 LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
+# The Kubeflow operators' pod labels: which job a pod belongs to, and its role (`master`, `launcher`).
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+
+# ------------------------------------------------------------------ the trainer image and its pods
+# The image's non-root user (Dockerfile: `useradd --uid 1000 gpt2bench`); every rendered pod runs as it.
+TRAINER_UID = 1000
+TRAINER_HOME = "/home/gpt2bench"
+# MPIJob workers run sshd as that user, unprivileged port (mpi-operator's non-root mode).
+SSH_PORT = 2222
+# The operator's default trainer images by device type (`gpt2bench operator --trainer-image-cpu/-gpu`).
+TRAINER_IMAGE_CPU_ENV = "GPT2BENCH_TRAINER_IMAGE_CPU"
+TRAINER_IMAGE_GPU_ENV = "GPT2BENCH_TRAINER_IMAGE_GPU"
 
 # ------------------------------------------------------------------ labels on jobs and pods
 BENCHMARK_LABEL = "gpt2bench.io/benchmark"
@@ -33,3 +53,6 @@ RUN_LABEL = "gpt2bench.io/run"
 STRATEGY_LABEL = "gpt2bench.io/strategy"
 PRECISION_LABEL = "gpt2bench.io/precision"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpt2bench-operator"
+COMPONENT_LABEL = "app.kubernetes.io/component"
