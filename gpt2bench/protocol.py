@@ -25,6 +25,11 @@ STEPS_PREFIX = "GPT2BENCH_STEPS "
 MAX_STEPS_LINE = 16_000  # below the 16 KiB at which container runtimes split a log line
 STEPS_COLUMNS = ("step", "warmup", "loss", "grad_norm", "lr", "step_seconds", "tokens_per_second")
 MAX_STEPS_JSON = 1_000_000  # decoded size limit: what a ConfigMap can hold
+# Where the operator keeps them: a ConfigMap `<run>-steps` per run, owned by the GPT2Benchmark, labelled
+# with the benchmark and run labels and `app.kubernetes.io/component: steps`, key `steps.jsonl`.
+STEPS_COMPONENT = "steps"
+STEPS_CONFIGMAP_KEY = "steps.jsonl"
+STEPS_CONFIGMAP_SUFFIX = "-steps"
 
 # ------------------------------------------------------------------ the jobs a run becomes
 PYTORCHJOB_API = "kubeflow.org/v1"

@@ -24,8 +24,10 @@ from pydantic.alias_generators import to_camel
 
 from gpt2bench.files import write_atomic
 
-# Run phases. Interrupted and Skipped exist only locally (a cluster sweep is never Ctrl-C'd).
+# Run phases. Interrupted and Skipped exist only locally (a cluster sweep is never Ctrl-C'd); Queued only on a
+# cluster (the run's job exists but is suspended, e.g. by Kueue until its queue admits it).
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+QUEUED = "Queued"
 INTERRUPTED, SKIPPED = "Interrupted", "Skipped"
 # Overall phases. PartiallySucceeded: every run finished, some failed, some succeeded (the comparison
 # table still has rows to read, so it is not Failed; but not all strategies worked, so not Succeeded).
@@ -33,8 +35,8 @@ PARTIALLY_SUCCEEDED, INVALID = "PartiallySucceeded", "Invalid"
 TERMINAL_RUN_PHASES = (SUCCEEDED, FAILED)
 FINISHED_PHASES = (SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED, INVALID)
 
-RunPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
-LocalRunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Interrupted", "Skipped"]
+RunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed"]
+LocalRunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed", "Interrupted", "Skipped"]
 BenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid"]
 LocalBenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid",
                               "Interrupted"]
@@ -94,7 +96,7 @@ class RunStatus(StatusModel):
     processes_per_node: int = Field(description="Processes per pod, parameter servers included.")
     job_kind: str = Field(description="PyTorchJob or MPIJob.")
     job_name: str
-    phase: RunPhase = Field(description="Pending, Running, Succeeded or Failed.")
+    phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded or Failed.")
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     reason: str | None = Field(None, description="Why the run failed.")
@@ -114,6 +116,14 @@ class BestRun(StatusModel):
     strategy: str
     precision: str
     tokens_per_second: float
+
+
+# Condition types of a GPT2Benchmark, as batch Jobs have them (`kubectl wait --for=condition=Complete`):
+# Ready (results are there: Succeeded or PartiallySucceeded), Complete (every run finished and at least one
+# has results), Failed (no run succeeded, or the spec is invalid), Queued (a run's job is suspended, waiting
+# for its queue), and SpecChangeIgnored. Each carries the generation it was decided on.
+READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
+SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 
 
 class Condition(StatusModel):

@@ -49,8 +49,8 @@ def benchmarks(client):
 
 
 @pytest.fixture
-def trainer(client):
-    return TrainingOperator(client)
+def trainer(cluster, client):
+    return TrainingOperator(client, cluster=cluster)
 
 
 def _finished(job: dict) -> bool:
@@ -147,7 +147,9 @@ def test_a_killed_pod_without_message_fails_with_the_container_reason(benchmarks
     benchmarks.create(benchmark("oom", [{"name": "ddp"}]))
     play(trainer, "oom", 1, lambda t, job, i: t.finish(job, succeeded=False, message=None, exit_code=137))
     status = wait_for(lambda: (s := benchmarks.status("oom")).get("phase") == "Failed" and s, what="Failed")
-    assert status["runs"][0]["reason"] == "OOMKilled (exit code 137)"
+    # the container's end first, then the training operator's own words
+    assert status["runs"][0]["reason"] == ("OOMKilled (exit code 137); PyTorchJob oom-ddp-fp32-1x2 is failed because "
+                                           "1 Master replica(s) failed.")
     assert status.get("best") is None
 
 
