@@ -7,8 +7,9 @@ completionTime}` (entries as in docs/design.md; local entries add `stepsFile`, a
     gpt2bench report DIR                                # rebuild DIR/results.md and DIR/*.png
     gpt2bench report --cluster NAME [-n NS] [--output DIR]   # the same from a cluster's GPT2Benchmark
 
-Per-step curves (loss, grad norm) need the runs' steps.jsonl, which only a local run keeps; a cluster's
-status holds the summary figures only, so its report has the bar charts and says why the curves are missing.
+Per-step curves (loss, grad norm) come from the runs' steps.jsonl: a local run keeps the trainer's file, and
+on a cluster the operator keeps each run's curves in a ConfigMap `<run>-steps` (from the result pod's log),
+which `--cluster` writes to DIR/steps/<run>.jsonl.
 """
 
 from __future__ import annotations
@@ -413,7 +414,50 @@ def fetch_cluster_doc(name: str, namespace: str | None, context: str | None = No
         raise ClusterReadError(f"GPT2Benchmark {namespace}/{name}: {detail}") from None
     except (OSError, urllib3.exceptions.HTTPError) as exc:  # connection refused, TLS, DNS ...
         raise ClusterReadError(f"cannot reach the cluster: {exc}") from None
-    return results_doc_from_resource(resource)
+    doc = results_doc_from_resource(resource)
+    doc["stepsText"] = fetch_cluster_steps(client.CoreV1Api(), resource)
+    return doc
+
+
+def fetch_cluster_steps(core: Any, resource: dict[str, Any]) -> dict[str, str]:
+    """Run name -> steps.jsonl text, from the ConfigMaps the operator keeps for the benchmark (its own only:
+    owned by this uid). Nothing when they cannot be read: the report then says the curves are missing."""
+    from kubernetes.client.exceptions import ApiException
+
+    from gpt2bench.protocol import (
+        BENCHMARK_LABEL,
+        COMPONENT_LABEL,
+        RUN_LABEL,
+        STEPS_COMPONENT,
+        STEPS_CONFIGMAP_KEY,
+    )
+    from gpt2bench.render import label_value
+
+    metadata = resource.get("metadata") or {}
+    selector = f"{BENCHMARK_LABEL}={label_value(metadata.get('name', ''))},{COMPONENT_LABEL}={STEPS_COMPONENT}"
+    try:
+        listed = core.list_namespaced_config_map(metadata.get("namespace") or "default", label_selector=selector,
+                                                 _preload_content=False)
+    except ApiException:
+        return {}
+    found = {}
+    for item in json.loads(listed.data).get("items", []):
+        owners = (item.get("metadata") or {}).get("ownerReferences") or []
+        run = ((item.get("metadata") or {}).get("labels") or {}).get(RUN_LABEL)
+        if run and any(o.get("uid") == metadata.get("uid") for o in owners):
+            found[run] = (item.get("data") or {}).get(STEPS_CONFIGMAP_KEY) or ""
+    return found
+
+
+def write_cluster_steps(doc: dict[str, Any], directory: Path) -> None:
+    """DIR/steps/<run>.jsonl for the runs whose curves the cluster kept; their entries name the file."""
+    texts = doc.pop("stepsText", None) or {}
+    for run in doc.get("runs") or []:
+        if texts.get(run.get("name")):
+            path = Path("steps") / f"{run['name']}.jsonl"
+            (directory / path).parent.mkdir(parents=True, exist_ok=True)
+            (directory / path).write_text(texts[run["name"]], encoding="utf-8")
+            run["stepsFile"] = str(path)
 
 
 # ---------------------------------------------------------------- CLI
@@ -448,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpt2bench report: --cluster: {exc}", file=sys.stderr)
             return 1
         directory = Path(args.output or Path("results") / f"{args.cluster}-cluster")
+        write_cluster_steps(doc, directory)
         write_results_json(doc, directory)
     else:
         if args.output:
