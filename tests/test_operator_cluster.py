@@ -20,7 +20,7 @@ from unittest import mock
 
 import pytest
 from kopf.testing import KopfRunner
-from kube.fixtures import Benchmarks, api_client, benchmark, operator_env, wait_for
+from kube.fixtures import Benchmarks, api_client, benchmark, operator_calls, operator_env, wait_for
 from kube.training import TrainingOperator, kueue_webhook
 
 from gpt2bench.trainer.summary import steps_line
@@ -226,3 +226,13 @@ def _config_map(benchmarks: Benchmarks, name: str) -> dict | None:
             return None
         raise
     return json.loads(response.data)
+
+
+def test_rbac_covers_every_call_made_here(cluster, benchmarks):
+    """This module's paths (a namesake's job read on 409, Kueue, per-step ConfigMaps, pod logs) checked against the roles bound to the operator
+    in manifests/operator.yaml."""
+    from test_operator_manifests import allowed, cluster_role_rules
+
+    made = operator_calls(cluster)
+    assert {("kubeflow.org", "pytorchjobs", "get"), ("", "configmaps", "create"), ("", "pods/log", "get")} <= made
+    assert [call for call in sorted(made) if not allowed(cluster_role_rules(), *call)] == []

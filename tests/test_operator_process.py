@@ -235,7 +235,7 @@ def test_job_events_start_the_next_run_within_a_second_of_the_previous_one_endin
             benchmarks.create(benchmark("eager", strategies, sweep={
                 "strategies": strategies, "precisions": ["fp32", "bf16"],
                 "scales": [{"nodes": 1, "processesPerNode": 2}]}))
-            gaps = []
+            gaps, finished = [], 0.0
             for i in range(8):
                 job = wait_for(lambda i=i: len(jobs := trainer.jobs("eager")) == i + 1 and jobs[i], 30,
                                what=f"job {i} (the timer would take 60 s)")

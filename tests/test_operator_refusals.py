@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 from kube import EmulatedCluster
-from kube.fixtures import CRD, Benchmarks, api_client, benchmark, operator_env, wait_for
+from kube.fixtures import CRD, Benchmarks, api_client, benchmark, operator_calls, operator_env, wait_for
 from kube.training import TrainingOperator
 from kubeflow_crds import CRD_FILES, crd_dir
 
@@ -154,3 +154,13 @@ def test_a_real_schema_refusal_fails_every_run_and_the_benchmark_still_has_a_pha
     assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "NoRunSucceeded")
     assert trainer.jobs("badqueue") == []
     assert any(e["reason"] == "SweepFailed" for e in benchmarks.events("badqueue"))
+
+
+def test_rbac_covers_every_call_made_here(cluster, benchmarks):
+    """This module's paths (unserved kinds, refused jobs) checked against the roles bound to the operator
+    in manifests/operator.yaml."""
+    from test_operator_manifests import allowed, cluster_role_rules
+
+    made = operator_calls(cluster)
+    assert {("kubeflow.org", "pytorchjobs", "create"), ("kubeflow.org", "mpijobs", "list")} <= made
+    assert [call for call in sorted(made) if not allowed(cluster_role_rules(), *call)] == []

@@ -93,6 +93,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     pod_logs: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
     # mutating admission: fn(resource, object) may change the object being created (e.g. Kueue's webhook)
     admission: list[Any] = attrs.field(factory=list, init=False)
+    # (User-Agent, group, resource, verb) of the requests served past kmock (which records the others)
+    outside_requests: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
     _builtin_reactions: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -117,6 +119,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
         log = _POD_LOG.match(path)
         if log and raw.method == "GET":  # text, not JSON: served here, past kmock's (sticky) response headers
+            self.outside_requests.append((raw.headers.get("User-Agent", ""), "", "pods/log", "get"))
             try:
                 text = await self._pod_log(*log.groups(), raw.query)
             except ApiError as exc:
