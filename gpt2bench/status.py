@@ -43,6 +43,12 @@ LocalBenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucce
 
 DATE_TIME = {"format": "date-time"}
 
+# The most runs a GPT2Benchmark's status is sized for: with every entry at its largest (tests/
+# test_operator_status_size.py), status stays under STATUS_BYTES_BUDGET, leaving the rest of etcd's 1.5 MiB
+# object limit to metadata. The spec's bound on runs per benchmark must not exceed it.
+STATUS_RUNS_BUDGET = 1000
+STATUS_BYTES_BUDGET = 1024 * 1024
+
 
 class StatusModel(BaseModel):
     """camelCase on the wire; unknown fields are errors, so nothing undeclared is ever written."""

@@ -42,6 +42,7 @@ from .jobkinds import JobKind
 # sweep allowed, every run failing with the longest reason still leaves status far below etcd's limit
 # (tests/test_operator_status_size.py).
 STATUS_REASON_LIMIT = 512
+STATUS_DIGITS = 6
 
 
 def now_rfc3339() -> str:
@@ -295,9 +296,14 @@ def foreign_reason(job_name: str, kind: str, namespace: str, owner: str, uid: st
 
 
 def compact(entry: RunStatus) -> RunStatus:
-    """A run entry as status keeps it: a reason of at most STATUS_REASON_LIMIT characters."""
+    """A run entry as status keeps it: a reason of at most STATUS_REASON_LIMIT characters, figures to
+    STATUS_DIGITS significant digits (a benchmark's noise is in the second or third)."""
     if entry.reason and len(entry.reason) > STATUS_REASON_LIMIT:
         entry = entry.model_copy(update={"reason": entry.reason[: STATUS_REASON_LIMIT - 3] + "..."})
+    if entry.results is not None:
+        rounded = {name: float(f"{value:.{STATUS_DIGITS}g}")
+                   for name, value in entry.results.model_dump().items() if isinstance(value, float)}
+        entry = entry.model_copy(update={"results": entry.results.model_copy(update=rounded)})
     return entry
 
 

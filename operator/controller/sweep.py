@@ -302,10 +302,24 @@ def steps_config_map_name(run_name: str) -> str:
     return f"{run_name}{STEPS_CONFIGMAP_SUFFIX}"
 
 
+# More runs than this failing for the same reason in one step (a kind that is not served, a quota) get one
+# Event between them, not one each: a 1000-run sweep must not post 1000 Events at once.
+GROUPED_EVENTS_FROM = 4
+
+
 def _post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs: list[RunStatus],
                       summary: BenchmarkStatus, phase_before: str | None) -> None:
     namespace = body["metadata"].get("namespace") or "default"
-    for entry, before in rc.transitions(old_runs, new_runs):
+    changed = rc.transitions(old_runs, new_runs)
+    failures: dict[str, list[str]] = {}
+    for entry, _ in changed:
+        if entry.phase == rc.FAILED:
+            failures.setdefault(entry.reason or "", []).append(entry.name)
+    for reason, names in failures.items():
+        if len(names) >= GROUPED_EVENTS_FROM:
+            listed = ", ".join(names[:3]) + f" and {len(names) - 3} more"
+            _event(body, "Warning", "RunFailed", f"{len(names)} runs ({listed}): {reason}")
+    for entry, before in changed:
         if entry.phase == rc.RUNNING and before == rc.QUEUED:
             _event(body, "Normal", "RunAdmitted", f"{entry.name}: job {entry.job_name} resumed")
         elif entry.phase == rc.RUNNING:
@@ -319,7 +333,8 @@ def _post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs:
             _event(body, "Normal", "RunSucceeded", f"{entry.name}: {tps} tokens/s")
         elif entry.phase == rc.FAILED:
             metrics.RUNS_FAILED.labels(namespace).inc()
-            _event(body, "Warning", "RunFailed", f"{entry.name}: {entry.reason}")
+            if len(failures[entry.reason or ""]) < GROUPED_EVENTS_FROM:
+                _event(body, "Warning", "RunFailed", f"{entry.name}: {entry.reason}")
     if summary.phase != rc.RUNNING and phase_before in (rc.RUNNING, rc.PENDING):
         best = summary.best
         text = (f"{summary.message}; best: {best.run if best else None} "
