@@ -252,3 +252,12 @@ def test_termination_message_prefers_the_named_container_and_falls_back_to_last_
         {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}) == "OOMKilled (exit code 137)"
     assert kube.termination_reason({"status": {"containerStatuses": [
         {"state": {"terminated": {"reason": "Completed", "exitCode": 0}}}]}}) is None  # it did not fail
+
+
+def test_only_job_events_that_can_change_a_sweep_wake_it():
+    created = {"metadata": {"name": "j"}, "spec": {"runPolicy": {}}}
+    assert not rc.job_event_matters(None, created, PYTORCHJOB), "the listing at startup"
+    assert not rc.job_event_matters("ADDED", created, PYTORCHJOB), "just created by the operator itself"
+    assert rc.job_event_matters("ADDED", {"spec": {"runPolicy": {"suspend": True}}}, PYTORCHJOB), "Kueue queued it"
+    assert rc.job_event_matters("ADDED", _job(("Succeeded", "True")), MPIJOB), "seen after a restart"
+    assert rc.job_event_matters("MODIFIED", created, PYTORCHJOB) and rc.job_event_matters("DELETED", created, MPIJOB)

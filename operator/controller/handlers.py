@@ -84,9 +84,11 @@ def follow_jobs(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
         sweep.follow(body.metadata.namespace or "default", body.metadata.name, logger)
 
 
-def job_changed(body: kopf.Body, type: str | None, logger: logging.Logger, **_: Any) -> None:
-    if type is None:
-        return  # the listing at startup: the resume handler and the timer pick the sweeps up
+def _job_event_matters(type: str | None, body: kopf.Body, **_: Any) -> bool:
+    return rc.job_event_matters(type, body, JOB_KINDS[body.get("kind", "")])
+
+
+def job_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     owner = sweep.owner_of(body)
     if owner is not None:
         with metrics.counting_errors(body.metadata.namespace):
@@ -95,7 +97,7 @@ def job_changed(body: kopf.Body, type: str | None, logger: logging.Logger, **_: 
 
 # Every job kind the operator creates, watched alike (a kind whose CRD is missing is served once it appears).
 for _kind in JOB_KINDS.values():
-    kopf.on.event(*_kind.resource, labels={MANAGED_BY_LABEL: MANAGED_BY})(job_changed)
+    kopf.on.event(*_kind.resource, labels={MANAGED_BY_LABEL: MANAGED_BY}, when=_job_event_matters)(job_changed)
 
 
 @kopf.on.update(*RESOURCE, field="spec")

@@ -83,6 +83,17 @@ def job_state(job: dict[str, Any], kind: JobKind) -> JobState:
     return JobState(PENDING)
 
 
+def job_event_matters(event_type: str | None, job: dict[str, Any], kind: JobKind) -> bool:
+    """Whether a job's watch event can change its sweep. Not the initial listing (resume and the timer pick
+    sweeps up), nor the ADDED event of a job just created, with nothing said about it yet: the operator
+    created it and recorded that already (a burst of 100 new sweeps would otherwise read each twice)."""
+    if event_type is None:
+        return False
+    if event_type == "ADDED":
+        return bool((job.get("status") or {}).get("conditions")) or kind.suspended_in_spec(job)
+    return True
+
+
 def controller_uid(obj: dict[str, Any]) -> str | None:
     """The uid of the object's controller (the ownerReference with controller: true), if any."""
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
