@@ -209,7 +209,7 @@ class SchedulingSpec(SpecModel):
 
 
 # The operator reads a finished job's results within a second (it watches the jobs), or at its next poll
-# (--poll-interval, 10 s by default) when it was away: a TTL below this would race it.
+# (--poll-interval: 30 s by default, at most this) when it was away: a shorter TTL would race it.
 MIN_TTL_SECONDS = 60
 
 
