@@ -309,6 +309,13 @@ def test_the_image_follows_the_device_type():
 # -- examples and CLI -------------------------------------------------------------------------------------
 
 
+def test_the_gpu_example_uses_the_cuda_trainer_and_the_cpu_example_the_cpu_one():
+    for name, image in (("gpu-papers.yaml", DEFAULT_GPU_IMAGE), ("cpu-sweep.yaml", DEFAULT_IMAGE)):
+        images = {c["image"] for job in render_all(load_benchmark_file(str(EXAMPLES / name)))
+                  for t in pod_templates(job).values() for c in t["spec"]["containers"]}
+        assert images == {image}, name
+
+
 @pytest.mark.parametrize("name", ["cpu-sweep.yaml", "gpu-papers.yaml"])
 def test_examples_render_valid_jobs(name):
     jobs = render_all(load_benchmark_file(str(EXAMPLES / name)))

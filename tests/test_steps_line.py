@@ -8,6 +8,8 @@ import gzip
 import json
 import math
 
+import pytest
+
 from gpt2bench.collect import decode_steps, find_steps, steps_jsonl
 from gpt2bench.protocol import MAX_STEPS_JSON, MAX_STEPS_LINE, STEPS_COLUMNS, STEPS_PREFIX
 from gpt2bench.trainer.summary import publish_steps, steps_line
@@ -63,3 +65,17 @@ def test_garbage_gives_no_curves_rather_than_an_error():
     uneven = gzip.compress(json.dumps({"step": [1, 2], "loss": [1.0]}).encode())
     assert find_steps(STEPS_PREFIX + base64.b64encode(uneven).decode()) is None
     assert decode_steps(steps_line(records(1))[len(STEPS_PREFIX):])[0]["step"] == 1
+
+
+@pytest.mark.slow
+def test_the_real_trainer_prints_its_steps_jsonl_as_the_line_before_its_summary(run_trainer):
+    run = run_trainer(["--steps", "6", "--warmup-steps", "2"])
+    lines = run.stdout.splitlines()
+    steps_at = next(i for i, line in enumerate(lines) if line.startswith(STEPS_PREFIX))
+    assert lines[steps_at + 1].startswith("GPT2BENCH_SUMMARY "), "the summary line stays last"
+    back = find_steps(run.stdout)
+    assert [r["step"] for r in back] == [r["step"] for r in run.steps] == list(range(1, 7))
+    for printed, written in zip(back, run.steps, strict=True):
+        assert printed["warmup"] == written["warmup"]
+        assert math.isclose(printed["loss"], written["loss"], rel_tol=1e-5)
+        assert math.isclose(printed["grad_norm"], written["grad_norm"], rel_tol=1e-5)
