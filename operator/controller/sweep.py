@@ -129,7 +129,7 @@ def _start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
     with _lock(benchmark.namespace, benchmark.name):
         # No job listing here: a job left by a crashed attempt answers 409 and is adopted when it is ours.
         new_runs = _start_runs(body, benchmark, runs, status.runs, {}, now, logger)
-    if any(r.phase != rc.PENDING for r in new_runs):
+    if any(r.phase == rc.RUNNING for r in new_runs):  # a job was created (not only refused)
         metrics.observe_first_job(body.metadata.get("creationTimestamp"))
     summary = rc.summarize(status, new_runs, now)
     _post_transitions(body, status.runs, new_runs, summary, rc.PENDING)
