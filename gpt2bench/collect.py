@@ -137,7 +137,7 @@ def run_entry(
         devices_per_node=run.devices_per_node,
         processes_per_node=run.procs_per_node,
         job_kind=run.job_kind,
-        job_name=job_name or run.name,
+        job_name=job_name or getattr(run, "job_name", run.name),  # a TrainJob's may be shorter (plan.Run.job_name)
         phase=phase,
         start_time=start_time,
         completion_time=completion_time,

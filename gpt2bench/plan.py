@@ -12,10 +12,12 @@ Runs equal in (strategy, precision, effective scale) are planned once, at their 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
 
+from gpt2bench.jobkinds import JOB_KINDS, job_kind_for, max_job_name_length, resolve_backend
 from gpt2bench.protocol import OUTPUT_ENV
 from gpt2bench.spec import Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
 from gpt2bench.trainer.config import ProcessOptions, TrainConfig
@@ -36,7 +38,7 @@ class Run:
     strategy: StrategySpec
     precision: str
     scale: ScaleSpec
-    job_kind: str  # "PyTorchJob" | "MPIJob"
+    job_kind: str  # "PyTorchJob" | "MPIJob" | "TrainJob" (gpt2bench.jobkinds)
     nodes: int  # pods doing training
     procs_per_node: int  # processes per pod, parameter servers included
     world_size: int  # training workers, servers excluded
@@ -44,6 +46,19 @@ class Run:
     ps_servers: int
     benchmark: str = ""
     spec: GPT2BenchmarkSpec | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def backend(self) -> str:
+        return JOB_KINDS[self.job_kind].backend
+
+    @property
+    def job_name(self) -> str:
+        """The job's name: the run's, shortened (with a hash) where the job kind's pod names need room."""
+        return fit_name(self.name, max_job_name_length(self.job_kind, self.strategy.name, self.nodes))
+
+    def for_backend(self, backend: str) -> Run:
+        """This run as the job kind a resolved backend gives it."""
+        return dataclasses.replace(self, job_kind=job_kind_for(self.strategy.name, backend))
 
     @property
     def total_processes(self) -> int:
@@ -105,9 +120,17 @@ def _effective(strategy: StrategySpec, scale: ScaleSpec) -> tuple[int, int, int]
     return scale.nodes, scale.procs_per_node, scale.devices_per_node
 
 
-def plan_runs(benchmark: Benchmark) -> list[Run]:
-    """All runs of the sweep, in start order, with unique DNS-safe names."""
+def resolved_backend(benchmark: Benchmark, backend: str | None = None) -> str:
+    """`backend` (resolved by the caller, e.g. from the API's discovery) or the spec's own; an `auto` that
+    nobody resolved becomes jobkinds.OFFLINE_BACKEND."""
+    return resolve_backend(backend or benchmark.spec.backend)
+
+
+def plan_runs(benchmark: Benchmark, backend: str | None = None) -> list[Run]:
+    """All runs of the sweep, in start order, with unique DNS-safe names, as jobs of `backend`
+    (see resolved_backend)."""
     spec = benchmark.spec
+    backend = resolved_backend(benchmark, backend)
     runs: list[Run] = []
     seen: set[tuple] = set()
     for scale in spec.sweep.scales:
@@ -126,7 +149,7 @@ def plan_runs(benchmark: Benchmark) -> list[Run]:
                         strategy=strategy,
                         precision=precision,
                         scale=scale,
-                        job_kind="MPIJob" if strategy.name == "horovod" else "PyTorchJob",
+                        job_kind=job_kind_for(strategy.name, backend),
                         nodes=nodes,
                         procs_per_node=workers + servers // nodes,
                         world_size=nodes * workers,

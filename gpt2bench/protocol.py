@@ -34,10 +34,13 @@ STEPS_CONFIGMAP_SUFFIX = "-steps"
 # ------------------------------------------------------------------ the jobs a run becomes
 PYTORCHJOB_API = "kubeflow.org/v1"
 MPIJOB_API = "kubeflow.org/v2beta1"
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"  # Kubeflow Trainer v2
 # Container names: the training operator finds the PyTorchJob's container by the name `pytorch`.
 PYTORCH_CONTAINER = "pytorch"
 LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
+# Trainer v2's plugins only touch containers named `node` (the trainer's, and an MPI launcher's too).
+TRAINJOB_CONTAINER = "node"
 # The Kubeflow operators' pod labels: which job a pod belongs to, and its role (`master`, `launcher`).
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
@@ -58,6 +61,8 @@ RUN_LABEL = "gpt2bench.io/run"
 STRATEGY_LABEL = "gpt2bench.io/strategy"
 PRECISION_LABEL = "gpt2bench.io/precision"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# On a TrainJob: which of its replicated jobs' pod 0 holds the trainer's summary (`node` or `launcher`).
+RESULT_REPLICATED_JOB_ANNOTATION = "gpt2bench.io/result-replicated-job"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpt2bench-operator"
 COMPONENT_LABEL = "app.kubernetes.io/component"

@@ -34,6 +34,7 @@ MODEL_PRESETS = ("tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "custom
 StrategyName = Literal["single", "dataparallel", "ddp", "fsdp", "horovod", "ps", "ps-sharded"]
 Precision = Literal["fp32", "fp16", "bf16"]
 IntOrString = int | str
+Backend = Literal["auto", "trainjob", "pytorchjob"]
 
 # Trainer images by device type (Dockerfile targets `trainer` and `trainer-cuda`), when neither the spec nor
 # the operator (`--trainer-image-cpu/-gpu`, the chart's `trainerImage`) names one.
@@ -269,6 +270,14 @@ class GPT2BenchmarkSpec(SpecModel):
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     concurrency: int = Field(1, ge=1, le=64, description="Runs at once; 1 (default) keeps timings undisturbed.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    backend: Backend = Field(
+        "auto",
+        description=(
+            "Which Kubeflow jobs the runs become: `trainjob` (Kubeflow Trainer v2 TrainJobs), `pytorchjob` "
+            "(training-operator v1 PyTorchJobs, and mpi-operator MPIJobs for horovod), or `auto`: the operator "
+            "asks the API server and prefers TrainJob (docs/backends.md)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_way_to_name_the_image(self) -> GPT2BenchmarkSpec:

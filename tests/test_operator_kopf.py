@@ -149,8 +149,8 @@ def test_a_killed_pod_without_message_fails_with_the_container_reason(benchmarks
     play(trainer, "oom", 1, lambda t, job, i: t.finish(job, succeeded=False, message=None, exit_code=137))
     status = wait_for(lambda: (s := benchmarks.status("oom")).get("phase") == "Failed" and s, what="Failed")
     # the container's end first, then the training operator's own words
-    assert status["runs"][0]["reason"] == ("OOMKilled (exit code 137); PyTorchJob oom-ddp-fp32-1x2 is failed because "
-                                           "1 Master replica(s) failed.")
+    assert status["runs"][0]["reason"] == ("OOMKilled (exit code 137); PyTorchJobFailed: PyTorchJob oom-ddp-fp32-1x2 "
+                                           "is failed because 1 Master replica(s) failed.")
     assert status.get("best") is None
 
 

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from gpt2bench import jobkinds as kinds
 from gpt2bench.controller import kube
 from gpt2bench.controller import reconcile as rc
-from gpt2bench.controller.jobkinds import JOB_KINDS, MPIJOB, PYTORCHJOB, missing_kind_reason
+from gpt2bench.controller.jobkinds import JOB_KINDS, missing_kind_reason
 from gpt2bench.plan import plan_runs
 from gpt2bench.spec import Benchmark, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
@@ -22,8 +23,12 @@ def _runs(strategies=("single", "ddp", "fsdp")):
     return plan_runs(Benchmark(name="b", spec=spec))
 
 
-def _job(*conditions: tuple[str, str], message: str = "") -> dict:
-    return {"status": {"conditions": [{"type": t, "status": s, "message": message} for t, s in conditions]}}
+PYTORCHJOB, MPIJOB = JOB_KINDS["PyTorchJob"], JOB_KINDS["MPIJob"]
+
+
+def _job(*conditions: tuple[str, str], message: str = "", kind: str = "PyTorchJob") -> dict:
+    return {"kind": kind, "metadata": {"name": "j", "namespace": "ns"},
+            "status": {"conditions": [{"type": t, "status": s, "message": message} for t, s in conditions]}}
 
 
 @pytest.mark.parametrize("kind", [PYTORCHJOB, MPIJOB])
@@ -45,26 +50,28 @@ def _job(*conditions: tuple[str, str], message: str = "") -> dict:
     ],
 )
 def test_job_state_follows_the_kubeflow_conditions(kind, conditions, phase):
-    assert rc.job_state(_job(*conditions), kind).phase == phase
+    assert rc.job_state(_job(*conditions, kind=kind.kind)).phase == phase
 
 
 def test_a_job_kueue_suspended_at_creation_is_queued_before_any_condition():
-    job = {"spec": {"runPolicy": {"suspend": True}}}
-    assert rc.job_state(job, PYTORCHJOB).phase == "Queued"
-    assert rc.job_state({"spec": {"runPolicy": {"suspend": False}}}, PYTORCHJOB).phase == "Pending"
+    job = {"kind": "PyTorchJob", "spec": {"runPolicy": {"suspend": True}}}
+    assert rc.job_state(job).phase == "Queued"
+    assert rc.job_state({"kind": "PyTorchJob", "spec": {"runPolicy": {"suspend": False}}}).phase == "Pending"
+    assert rc.job_state({"kind": "TrainJob", "spec": {"suspend": True}}).phase == "Queued"  # Trainer v2's flag
 
 
 def test_job_state_carries_the_failure_message():
-    state = rc.job_state(_job(("Failed", "True"), message="pod master-0 OOMKilled"), PYTORCHJOB)
+    state = rc.job_state(_job(("Failed", "True"), message="pod master-0 OOMKilled"))
     assert state == rc.JobState("Failed", "pod master-0 OOMKilled", "")
 
 
-def test_the_job_kinds_table_says_where_each_kinds_results_are():
-    assert PYTORCHJOB.result_pod_selector("j") == "training.kubeflow.org/job-name=j,training.kubeflow.org/job-role=master"
-    assert MPIJOB.result_pod_selector("j") == "training.kubeflow.org/job-name=j,training.kubeflow.org/job-role=launcher"
+def test_the_operators_job_kinds_are_the_shared_tables():
     assert (PYTORCHJOB.resource, MPIJOB.resource) == (("kubeflow.org", "v1", "pytorchjobs"),
                                                       ("kubeflow.org", "v2beta1", "mpijobs"))
-    assert set(JOB_KINDS) == {"PyTorchJob", "MPIJob"}
+    assert all(followed.base is kinds.JOB_KINDS[name] for name, followed in JOB_KINDS.items())
+    assert set(JOB_KINDS) == {"PyTorchJob", "MPIJob"}, "TrainJob is followed from issue 10's next phase on"
+    assert kinds.result_pod_selector(_job(kind="MPIJob")) == \
+        "training.kubeflow.org/job-name=j,training.kubeflow.org/job-role=launcher"
 
 
 def test_a_missing_kind_names_its_crd_what_to_install_and_what_serves_the_other_version():
@@ -107,7 +114,7 @@ def test_sequential_by_default_and_parallel_up_to_concurrency():
 def test_a_job_left_by_a_previous_operator_counts_as_active_and_is_not_recreated():
     entries = rc.initial_status(_runs(), 1, NOW).runs
     jobs = {entries[0].job_name: _job(("Created", "True"))}  # created, status patch lost in a crash
-    seen = rc.observe(entries, jobs, JOB_KINDS)
+    seen = rc.observe(entries, jobs)
     assert seen.started == [entries[0].name]
     assert rc.runs_to_start(entries, jobs, 1) == []
 
@@ -116,7 +123,7 @@ def test_observe_finished_and_vanished_jobs():
     entries = [rc.mark_running(e, NOW) for e in rc.initial_status(_runs(), 1, NOW).runs]
     jobs = {entries[0].job_name: _job(("Succeeded", "True")),
             entries[1].job_name: _job(("Failed", "True"), message="1 Master replica(s) failed")}
-    seen = rc.observe(entries, jobs, JOB_KINDS)
+    seen = rc.observe(entries, jobs)
     assert [(f.name, f.job_succeeded, f.job_message) for f in seen.finished] == [
         (entries[0].name, True, ""), (entries[1].name, False, "1 Master replica(s) failed")]
     assert seen.vanished == [entries[2].name]
@@ -126,12 +133,12 @@ def test_a_suspended_job_queues_its_run_which_holds_its_slot_and_runs_when_admit
     entries = rc.initial_status(_runs(), 1, NOW).runs
     first = entries[0].job_name
     suspended = {first: {**_job(("Created", "True"), ("Suspended", "True")), "spec": {"runPolicy": {"suspend": True}}}}
-    seen = rc.observe(entries, suspended, JOB_KINDS)
+    seen = rc.observe(entries, suspended)
     assert seen.queued == [entries[0].name] and seen.started == []
     queued = [rc.mark_queued(entries[0], NOW)] + entries[1:]
     assert rc.runs_to_start(queued, suspended, 1) == [], "a queued run keeps its place"
     admitted = {first: _job(("Created", "True"), ("Suspended", "False"), ("Running", "True"))}
-    assert rc.observe(queued, admitted, JOB_KINDS).started == [entries[0].name]
+    assert rc.observe(queued, admitted).started == [entries[0].name]
     summary = rc.summarize(BenchmarkStatus(observed_generation=4), queued, NOW)
     assert summary.phase == "Running" and "queued" in summary.message
     condition = next(c for c in summary.conditions if c.type == "Queued")
@@ -255,9 +262,9 @@ def test_termination_message_prefers_the_named_container_and_falls_back_to_last_
 
 
 def test_only_job_events_that_can_change_a_sweep_wake_it():
-    created = {"metadata": {"name": "j"}, "spec": {"runPolicy": {}}}
-    assert not rc.job_event_matters(None, created, PYTORCHJOB), "the listing at startup"
-    assert not rc.job_event_matters("ADDED", created, PYTORCHJOB), "just created by the operator itself"
-    assert rc.job_event_matters("ADDED", {"spec": {"runPolicy": {"suspend": True}}}, PYTORCHJOB), "Kueue queued it"
-    assert rc.job_event_matters("ADDED", _job(("Succeeded", "True")), MPIJOB), "seen after a restart"
-    assert rc.job_event_matters("MODIFIED", created, PYTORCHJOB) and rc.job_event_matters("DELETED", created, MPIJOB)
+    created = {"kind": "PyTorchJob", "metadata": {"name": "j"}, "spec": {"runPolicy": {}}}
+    assert not rc.job_event_matters(None, created), "the listing at startup"
+    assert not rc.job_event_matters("ADDED", created), "just created by the operator itself"
+    assert rc.job_event_matters("ADDED", {"kind": "MPIJob", "spec": {"runPolicy": {"suspend": True}}}), "Kueue queued it"
+    assert rc.job_event_matters("ADDED", _job(("Succeeded", "True"), kind="MPIJob")), "seen after a restart"
+    assert rc.job_event_matters("MODIFIED", created) and rc.job_event_matters("DELETED", created)

@@ -156,6 +156,16 @@ def test_a_real_schema_refusal_fails_every_run_and_the_benchmark_still_has_a_pha
     assert any(e["reason"] == "SweepFailed" for e in benchmarks.events("badqueue"))
 
 
+
+def test_runs_of_a_kind_the_operator_does_not_create_yet_fail_saying_what_to_do(benchmarks, trainer):
+    """TrainJobs are rendered (gpt2bench.render.trainjob) but not yet created by the operator: a sweep that
+    asks for them ends, its runs saying how to run it, instead of stalling."""
+    benchmarks.create(benchmark("v2", [{"name": "single"}, {"name": "ddp"}], backend="trainjob"))
+    status = wait_for(lambda: (s := benchmarks.status("v2")).get("phase") == "Failed" and s, what="Failed")
+    assert all("does not create TrainJobs yet" in r["reason"] and "spec.backend: pytorchjob" in r["reason"]
+               for r in status["runs"])
+    assert trainer.jobs("v2") == []
+
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     """This module's paths (unserved kinds, refused jobs) checked against the roles bound to the operator
     in manifests/operator.yaml."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench import report
+from gpt2bench.jobkinds import BACKENDS, OFFLINE_BACKEND
 from gpt2bench.local.sweep import run_sweep, select_runs, with_steps
 from gpt2bench.plan import plan_runs
 from gpt2bench.spec import SpecError, load_benchmark_file
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", "-o", help="results folder (default: results/<benchmark name>)")
     parser.add_argument("--steps", type=_positive, help="override spec.training.steps (quick tries)")
     parser.add_argument("--only", metavar="REGEX", help="run only the runs whose name matches REGEX")
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="run the jobs of this backend instead of spec.backend's (auto runs "
+                             f"{OFFLINE_BACKEND} here): trainjob (Trainer v2 TrainJobs) or pytorchjob (PyTorchJob, MPIJob)")
     return parser
 
 
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             err.print(f"gpt2bench run: {args.file}: {where or '(document)'}: {message}", highlight=False, markup=False)
         err.print("gpt2bench run: nothing was run", highlight=False)
         return 2
-    all_runs = plan_runs(benchmark)
+    all_runs = plan_runs(benchmark, args.backend)
     try:
         runs = select_runs(all_runs, args.only)
     except re.error as exc:

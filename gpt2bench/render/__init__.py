@@ -1,8 +1,10 @@
 """Render each planned run as the Kubeflow job it becomes. Pure functions: the operator creates what they
 return, the local runner executes it, and `gpt2bench render FILE.yaml` prints it.
 
-- `pytorchjob`: PyTorchJob (kubeflow.org/v1) for every torch strategy;
-- `mpijob`: MPIJob (kubeflow.org/v2beta1) for horovod;
+The job kind follows the run's resolved backend (gpt2bench.jobkinds, docs/backends.md):
+- `pytorchjob`: PyTorchJob (kubeflow.org/v1) for every torch strategy; `mpijob`: MPIJob
+  (kubeflow.org/v2beta1) for horovod;
+- `trainjob`: a Trainer v2 TrainJob for every strategy, on the project's runtimes (`runtimes`);
 - `pods`: what their pods share (labels, env, volumes, ports, resources, scheduling, run policy).
 """
 
@@ -16,19 +18,25 @@ from gpt2bench.plan import Run, plan_runs
 from gpt2bench.render.mpijob import render_mpijob
 from gpt2bench.render.pods import label_value
 from gpt2bench.render.pytorchjob import render_pytorchjob
+from gpt2bench.render.trainjob import render_trainjob
 from gpt2bench.spec import Benchmark
 
 __all__ = ["dump_jobs", "label_value", "render_all", "render_job"]
 
 
-def render_job(benchmark: Benchmark, run: Run) -> dict[str, Any]:
+def render_job(benchmark: Benchmark, run: Run, backend: str | None = None) -> dict[str, Any]:
+    """The run's job; `backend` (resolved: trainjob | pytorchjob) overrides the one it was planned with."""
+    if backend is not None:
+        run = run.for_backend(backend)
+    if run.job_kind == "TrainJob":
+        return render_trainjob(benchmark, run)
     if run.job_kind == "MPIJob":
         return render_mpijob(benchmark, run)
     return render_pytorchjob(benchmark, run)
 
 
-def render_all(benchmark: Benchmark) -> list[dict[str, Any]]:
-    return [render_job(benchmark, run) for run in plan_runs(benchmark)]
+def render_all(benchmark: Benchmark, backend: str | None = None) -> list[dict[str, Any]]:
+    return [render_job(benchmark, run) for run in plan_runs(benchmark, backend)]
 
 
 class _NoAliasDumper(yaml.SafeDumper):

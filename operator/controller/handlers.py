@@ -85,7 +85,7 @@ def follow_jobs(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
 
 
 def _job_event_matters(type: str | None, body: kopf.Body, **_: Any) -> bool:
-    return rc.job_event_matters(type, body, JOB_KINDS[body.get("kind", "")])
+    return rc.job_event_matters(type, body)
 
 
 def job_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:

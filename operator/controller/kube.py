@@ -16,12 +16,13 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__
+from gpt2bench import jobkinds as kinds
 from gpt2bench.protocol import BENCHMARK_LABEL
 from gpt2bench.render import label_value
 from gpt2bench.spec import API_GROUP, API_VERSION, PLURAL
 
 from . import reconcile
-from .jobkinds import JOB_KINDS, JobKind, missing_kind_reason
+from .jobkinds import JOB_KINDS, FollowedKind, missing_kind_reason
 
 _client: kubernetes.client.ApiClient | None = None
 # Errors worth another try later (the API server or the network, not the request): 401 too, as it is the
@@ -102,7 +103,7 @@ def served_versions(group: str, plural: str) -> list[str]:
     return found
 
 
-def missing_reason(kind: JobKind) -> str:
+def missing_reason(kind: FollowedKind) -> str:
     """Why `kind` cannot be created here: what the cluster serves instead, and what to install."""
     return missing_kind_reason(kind, [v for v in served_versions(kind.group, kind.plural) if v != kind.version])
 
@@ -146,7 +147,7 @@ def create_job(job: dict[str, Any], owner_uid: str | None) -> Created | Refused:
     return Created(new=True)
 
 
-def _existing(kind: JobKind, namespace: str, name: str, owner_uid: str | None) -> Created | Refused:
+def _existing(kind: FollowedKind, namespace: str, name: str, owner_uid: str | None) -> Created | Refused:
     existing = _custom().get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name)
     if owner_uid is None or reconcile.controller_uid(existing) == owner_uid:
         return Created(new=False)
@@ -197,14 +198,12 @@ def patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
 # --- pods ---------------------------------------------------------------------------------------------
 
 
-def result_pod(namespace: str, kind: JobKind, job_name: str) -> dict[str, Any] | None:
-    """The job's result pod (PyTorchJob master, MPIJob launcher), by the labels its controller sets."""
-    response = _core().list_namespaced_pod(namespace, label_selector=kind.result_pod_selector(job_name),
+def result_pod(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's result pod (PyTorchJob master, MPIJob launcher, ...), found by the labels its controller
+    sets and chosen as the shared table says (the newest attempt)."""
+    response = _core().list_namespaced_pod(job["metadata"]["namespace"], label_selector=kinds.result_pod_selector(job),
                                            _preload_content=False)
-    pods = json.loads(response.data).get("items", [])
-    # several after restarts: the newest one holds the last attempt's message
-    pods.sort(key=lambda p: p.get("metadata", {}).get("creationTimestamp") or "")
-    return pods[-1] if pods else None
+    return kinds.result_pod(job, json.loads(response.data).get("items", []))
 
 
 def pod_log_tail(namespace: str, pod: str, container: str, lines: int, limit_bytes: int) -> str | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt2bench import collect
+from gpt2bench import jobkinds as kinds
 from gpt2bench.plan import Run
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     COMPLETE,
@@ -36,8 +37,6 @@ from gpt2bench.status import (  # noqa: F401 (the phases are part of this module
     overall_phase,
 )
 
-from .jobkinds import JobKind
-
 # A run entry's reason in status is at most this long (the Event carries the same text): with the largest
 # sweep allowed, every run failing with the longest reason still leaves status far below etcd's limit
 # (tests/test_operator_status_size.py).
@@ -52,45 +51,20 @@ def now_rfc3339() -> str:
 # --- job conditions -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class JobState:
-    """What a Kubeflow job says: Pending (created, nothing yet), Queued (suspended), Running, Succeeded, Failed."""
-
-    phase: str
-    message: str = ""
-    reason: str = ""
+# What a job's status says for its run, for every kind (the shared table's mapping): Pending, Queued
+# (suspended: a Suspended condition, or the spec flag Kueue's webhook sets), Running, Succeeded, Failed.
+JobState = kinds.JobState
+job_state = kinds.job_state
 
 
-def job_state(job: dict[str, Any], kind: JobKind) -> JobState:
-    """Phase from `status.conditions` as the job's controller sets them (`kind` says which types mean what).
-
-    The terminal conditions win whatever their order; then suspension (a True Suspended condition, or the
-    spec flag Kueue's webhook sets before the controller has said anything); otherwise the newest True
-    condition counts (Created → Pending, Running/Restarting → Running).
-    """
-    conditions = [c for c in (job.get("status") or {}).get("conditions") or [] if str(c.get("status")) == "True"]
-    by_type = {c.get("type"): c for c in conditions}
-    for types, phase in ((kind.failed, FAILED), (kind.succeeded, SUCCEEDED)):
-        for type_ in sorted(types & by_type.keys()):
-            condition = by_type[type_]
-            return JobState(phase, condition.get("message") or "", condition.get("reason") or "")
-    for type_ in sorted(kind.suspended & by_type.keys()):
-        return JobState(QUEUED, by_type[type_].get("message") or "", by_type[type_].get("reason") or "")
-    if kind.suspended_in_spec(job):
-        return JobState(QUEUED, "suspended", "Suspended")
-    if conditions and conditions[-1].get("type") in kind.running:
-        return JobState(RUNNING, conditions[-1].get("message") or "")
-    return JobState(PENDING)
-
-
-def job_event_matters(event_type: str | None, job: dict[str, Any], kind: JobKind) -> bool:
+def job_event_matters(event_type: str | None, job: dict[str, Any]) -> bool:
     """Whether a job's watch event can change its sweep. Not the initial listing (resume and the timer pick
     sweeps up), nor the ADDED event of a job just created, with nothing said about it yet: the operator
     created it and recorded that already (a burst of 100 new sweeps would otherwise read each twice)."""
     if event_type is None:
         return False
     if event_type == "ADDED":
-        return bool((job.get("status") or {}).get("conditions")) or kind.suspended_in_spec(job)
+        return bool((job.get("status") or {}).get("conditions")) or kinds.suspended_in_spec(job)
     return True
 
 
@@ -226,8 +200,8 @@ class Observation:
     vanished: list[str] = field(default_factory=list)  # Running/Queued in status, job gone
 
 
-def observe(runs: list[RunStatus], jobs: dict[str, dict], kinds: dict[str, JobKind]) -> Observation:
-    """Compare `status.runs` with the jobs that exist (by job name; `kinds` by job kind)."""
+def observe(runs: list[RunStatus], jobs: dict[str, dict]) -> Observation:
+    """Compare `status.runs` with the jobs that exist (by job name)."""
     seen = Observation()
     for run in runs:
         if run.phase in TERMINAL_RUN_PHASES:
@@ -237,9 +211,9 @@ def observe(runs: list[RunStatus], jobs: dict[str, dict], kinds: dict[str, JobKi
             if run.phase in (RUNNING, QUEUED):
                 seen.vanished.append(run.name)
             continue
-        state = job_state(job, kinds[run.job_kind])
+        state = job_state(job)
         if state.phase in TERMINAL_RUN_PHASES:
-            seen.finished.append(Finished(run.name, state.phase == SUCCEEDED, state.message or state.reason))
+            seen.finished.append(Finished(run.name, state.phase == SUCCEEDED, state.describe()))
         elif state.phase == QUEUED and run.phase != QUEUED:
             seen.queued.append(run.name)
         elif state.phase != QUEUED and run.phase != RUNNING:

@@ -20,6 +20,7 @@ from typing import Any
 import kopf
 
 from gpt2bench import collect
+from gpt2bench import jobkinds as kinds
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
@@ -40,7 +41,7 @@ from gpt2bench.status import BenchmarkStatus, RunStatus
 
 from . import kube, metrics
 from . import reconcile as rc
-from .jobkinds import JOB_KINDS
+from .jobkinds import JOB_KINDS, UNFOLLOWED_REASON
 
 # The spec a sweep started with: later spec edits do not change a running sweep (docs/operator.md).
 SWEEP_SPEC_ANNOTATION = f"{API_GROUP}/sweep-spec"
@@ -145,41 +146,42 @@ def follow(namespace: str, name: str, logger: logging.Logger, owner_uid: str | N
         if owner_uid is not None and fresh["metadata"].get("uid") != owner_uid:
             return  # the job belongs to a deleted namesake
         finished = _step(fresh, logger)
-    for run, pod in finished:  # the curves: after the status, off the path to the next run
-        _keep_steps(fresh, run, pod, logger)
+    for run, job, pod in finished:  # the curves: after the status, off the path to the next run
+        _keep_steps(fresh, run, job, pod, logger)
 
 
-def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict]]:
+def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict, dict]]:
     stored = fresh["status"]
     status = BenchmarkStatus.read(stored)
     benchmark = benchmark_of(fresh, sweep_spec(fresh))
     runs = plan_runs(benchmark)
     by_name = {run.name: run for run in runs}
     old_runs = list(status.runs or [])
-    listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
+    listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs} & set(JOB_KINDS))
+    missing |= unfollowed(runs)
     jobs = rc.owned_jobs(listed, benchmark.uid)
     now = rc.now_rfc3339()
     entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
     for entry in old_runs:  # a kind the cluster does not serve: its runs fail now, the others go on
         if entry.phase not in rc.TERMINAL_RUN_PHASES and entry.job_kind in missing:
             entries[entry.name] = rc.failed_entry(by_name[entry.name], entry, missing[entry.job_kind], now)
-    seen = rc.observe([entries[e.name] for e in old_runs], jobs, JOB_KINDS)
+    seen = rc.observe([entries[e.name] for e in old_runs], jobs)
     for name in seen.started:
         entries[name] = rc.mark_running(entries[name], now)
     for name in seen.queued:
         entries[name] = rc.mark_queued(entries[name], now)
-    collected: list[tuple[Run, dict]] = []
+    collected: list[tuple[Run, dict, dict]] = []
     for finished in seen.finished:
         run, entry = by_name[finished.name], entries[finished.name]
-        kind = JOB_KINDS[run.job_kind]
-        pod = kube.result_pod(benchmark.namespace, kind, entry.job_name)
-        message = kube.termination_message(pod, container=kind.result_container)
+        job = jobs[entry.job_name]
+        pod = kube.result_pod(job)
+        message = kube.termination_message(pod, container=kinds.result_container(job))
         if not finished.job_succeeded:  # the container's end first (OOMKilled ...), then the controller's word
             why = "; ".join(filter(None, [kube.termination_reason(pod), finished.job_message])) or "job failed"
             finished = rc.Finished(finished.name, False, why)
         entries[finished.name] = rc.finish_entry(run, entry, finished, message, now)
         if pod:
-            collected.append((run, pod))
+            collected.append((run, job, pod))
     for name in seen.vanished:
         ttl = benchmark.spec.run_policy.ttl_seconds_after_finished
         entries[name] = rc.vanished_entry(by_name[name], entries[name], now, ttl)
@@ -231,6 +233,11 @@ def _without_status(body: kopf.Body) -> kopf.Body:
     return kopf.Body(raw)
 
 
+def unfollowed(runs: list[Run]) -> dict[str, str]:
+    """Kinds of these runs the operator cannot create yet, and why (their runs fail, the others go on)."""
+    return {run.job_kind: UNFOLLOWED_REASON.format(kind=run.job_kind) for run in runs if run.job_kind not in JOB_KINDS}
+
+
 def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], entries: list[RunStatus],
                 jobs: dict[str, dict], now: str, logger: logging.Logger) -> list[RunStatus]:
     """Create the jobs of the runs that may start now. A job the cluster refuses (or cannot serve, or whose
@@ -245,6 +252,12 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
         for name in chosen:
             tried.add(name)
             run, entry = by_name[name], current[name]
+            if run.job_kind not in JOB_KINDS:  # every run of that kind would meet the same answer
+                reason = UNFOLLOWED_REASON.format(kind=run.job_kind)
+                for other, pending in current.items():
+                    if pending.job_kind == run.job_kind and pending.phase == rc.PENDING:
+                        current[other] = rc.failed_entry(by_name[other], pending, reason, now)
+                continue
             job = render_job(benchmark, run)
             kopf.adopt(job, owner=owner, strict=True)  # render labels it; ownership is the operator's
             try:
@@ -269,14 +282,14 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
     return [current[entry.name] for entry in entries]
 
 
-def _keep_steps(owner: dict[str, Any], run: Run, pod: dict[str, Any], logger: logging.Logger) -> None:
+def _keep_steps(owner: dict[str, Any], run: Run, job: dict[str, Any], pod: dict[str, Any],
+                logger: logging.Logger) -> None:
     """The run's per-step records, from its result pod's log into a ConfigMap owned by the benchmark:
     the cluster report draws its curves after the pods are gone. Best effort: never fails the run."""
-    kind = JOB_KINDS[run.job_kind]
     metadata = pod.get("metadata") or {}
     try:
         log = kube.pod_log_tail(metadata.get("namespace") or owner["metadata"]["namespace"], metadata["name"],
-                                kind.result_container, STEPS_LOG_LINES, STEPS_LOG_BYTES)
+                                kinds.result_container(job), STEPS_LOG_LINES, STEPS_LOG_BYTES)
         records = collect.find_steps(log or "")
         if not records:
             return

@@ -108,6 +108,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         path = raw.path.rstrip("/")
+        if path in ("/api", "/apis") and raw.path != path:  # the Python client asks for `/apis/`
+            raw = raw.clone(rel_url=raw.rel_url.with_path(path))
         if path == "/api/v1/namespaces":  # kmock's path parser raises on this one
             return await self._serve_namespaces(raw)
         if path == "/openapi/v3":
