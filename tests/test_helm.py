@@ -316,3 +316,24 @@ def test_chart_version_and_trainer_images_match_the_package() -> None:
     assert chart["appVersion"] == gpt2bench.__version__
     args = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--trainer-image-cpu={DEFAULT_IMAGE}" in args and f"--trainer-image-gpu={DEFAULT_GPU_IMAGE}" in args
+
+
+@pytest.mark.parametrize(("flags", "installed"), [
+    ([], False),  # auto, and helm knows no trainer.kubeflow.org: a cluster without Trainer v2
+    (["--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"], True),  # auto, Trainer v2 served
+    (["--set", "trainerRuntimes.install=true"], True),
+    (["--set", "trainerRuntimes.install=false", "--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"],
+     False),
+])
+def test_trainer_runtimes_install_where_trainer_v2_is_and_are_valid_for_it(flags: list[str], installed: bool) -> None:
+    from kubeflow_crds import validate_job
+
+    from gpt2bench.render.runtimes import project_runtimes
+
+    runtimes = [d for d in render(*flags) if d["kind"] == "ClusterTrainingRuntime"]
+    if not installed:
+        assert runtimes == []
+        return
+    assert {r["metadata"]["name"]: r for r in runtimes} == project_runtimes()  # what the TrainJobs point at
+    for runtime in runtimes:
+        validate_job(runtime)  # the upstream ClusterTrainingRuntime CRD's schema

@@ -81,8 +81,14 @@ def test_rbac_is_split_into_framework_and_application_rules_and_least_privilege(
     assert "# Framework:" in text and "# Application:" in text
     rules = operator_rules()
     assert allowed(rules, "gpt2bench.io", "gpt2benchmarks/finalizers", "update"), "blockOwnerDeletion needs it"
-    for group, resource in (("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "mpijobs")):
+    for group, resource in (("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "mpijobs"),
+                            ("trainer.kubeflow.org", "trainjobs")):
         assert allowed(rules, group, resource, "watch") and not allowed(rules, group, resource, "delete")
+    # the runtimes are read, never written; JobSets, Jobs are the Trainer's and never touched
+    assert allowed(rules, "trainer.kubeflow.org", "clustertrainingruntimes", "get")
+    assert not any(allowed(rules, "trainer.kubeflow.org", "clustertrainingruntimes", verb)
+                   for verb in ("create", "patch", "update", "delete", "list"))
+    assert not any(group in r["apiGroups"] for r in rules for group in ("jobset.x-k8s.io", "batch"))
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules)
     assert not allowed(rules, "", "secrets", "get") and not allowed(rules, "", "pods", "create")
 
@@ -98,6 +104,17 @@ def test_tenants_get_gpt2benchmarks_through_the_default_roles(docs):
     assert not allowed(view["rules"], "gpt2bench.io", "gpt2benchmarks", "create")
     bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
     assert edit["metadata"]["name"] not in bound and view["metadata"]["name"] not in bound, "aggregated, not bound"
+
+
+def test_the_runtimes_manifest_holds_the_projects_runtimes_valid_for_trainer_v2():
+    from kubeflow_crds import validate_job
+
+    from gpt2bench.render.runtimes import project_runtimes
+
+    runtimes = [d for d in yaml.safe_load_all((REPO / "manifests" / "runtimes.yaml").read_text()) if d]
+    assert {r["metadata"]["name"]: r for r in runtimes} == project_runtimes()
+    for runtime in runtimes:
+        validate_job(runtime)
 
 
 def allowed(rules: list[dict], group: str, resource: str, verb: str) -> bool:

@@ -34,6 +34,7 @@ from gpt2bench.spec import DEFAULT_IMAGE, MetricsSpec
 TORCH_RUNTIME = "gpt2bench-torch"
 MPI_RUNTIME = "gpt2bench-mpi"
 RUNTIME_KIND = "ClusterTrainingRuntime"
+RUNTIME_PLURAL = "clustertrainingruntimes"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # TR constants.go L36-41
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"  # how upstream's runtimes say what they run
 RUNTIME_IMAGE_PULL_POLICY = "IfNotPresent"
