@@ -127,6 +127,7 @@ def status_schema() -> dict[str, Any]:
 def build_crd() -> dict[str, Any]:
     columns = [
         ("Phase", "string", ".status.phase"),
+        ("Backend", "string", ".status.backend"),
         ("Done", "integer", ".status.runsDone"),
         ("Runs", "integer", ".status.runsTotal"),
         ("Best", "string", ".status.best.strategy"),

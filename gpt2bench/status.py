@@ -161,6 +161,9 @@ class BenchmarkStatus(StatusModel):
     runs_failed: int | None = None
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    backend: str | None = Field(
+        None, description="The backend the sweep runs on, trainjob or pytorchjob: spec.backend, or what `auto` "
+                          "resolved to from the job kinds the API server serves (TrainJob preferred).")
     best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
     conditions: list[Condition] | None = Field(None, json_schema_extra=CONDITIONS_LIST)

@@ -69,7 +69,7 @@ def test_the_operators_job_kinds_are_the_shared_tables():
     assert (PYTORCHJOB.resource, MPIJOB.resource) == (("kubeflow.org", "v1", "pytorchjobs"),
                                                       ("kubeflow.org", "v2beta1", "mpijobs"))
     assert all(followed.base is kinds.JOB_KINDS[name] for name, followed in JOB_KINDS.items())
-    assert set(JOB_KINDS) == {"PyTorchJob", "MPIJob"}, "TrainJob is followed from issue 10's next phase on"
+    assert set(JOB_KINDS) == set(kinds.JOB_KINDS), "every kind a run can be rendered as is created and watched"
     assert kinds.result_pod_selector(_job(kind="MPIJob")) == \
         "training.kubeflow.org/job-name=j,training.kubeflow.org/job-role=launcher"
 

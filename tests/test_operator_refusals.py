@@ -156,15 +156,19 @@ def test_a_real_schema_refusal_fails_every_run_and_the_benchmark_still_has_a_pha
     assert any(e["reason"] == "SweepFailed" for e in benchmarks.events("badqueue"))
 
 
-
-def test_runs_of_a_kind_the_operator_does_not_create_yet_fail_saying_what_to_do(benchmarks, trainer):
-    """TrainJobs are rendered (gpt2bench.render.trainjob) but not yet created by the operator: a sweep that
-    asks for them ends, its runs saying how to run it, instead of stalling."""
+def test_auto_picks_the_v1_jobs_served_here_and_trainjob_asked_for_fails_saying_what_to_install(benchmarks, trainer):
+    """No Trainer v2 here: `auto` resolves to the PyTorchJobs this cluster serves; a sweep that insists on
+    TrainJobs ends at once, its runs naming what to install, instead of stalling."""
+    benchmarks.create(benchmark("v1auto", [{"name": "single"}]))
+    assert wait_for(lambda: benchmarks.status("v1auto").get("backend"), what="backend") == "pytorchjob"
+    assert [j["kind"] for j in wait_for(lambda: trainer.jobs("v1auto"), what="a job")] == ["PyTorchJob"]
     benchmarks.create(benchmark("v2", [{"name": "single"}, {"name": "ddp"}], backend="trainjob"))
     status = wait_for(lambda: (s := benchmarks.status("v2")).get("phase") == "Failed" and s, what="Failed")
-    assert all("does not create TrainJobs yet" in r["reason"] and "spec.backend: pytorchjob" in r["reason"]
-               for r in status["runs"])
+    assert status["backend"] == "trainjob"
+    assert all(r["reason"].startswith("TrainJob trainer.kubeflow.org/v1alpha1 is not served by this cluster")
+               and "install Kubeflow Trainer v2" in r["reason"] for r in status["runs"])
     assert trainer.jobs("v2") == []
+
 
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     """This module's paths (unserved kinds, refused jobs) checked against the roles bound to the operator

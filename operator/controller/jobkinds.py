@@ -4,10 +4,9 @@ tells a cluster that does not serve one: how to install what serves it, and what
 version is served instead.
 
 Everything kind-specific in the operator reads these two tables (the watch handlers, the client calls,
-the decisions in `reconcile`), so a kind is one more entry, not a branch. TrainJob (Kubeflow Trainer v2)
-is rendered and described in `gpt2bench.jobkinds` but not followed here yet (issue 10, phase 2): until
-it is, a sweep whose runs would be TrainJobs fails them at once, saying so (`UNFOLLOWED_REASON`).
-Sources: /work/notes/upstream-controllers.md §8 (mpi-operator v0.8), §9 (training-operator v1.9), §10 (Kueue).
+the decisions in `reconcile`), so a kind is one more entry, not a branch.
+Sources: /work/notes/upstream-controllers.md §5-6 (Trainer v2.3), §8 (mpi-operator v0.8), §9
+(training-operator v1.9), §10 (Kueue).
 """
 
 from __future__ import annotations
@@ -59,9 +58,15 @@ TRAINING_OPERATOR_INSTALL = ('kubectl apply --server-side -k '
 MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f "
                         "https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml")
 
+TRAINER_V2_INSTALL = ('kubectl apply --server-side -k '
+                      '"https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0"')
+RUNTIMES_INSTALL = "kubectl apply -f manifests/runtimes.yaml (Helm: --set trainerRuntimes.install=true)"
+
 JOB_KINDS: dict[str, FollowedKind] = {
     followed.kind: followed
     for followed in (
+        FollowedKind(kinds.JOB_KINDS["TrainJob"], "Kubeflow Trainer v2 (v2.2 or later, with JobSet)",
+                     f"{TRAINER_V2_INSTALL}, then the gpt2bench runtimes: {RUNTIMES_INSTALL}"),
         FollowedKind(kinds.JOB_KINDS["PyTorchJob"], "the Kubeflow training operator (v1.8 or later)",
                      TRAINING_OPERATOR_INSTALL),
         FollowedKind(kinds.JOB_KINDS["MPIJob"], "the Kubeflow MPI operator v0.8", MPI_OPERATOR_INSTALL,
@@ -71,11 +76,6 @@ JOB_KINDS: dict[str, FollowedKind] = {
     )
 }  # fmt: skip
 
-UNFOLLOWED_REASON = ("this operator does not create {kind}s yet (Kubeflow Trainer v2 support in the operator is "
-                     "issue 10's next phase): set spec.backend: pytorchjob to run this sweep as PyTorchJobs and "
-                     "MPIJobs")
-
-
 def missing_kind_reason(kind: FollowedKind, other_versions: list[str]) -> str:
     """Why a run of a kind the cluster does not serve failed, and how to fix it."""
     reason = (f"{kind.kind} {kind.api_version} is not served by this cluster (CRD {kind.crd} has no {kind.version}): "
@@ -84,3 +84,8 @@ def missing_kind_reason(kind: FollowedKind, other_versions: list[str]) -> str:
         reason += f". It serves {kind.crd} at {', '.join(other_versions)} only"
         reason += f": {kind.other_versions_hint}" if kind.other_versions_hint else ""
     return reason
+
+
+def missing_runtime_reason(kind: str, name: str) -> str:
+    """Why a TrainJob on a runtime the cluster lacks cannot run (Trainer's webhook would refuse it too)."""
+    return f"{kind} {name} is not installed: the gpt2bench runtimes are: {RUNTIMES_INSTALL}"

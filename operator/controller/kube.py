@@ -17,12 +17,13 @@ from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__
 from gpt2bench import jobkinds as kinds
-from gpt2bench.protocol import BENCHMARK_LABEL
+from gpt2bench.protocol import BENCHMARK_LABEL, TRAINJOB_API
 from gpt2bench.render import label_value
+from gpt2bench.render.runtimes import RUNTIME_KIND, RUNTIME_PLURAL
 from gpt2bench.spec import API_GROUP, API_VERSION, PLURAL
 
 from . import reconcile
-from .jobkinds import JOB_KINDS, FollowedKind, missing_kind_reason
+from .jobkinds import JOB_KINDS, FollowedKind, missing_kind_reason, missing_runtime_reason
 
 _client: kubernetes.client.ApiClient | None = None
 # Errors worth another try later (the API server or the network, not the request): 401 too, as it is the
@@ -103,6 +104,23 @@ def served_versions(group: str, plural: str) -> list[str]:
     return found
 
 
+def served_job_kinds() -> set[str]:
+    """The job kinds this cluster serves (discovery of each kind's group/version): what `backend: auto`
+    chooses from. Raises on API errors other than 404, so kopf retries rather than choosing blind."""
+    discovery: dict[str, list[str]] = {}
+    for kind in JOB_KINDS.values():
+        if kind.api_version in discovery:
+            continue
+        try:
+            resources = _custom().get_api_resources(kind.group, kind.version)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            continue
+        discovery[kind.api_version] = [r.name for r in (resources.resources or [])] if resources else []
+    return kinds.served_job_kinds(discovery)
+
+
 def missing_reason(kind: FollowedKind) -> str:
     """Why `kind` cannot be created here: what the cluster serves instead, and what to install."""
     return missing_kind_reason(kind, [v for v in served_versions(kind.group, kind.plural) if v != kind.version])
@@ -133,6 +151,9 @@ def create_job(job: dict[str, Any], owner_uid: str | None) -> Created | Refused:
     refuses (403, 422, ...) are Refused with the reason. Transient errors raise (ApiException, urllib3)."""
     kind = JOB_KINDS[job["kind"]]
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    missing_runtime = _missing_runtime(job)
+    if missing_runtime:
+        return missing_runtime
     try:
         _custom().create_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, job)
     except ApiException as exc:
@@ -145,6 +166,26 @@ def create_job(job: dict[str, Any], owner_uid: str | None) -> Created | Refused:
         reason, message = api_message(exc)
         return Refused(reconcile.refused_reason(name, kind.kind, exc.status, reason, message))
     return Created(new=True)
+
+
+def _missing_runtime(job: dict[str, Any]) -> Refused | None:
+    """A TrainJob whose ClusterTrainingRuntime is missing, refused saying what to install (None when it is
+    there, or for other kinds): Trainer's webhook would refuse it with less to go on. Without Trainer v2 at
+    all, the kind is what is missing."""
+    ref = (job.get("spec") or {}).get("runtimeRef") if job["kind"] == "TrainJob" else None
+    if not ref or ref.get("kind", RUNTIME_KIND) != RUNTIME_KIND:
+        return None
+    group, version = TRAINJOB_API.split("/")
+    try:
+        _custom().get_cluster_custom_object(group, version, RUNTIME_PLURAL, ref["name"])
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        kind = JOB_KINDS[job["kind"]]
+        if kind.version not in served_versions(kind.group, kind.plural):
+            return Refused(missing_reason(kind), kind_missing=True)
+        return Refused(missing_runtime_reason(RUNTIME_KIND, ref["name"]))
+    return None
 
 
 def _existing(kind: FollowedKind, namespace: str, name: str, owner_uid: str | None) -> Created | Refused:
@@ -172,7 +213,9 @@ def list_jobs(namespace: str, benchmark: str, kinds: set[str]) -> tuple[dict[str
                 missing[name] = missing_reason(kind)
                 continue
             raise
-        jobs.update({item["metadata"]["name"]: item for item in listed.get("items", [])})
+        for item in listed.get("items", []):
+            item.setdefault("kind", name)  # what the result pod and the conditions are read by
+            jobs[item["metadata"]["name"]] = item
     return jobs, missing
 
 

@@ -102,6 +102,7 @@ def initial_status(runs: list[Run], generation: int | None, now: str) -> Benchma
         runs_succeeded=0,
         runs_failed=0,
         start_time=now,
+        backend=runs[0].backend if runs else None,
         runs=[collect.run_entry(run, phase=PENDING) for run in runs],
         conditions=[],
     )

@@ -41,7 +41,6 @@ from gpt2bench.status import BenchmarkStatus, RunStatus
 
 from . import kube, metrics
 from . import reconcile as rc
-from .jobkinds import JOB_KINDS, UNFOLLOWED_REASON
 
 # The spec a sweep started with: later spec edits do not change a running sweep (docs/operator.md).
 SWEEP_SPEC_ANNOTATION = f"{API_GROUP}/sweep-spec"
@@ -79,6 +78,16 @@ def with_default_images(spec: dict[str, Any]) -> dict[str, Any]:
         if not images.get(device) and os.environ.get(env):
             images[device] = os.environ[env]
     return {**spec, "images": images} if images else spec
+
+
+def with_resolved_backend(spec: dict[str, Any]) -> dict[str, Any]:
+    """`backend: auto` (or none) resolved by asking the API server which job kinds it serves (TrainJob
+    preferred, gpt2bench.jobkinds.resolve_backend); pinned with the spec at start, so a sweep keeps its
+    backend whatever is installed later. A spec that names a backend keeps it."""
+    requested = spec.get("backend") or kinds.AUTO
+    if requested != kinds.AUTO:
+        return spec
+    return {**spec, "backend": kinds.resolve_backend(requested, kube.served_job_kinds())}
 
 
 def benchmark_of(obj: dict[str, Any], spec: dict[str, Any]) -> Benchmark:
@@ -121,11 +130,13 @@ def _start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
         benchmark = benchmark_of(body, spec)
     except SpecError as error:
         reject(body, patch, error)
+    spec = with_resolved_backend(spec)  # after validation: an invalid spec asks the API nothing
+    benchmark = benchmark_of(body, spec)
     runs = plan_runs(benchmark)
     now = rc.now_rfc3339()
     status = rc.initial_status(runs, body.metadata.get("generation"), now)
     patch.metadata.annotations[SWEEP_SPEC_ANNOTATION] = json.dumps(spec, sort_keys=True, separators=(",", ":"))
-    _event(body, "Normal", "SweepPlanned", f"{len(runs)} runs: {', '.join(r.name for r in runs)}")
+    _event(body, "Normal", "SweepPlanned", f"{len(runs)} runs as {status.backend} jobs: {', '.join(r.name for r in runs)}")
     logger.info("planned %d runs for %s/%s", len(runs), benchmark.namespace, benchmark.name)
     with _lock(benchmark.namespace, benchmark.name):
         # No job listing here: a job left by a crashed attempt answers 409 and is adopted when it is ours.
@@ -157,8 +168,7 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
     runs = plan_runs(benchmark)
     by_name = {run.name: run for run in runs}
     old_runs = list(status.runs or [])
-    listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs} & set(JOB_KINDS))
-    missing |= unfollowed(runs)
+    listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
     jobs = rc.owned_jobs(listed, benchmark.uid)
     now = rc.now_rfc3339()
     entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
@@ -233,11 +243,6 @@ def _without_status(body: kopf.Body) -> kopf.Body:
     return kopf.Body(raw)
 
 
-def unfollowed(runs: list[Run]) -> dict[str, str]:
-    """Kinds of these runs the operator cannot create yet, and why (their runs fail, the others go on)."""
-    return {run.job_kind: UNFOLLOWED_REASON.format(kind=run.job_kind) for run in runs if run.job_kind not in JOB_KINDS}
-
-
 def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], entries: list[RunStatus],
                 jobs: dict[str, dict], now: str, logger: logging.Logger) -> list[RunStatus]:
     """Create the jobs of the runs that may start now. A job the cluster refuses (or cannot serve, or whose
@@ -252,12 +257,6 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
         for name in chosen:
             tried.add(name)
             run, entry = by_name[name], current[name]
-            if run.job_kind not in JOB_KINDS:  # every run of that kind would meet the same answer
-                reason = UNFOLLOWED_REASON.format(kind=run.job_kind)
-                for other, pending in current.items():
-                    if pending.job_kind == run.job_kind and pending.phase == rc.PENDING:
-                        current[other] = rc.failed_entry(by_name[other], pending, reason, now)
-                continue
             job = render_job(benchmark, run)
             kopf.adopt(job, owner=owner, strict=True)  # render labels it; ownership is the operator's
             try:
