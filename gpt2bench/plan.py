@@ -8,6 +8,10 @@ one scale is complete early in a long sweep.
 Effective scale: `single` always runs 1 node x 1 process (1 GPU when the scale has GPUs);
 `dataparallel` runs 1 node x 1 process owning all of the node's GPUs (on CPU it trains as `single`).
 Runs equal in (strategy, precision, effective scale) are planned once, at their first place.
+
+Repeats (`sweep.repeats` > 1): within each scale the whole set of configurations runs once, then again,
+so that a slow drift of the machine (other tenants, heat) spreads over every configuration instead of
+biasing the one that happened to run last. Repeated runs are named `<name>-r<k>` (k from 1).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Run:
     ps_servers: int
     benchmark: str = ""
     spec: GPT2BenchmarkSpec | None = field(default=None, repr=False, compare=False)
+    repeat: int | None = None  # 1-based repetition of its configuration; None when sweep.repeats is 1
 
     @property
     def backend(self) -> str:
@@ -106,9 +111,16 @@ def fit_name(name: str, limit: int = MAX_NAME_LENGTH) -> str:
     return f"{name[: limit - _HASH_LENGTH - 1].rstrip('-')}-{digest}"
 
 
-def run_name(benchmark: str, strategy: str, precision: str, nodes: int, per_node: int, gpus: bool) -> str:
+def run_name(benchmark: str, strategy: str, precision: str, nodes: int, per_node: int, gpus: bool,
+             repeat: int | None = None) -> str:
+    """`<benchmark>-<strategy>-<precision>-<size>`, plus `-r<k>` for a repeat: the suffix is kept whole
+    (the rest is shortened for it), so that the repeats of one configuration share everything before it."""
     size = f"{nodes}x{per_node}{'g' if gpus else ''}"
-    return fit_name(dns_label(f"{benchmark}-{strategy}-{precision}-{size}"))
+    base = dns_label(f"{benchmark}-{strategy}-{precision}-{size}")
+    if repeat is None:
+        return fit_name(base)
+    suffix = f"-r{repeat}"
+    return fit_name(base, MAX_NAME_LENGTH - len(suffix)) + suffix
 
 
 def _effective(strategy: StrategySpec, scale: ScaleSpec) -> tuple[int, int, int]:
@@ -133,18 +145,20 @@ def plan_runs(benchmark: Benchmark, backend: str | None = None) -> list[Run]:
     backend = resolved_backend(benchmark, backend)
     runs: list[Run] = []
     seen: set[tuple] = set()
+    repeats = [None] if spec.sweep.repeats == 1 else list(range(1, spec.sweep.repeats + 1))
     for scale in spec.sweep.scales:
-        for strategy in spec.sweep.strategies:
+        for repeat, strategy in ((r, s) for r in repeats for s in spec.sweep.strategies):
             nodes, workers, gpus = _effective(strategy, scale)
             for precision in spec.sweep.precisions:
-                key = (strategy.name, precision, nodes, workers, gpus)
+                key = (strategy.name, precision, nodes, workers, gpus, repeat)
                 if key in seen:
                     continue
                 seen.add(key)
                 servers = strategy.servers
                 runs.append(
                     Run(
-                        name=run_name(benchmark.name, strategy.name, precision, nodes, gpus or workers, gpus > 0),
+                        name=run_name(benchmark.name, strategy.name, precision, nodes, gpus or workers, gpus > 0,
+                                      repeat),
                         index=len(runs),
                         strategy=strategy,
                         precision=precision,
@@ -157,6 +171,7 @@ def plan_runs(benchmark: Benchmark, backend: str | None = None) -> list[Run]:
                         ps_servers=servers,
                         benchmark=benchmark.name,
                         spec=spec,
+                        repeat=repeat,
                     )
                 )
     names = [run.name for run in runs]

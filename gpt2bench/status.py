@@ -9,6 +9,8 @@ Shapes (camelCase on the wire, snake_case in Python):
 - `RunResults`: the trainer summary's figures (docs/metrics.md);
 - `RunStatus`: one run of the sweep (`status.runs[]`); `LocalRun` adds what only a local run has;
 - `Condition`: `metav1.Condition`, in a list keyed by `type`;
+- `Analysis`: the recommendation per objective and scale, scaling efficiencies and the papers' findings
+  (computed by `gpt2bench.report.analysis`; definitions in docs/analysis.md), in both;
 - `BenchmarkStatus`: the resource's `status`; `ResultsDocument`: `results.json`.
 """
 
@@ -89,6 +91,8 @@ class RunResults(StatusModel):
     grad_norm: float | None = Field(None, description="Gradient norm of the last step, before clipping.")
     mfu: float | None = Field(None, description="Model FLOPs utilisation, 0-1 (absent where the peak is unknown).")
     device_name: str | None = Field(None, description="What worker 0 trained on: the GPU's or the CPU's model name.")
+    state_bytes: int | None = Field(
+        None, description="Largest model state (parameters, gradients, optimizer state) resident in one process.")
 
 
 class RunStatus(StatusModel):
@@ -102,6 +106,8 @@ class RunStatus(StatusModel):
     processes_per_node: int = Field(description="Processes per pod, parameter servers included.")
     job_kind: str = Field(description="PyTorchJob or MPIJob.")
     job_name: str
+    devices: int | None = Field(None, description="Devices it trains on: GPUs, or worker processes on CPU.")
+    repeat: int | None = Field(None, ge=1, description="Repetition of its configuration (sweep.repeats > 1).")
     phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded or Failed.")
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
@@ -130,6 +136,65 @@ class BestRun(StatusModel):
 # for its queue), and SpecChangeIgnored. Each carries the generation it was decided on.
 READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+
+Objective = Literal["fastest", "leanest", "cheapest", "scalable"]
+Decision = Literal["clear", "no-clear-winner", "spread-unknown", "only-candidate", "not-measurable"]
+Verdict = Literal["holds", "does-not-hold", "inconclusive", "not-measurable"]
+
+
+class Recommendation(StatusModel):
+    """The best configuration for one objective at one scale, and how sure that is (docs/analysis.md)."""
+
+    objective: Objective = Field(description="fastest, leanest, cheapest or scalable.")
+    scale: str | None = Field(None, description="Nodes x devices per node (e.g. 2x4 GPU); absent: all scales.")
+    decision: Decision = Field(description="clear, no-clear-winner, spread-unknown, only-candidate, not-measurable.")
+    run: str | None = Field(None, description="The winner: its run name (without -r<k> when repeated).")
+    strategy: str | None = None
+    precision: str | None = None
+    value: float | None = Field(None, description="The winner's mean, in `unit`.")
+    unit: str | None = None
+    spread: float | None = Field(None, description="Sample standard deviation over the winner's repeats.")
+    measurements: int | None = Field(None, description="Succeeded repeats behind `value`.")
+    runner_up: str | None = None
+    runner_up_value: float | None = None
+    margin: float | None = Field(None, description="|winner - runner-up| / runner-up.")
+    combined_spread: float | None = Field(None, description="(winner's + runner-up's spread) / runner-up.")
+    tied: list[str] | None = Field(None, description="Configurations within the spread of the winner, winner first.")
+    excluded: list[str] | None = Field(None, description="Runs at this scale left out: they did not succeed.")
+    note: str | None = None
+
+
+class ScalingEfficiency(StatusModel):
+    """Tokens/s per device at one scale over the same strategy and precision at its smallest scale."""
+
+    strategy: str
+    precision: str
+    scale: str
+    devices: int
+    baseline_scale: str
+    baseline_devices: int
+    tokens_per_second_per_device: float
+    efficiency: float
+    spread: float | None = Field(None, description="Propagated from both scales' spreads (docs/analysis.md).")
+
+
+class Finding(StatusModel):
+    """One of the papers' claims, checked on this sweep's measurements."""
+
+    id: str
+    claim: str
+    source: str
+    verdict: Verdict = Field(description="holds, does-not-hold, inconclusive (within noise) or not-measurable.")
+    measured: str = Field(description="The figures the verdict rests on, or what the sweep lacks.")
+
+
+class Analysis(StatusModel):
+    """What the report concludes from the runs: computed when every run is done (docs/analysis.md)."""
+
+    recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
+    recommendations: list[Recommendation] = Field(default_factory=list)
+    scaling: list[ScalingEfficiency] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
 
 
 class Condition(StatusModel):
@@ -165,6 +230,7 @@ class BenchmarkStatus(StatusModel):
         None, description="The backend the sweep runs on, trainjob or pytorchjob: spec.backend, or what `auto` "
                           "resolved to from the job kinds the API server serves (TrainJob preferred).")
     best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
+    analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
     conditions: list[Condition] | None = Field(None, json_schema_extra=CONDITIONS_LIST)
 
@@ -181,6 +247,7 @@ class ResultsDocument(StatusModel):
     runs: list[LocalRun] = Field(default_factory=list)
     phase: LocalBenchmarkPhase | Literal["Unknown"] = "Unknown"
     best: BestRun | None = None
+    analysis: Analysis | None = None
     start_time: str | None = None
     completion_time: str | None = None
 
@@ -202,7 +269,8 @@ class ResultsDocument(StatusModel):
         status = BenchmarkStatus.read(resource.get("status") or {})
         return cls(benchmark=metadata.get("name"), namespace=metadata.get("namespace"),
                    spec=resource.get("spec") or {}, runs=[LocalRun.read(r.dump()) for r in status.runs or []],
-                   phase=status.phase or "Unknown", best=status.best, start_time=status.start_time,
+                   phase=status.phase or "Unknown", best=status.best, analysis=status.analysis,
+                   start_time=status.start_time,
                    completion_time=status.completion_time)
 
 

@@ -94,6 +94,7 @@ FORBIDDEN = {
     "gpt2bench.trainer": ("gpt2bench.plan", "gpt2bench.render", "gpt2bench.collect", "gpt2bench.local",
                           "gpt2bench.report", "gpt2bench.controller"),
     "gpt2bench.local": ("gpt2bench.controller",),
+    "gpt2bench.controller": ("gpt2bench.local",),
     "gpt2bench.report": ("gpt2bench.local", "gpt2bench.controller"),
 }
 
@@ -150,3 +151,18 @@ def test_the_dependency_rule_catches_an_import_against_the_flow():
     assert dependency_violations({"gpt2bench.local.sweep": {"gpt2bench.controller.reconcile"}})
     assert dependency_violations({"gpt2bench.protocol": {"gpt2bench.spec"}})
     assert dependency_violations({"gpt2bench.controller.sweep": {"gpt2bench.render", "gpt2bench.status"}}) == []
+
+
+def test_every_package_folder_is_listed_for_installation():
+    """pyproject lists packages explicitly (the trainer and operator live outside gpt2bench/), so a new
+    subpackage that is not listed is missing from `pip install .` and the image, though editable installs work."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name: Path(path) for name, path in setuptools["package-dir"].items()}
+    expected = set()
+    for name, folder in folders.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder).parts
+            expected.add(".".join((name, *relative)))
+    assert expected - set(setuptools["packages"]) == set()

@@ -7,7 +7,6 @@ is down; the new process resumes from status and the existing jobs and creates n
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,13 +26,9 @@ from kube.fixtures import (
 )
 from kube.training import TrainingOperator
 
+from gpt2bench.local.executor import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OperatorProcess:
@@ -79,6 +74,15 @@ class OperatorProcess:
         values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                   if line.startswith(name) and not line.startswith("#")]
         return sum(values)
+
+
+    def samples(self, name: str) -> list[dict[str, str]]:
+        """The label sets of `name`'s samples whose value is 1 (info metrics)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = self.get(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
+        return [sample.labels for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name == name and sample.value == 1]
 
 
 def job_creations(cluster: EmulatedCluster) -> list[str]:
@@ -131,6 +135,13 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
             assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 0
             events = [e["reason"] for e in benchmarks.events("restart")]
             assert events.count("RunSucceeded") == 4 and events.count("SweepSucceeded") == 1
+            info = {"namespace": "default", "benchmark": "restart", "objective": "fastest", "scale": "1×2 CPU",
+                    "run": "restart-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "decision": "spread-unknown"}
+            assert info in operator.samples("gpt2bench_operator_recommendation_info")
+            operator.stop()  # a restarted operator serves the finished benchmark's recommendation again
+            operator.start()
+            wait_for(lambda: info in operator.samples("gpt2bench_operator_recommendation_info"),
+                     what="the recommendation after a restart")
         finally:
             code = operator.stop()
         assert code == 0, operator.log.read_text()[-3000:]
@@ -148,10 +159,10 @@ def test_kopf_run_process_rejects_a_bad_spec_and_counts_no_reconcile_error(tmp_p
         try:
             benchmarks = Benchmarks(api_client(cluster))
             wait_for(lambda: OperatorProcess.get(f"http://127.0.0.1:{port}/metrics"), 60, what="/metrics")
-            benchmarks.create(benchmark("bad", sweep={"strategies": [{"name": "dataparallel"}],
-                                                      "scales": [{"nodes": 3}]}))
+            # a rule only the operator checks (the CRD states the others, and the API server refuses those)
+            benchmarks.create(benchmark("bad", resources={"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}))
             status = wait_for(lambda: (s := benchmarks.status("bad")).get("phase") and s, what="a phase")
-            assert status["phase"] == "Invalid" and "spec.sweep.scales[0].nodes" in status["message"]
+            assert status["phase"] == "Invalid" and "spec.resources.limits.cpu" in status["message"]
             time.sleep(1)  # a permanent error must not be retried or counted as ours
             text = OperatorProcess.get(f"http://127.0.0.1:{port}/metrics") or ""
             assert "gpt2bench_operator_reconcile_errors_total" not in text or \

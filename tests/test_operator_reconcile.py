@@ -231,6 +231,22 @@ def test_an_invalid_spec_is_failed_not_ready_not_complete():
     assert conditions["Failed"].observed_generation == 2
 
 
+def test_summarize_adds_the_analysis_once_every_run_is_done():
+    common = {"nodes": 1, "devicesPerNode": 1, "processesPerNode": 1, "jobKind": "PyTorchJob", "devices": 1}
+    done = {"name": "a", "jobName": "a", "strategy": "ddp", "precision": "fp32", "phase": "Succeeded",
+            "results": {"tokensPerSecond": 1000.0}}
+    running = {"name": "b", "jobName": "b", "strategy": "fsdp", "precision": "fp32", "phase": "Running"}
+    runs = [RunStatus.model_validate({**common, **run}) for run in (done, running)]
+    spec = validate_spec({"sweep": {"strategies": [{"name": "ddp"}]}, "cost": {"gpuHour": 3.6}})
+    assert "analysis" not in rc.summarize(BenchmarkStatus(), runs, NOW, spec).dump()  # no half-sweep verdicts
+    runs[1] = runs[1].model_copy(update={"phase": "Failed", "reason": "x"})
+    analysis = rc.summarize(BenchmarkStatus(), runs, NOW, spec).dump()["analysis"]
+    assert analysis["recommended"]["run"] == "a" and analysis["recommended"]["excluded"] == ["b (Failed)"]
+    cheapest = next(r for r in analysis["recommendations"] if r["objective"] == "cheapest" and "scale" not in r)
+    assert cheapest["value"] == pytest.approx(1.0)  # 3.6 per GPU-hour at 1000 tokens/s: 1 per 1M tokens
+    assert len(analysis["findings"]) == 6
+
+
 def test_set_condition_keeps_the_transition_time_when_the_status_holds():
     first = rc.condition("Ready", "False", "Running", "0/2", "t1")
     same = rc.set_condition([first], rc.condition("Ready", "False", "Running", "1/2", "t2"))

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from gpt2bench.jobkinds import AUTO, BACKENDS, OFFLINE_BACKEND, TRAINJOB
+from gpt2bench.kubesyntax import dns1123_label_problem
 from gpt2bench.plan import resolved_backend
 from gpt2bench.render import dump_jobs, render_all
 from gpt2bench.render.runtimes import project_runtimes
@@ -55,10 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpt2bench render: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except SpecError as exc:
-        for path, message in exc.errors:
-            print(f"gpt2bench render: {args.file}: {path}: {message}", file=sys.stderr)
+        for line in exc.lines():
+            print(f"gpt2bench render: {line}", file=sys.stderr)
         return 2
     if args.namespace:
+        if problem := dns1123_label_problem(args.namespace):
+            print(f"gpt2bench render: --namespace: {problem}", file=sys.stderr)
+            return 2
         benchmark = benchmark.model_copy(update={"namespace": args.namespace})
     backend = resolved_backend(benchmark, args.backend)
     if backend == TRAINJOB:

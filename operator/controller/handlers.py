@@ -108,5 +108,6 @@ def spec_changed(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_
 
 @kopf.on.event(*RESOURCE)
 def forget_deleted(type: str | None, body: kopf.Body, **_: Any) -> None:
-    if type == "DELETED":
+    if type == "DELETED":  # its lock and its recommendation series go with it
         sweep.forget(body.metadata.namespace or "default", body.metadata.name)
+        metrics.export_recommendations(body.metadata.namespace or "", body.metadata.name, None)

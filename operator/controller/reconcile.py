@@ -15,6 +15,8 @@ from typing import Any
 from gpt2bench import collect
 from gpt2bench import jobkinds as kinds
 from gpt2bench.plan import Run
+from gpt2bench.report.analysis import analyze
+from gpt2bench.spec import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     COMPLETE,
     FAILED,
@@ -293,8 +295,10 @@ def compact(entry: RunStatus) -> RunStatus:
     return entry
 
 
-def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str) -> BenchmarkStatus:
-    """The status fields these runs decide: counts, best, overall phase, conditions, completionTime."""
+def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
+              spec: GPT2BenchmarkSpec | None = None) -> BenchmarkStatus:
+    """The status fields these runs decide: counts, best, overall phase, conditions, completionTime, and,
+    once every run is done, the analysis (recommendations, scaling, findings; `spec` gives the prices)."""
     done = sum(r.phase in TERMINAL_RUN_PHASES for r in runs)
     succeeded = sum(r.phase == SUCCEEDED for r in runs)
     phase = overall_phase(runs)
@@ -315,9 +319,14 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str) -> Bench
         runs_succeeded=succeeded,
         runs_failed=done - succeeded,
         best=best_run(runs),
+        analysis=None if phase == RUNNING else analyze(runs, _camel(spec)),
         conditions=sweep_conditions(status.conditions or [], phase, message, runs, generation, now),
         completion_time=now if phase != RUNNING and not status.completion_time else None,
     )
+
+
+def _camel(spec: GPT2BenchmarkSpec | None) -> dict[str, Any] | None:
+    return spec.model_dump(by_alias=True, exclude_none=True, mode="json") if spec else None
 
 
 def spec_ignored_condition(generation: int, observed: int | None, now: str) -> Condition:

@@ -109,6 +109,8 @@ def start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, last_try: 
     """Validate, plan, record every run as Pending, start the first run(s). On the last try, an unexpected
     error still leaves a phase: Failed, with the error as the message."""
     if body.status.get("phase"):
+        if body.status.get("phase") in rc.FINISHED_PHASES:  # a restarted operator serves its metric again
+            _export(body, BenchmarkStatus.read(dict(body.status)))
         return  # resumed or retried: a started sweep is follow's, an Invalid one waits for a new spec
     try:
         _start(body, patch, logger)
@@ -143,7 +145,8 @@ def _start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
         new_runs = _start_runs(body, benchmark, runs, status.runs, {}, now, logger)
     if any(r.phase == rc.RUNNING for r in new_runs):  # a job was created (not only refused)
         metrics.observe_first_job(body.metadata.get("creationTimestamp"))
-    summary = rc.summarize(status, new_runs, now)
+    summary = rc.summarize(status, new_runs, now, benchmark.spec)
+    _export(body, summary)
     _post_transitions(body, status.runs, new_runs, summary, rc.PENDING)
     patch.status.update({**status.dump(), **summary.dump()})
 
@@ -197,7 +200,8 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
         entries[name] = rc.vanished_entry(by_name[name], entries[name], now, ttl)
     current = [entries[entry.name] for entry in old_runs]
     current = _start_runs(fresh, benchmark, runs, current, jobs, now, logger)
-    summary = rc.summarize(status, current, now)
+    summary = rc.summarize(status, current, now, benchmark.spec)
+    _export(fresh, summary)
     generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
     if generation > observed:  # written here, not by the update handler: one writer while Running
         ignored = rc.spec_ignored_condition(generation, observed, now)
@@ -241,6 +245,13 @@ def _event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
 def _without_status(body: kopf.Body) -> kopf.Body:
     raw = {k: v for k, v in dict(body).items() if k != "status"}
     return kopf.Body(raw)
+
+
+def _export(obj: dict[str, Any], status: BenchmarkStatus) -> None:
+    """The recommendations as the operator's info metric (for Grafana's table), once the sweep is done."""
+    if status.phase in rc.FINISHED_PHASES:
+        metadata = obj["metadata"]
+        metrics.export_recommendations(metadata.get("namespace") or "", metadata["name"], status.analysis)
 
 
 def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], entries: list[RunStatus],
