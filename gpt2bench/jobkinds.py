@@ -28,7 +28,7 @@ from gpt2bench.protocol import (
     TRAINJOB_API,
     TRAINJOB_CONTAINER,
 )
-from gpt2bench.status import FAILED, PENDING, RUNNING, SUCCEEDED
+from gpt2bench.status import FAILED, PENDING, QUEUED, RUNNING, SUCCEEDED
 
 # ------------------------------------------------------------------ backends
 
@@ -47,6 +47,9 @@ class JobKind:
     backend: str
     result_container: str  # the container whose termination message holds the trainer's summary
     install_hint: str  # what serves this kind, for "not served" messages
+    # The spec flag Kueue's webhook sets on a job it queues (KQ kubeflowjob_controller.go L50-59,
+    # mpijob_controller.go L88-102, trainjob webhook): seen before the controller's Suspended condition.
+    suspend_path: tuple[str, ...] = ("spec", "runPolicy", "suspend")
 
     @property
     def group(self) -> str:
@@ -61,7 +64,8 @@ JOB_KINDS: dict[str, JobKind] = {
     kind.kind: kind
     for kind in (
         JobKind("TrainJob", TRAINJOB_API, "trainjobs", TRAINJOB, TRAINJOB_CONTAINER,
-                "Kubeflow Trainer v2 (it installs JobSet) and the gpt2bench training runtimes"),
+                "Kubeflow Trainer v2 (it installs JobSet) and the gpt2bench training runtimes",
+                suspend_path=("spec", "suspend")),
         JobKind("PyTorchJob", PYTORCHJOB_API, "pytorchjobs", PYTORCHJOB, PYTORCH_CONTAINER,
                 "the Kubeflow training operator (v1)"),
         JobKind("MPIJob", MPIJOB_API, "mpijobs", PYTORCHJOB, LAUNCHER_CONTAINER,
@@ -207,8 +211,8 @@ def result_container(job: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class JobState:
-    """What a job's status says for its run: Pending (created, nothing yet, or suspended), Running,
-    Succeeded, Failed; `reason`/`message` are the deciding condition's."""
+    """What a job's status says for its run: Pending (created, nothing yet), Queued (suspended: Kueue has
+    not admitted it), Running, Succeeded, Failed; `reason`/`message` are the deciding condition's."""
 
     phase: str
     message: str = ""
@@ -228,19 +232,29 @@ def _state(phase: str, condition: dict[str, Any] | None = None) -> JobState:
     return JobState(phase, condition.get("message") or "", condition.get("reason") or "")
 
 
+def suspended_in_spec(job: dict[str, Any]) -> bool:
+    """Whether the job's spec says suspended (Kueue's webhook sets it at creation, before any condition)."""
+    value: Any = job
+    for key in JOB_KINDS[job["kind"]].suspend_path if job.get("kind") in JOB_KINDS else ():
+        value = value.get(key) if isinstance(value, dict) else None
+    return value is True
+
+
 def v1_job_state(job: dict[str, Any]) -> JobState:
-    """PyTorchJob/MPIJob: terminal conditions win whatever their order; otherwise the newest True one
-    (Running/Restarting → Running; Created, Suspended → Pending). As operator/controller/reconcile.py's
-    job_state, plus the Suspended condition's reason and message (Kueue's queueing shows)."""
+    """PyTorchJob/MPIJob: terminal conditions win whatever their order; then suspension (a True Suspended
+    condition, or `runPolicy.suspend`: Kueue's queue) → Queued, with the condition's reason and message;
+    otherwise the newest True one (Running/Restarting → Running; Created → Pending)."""
     conditions = _true_conditions(job)
     by_type = {c.get("type"): c for c in conditions}
     for terminal in (FAILED, SUCCEEDED):
         if terminal in by_type:
             return _state(terminal, by_type[terminal])
+    if "Suspended" in by_type:
+        return _state(QUEUED, by_type["Suspended"])
+    if suspended_in_spec(job):
+        return JobState(QUEUED)
     if conditions and conditions[-1].get("type") in ("Running", "Restarting"):
         return JobState(RUNNING, conditions[-1].get("message") or "")
-    if conditions and conditions[-1].get("type") == "Suspended":
-        return _state(PENDING, conditions[-1])
     return JobState(PENDING)
 
 
@@ -256,7 +270,9 @@ def trainjob_state(job: dict[str, Any]) -> JobState:
     if "Complete" in by_type:
         return _state(SUCCEEDED, by_type["Complete"])
     if "Suspended" in by_type:  # Kueue holds it in its queue, or someone suspended it
-        return _state(PENDING, by_type["Suspended"])
+        return _state(QUEUED, by_type["Suspended"])
+    if suspended_in_spec(job):
+        return JobState(QUEUED)
     jobs = (job.get("status") or {}).get("jobsStatus") or []
     if any(entry.get(count) for entry in jobs for count in ("active", "ready", "succeeded", "failed")):
         return JobState(RUNNING)

@@ -60,7 +60,10 @@ Backend = Literal["auto", "trainjob", "pytorchjob"]
 Preset = Literal["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "custom"]
 assert typing.get_args(Preset) == MODEL_PRESETS and typing.get_args(StrategyName) == STRATEGIES
 
+# Trainer images by device type (Dockerfile targets `trainer` and `trainer-cuda`), when neither the spec nor
+# the operator (`--trainer-image-cpu/-gpu`, the chart's `trainerImage`) names one.
 DEFAULT_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0"
+DEFAULT_GPU_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda"
 
 # Runs per GPT2Benchmark (strategies x precisions x scales, as written). Each run is an entry of a few
 # hundred bytes in the status (1.7 KB at most: a 1,000-character failure reason and every figure), which
@@ -358,12 +361,32 @@ class SchedulingSpec(SpecModel):
                                             description="Pods' priorityClassName.")
 
 
+# The operator reads a finished job's results within a second (it watches the jobs), or at its next poll
+# (--poll-interval: 30 s by default, at most this) when it was away: a shorter TTL would race it.
+MIN_TTL_SECONDS = 60
+
+
 class RunPolicySpec(SpecModel):
+    model_config = ConfigDict(json_schema_extra=cel((
+        f"!has(self.ttlSecondsAfterFinished) || self.ttlSecondsAfterFinished >= {MIN_TTL_SECONDS}",
+        f"ttlSecondsAfterFinished must be at least {MIN_TTL_SECONDS}: a finished job and its pods hold the results "
+        "until the operator has read them")))
+
     backoff_limit: int = Field(0, ge=0, le=100, description="Restarts before a job is Failed.")
     active_deadline_seconds: int | None = Field(7200, ge=1, le=INT64_MAX,
                                                     description="Kill a run after this long; null: never.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=2**31 - 1,
                                                        description="Delete finished jobs after this long.")
+
+    @model_validator(mode="after")
+    def _ttl_leaves_time_to_read_results(self) -> RunPolicySpec:
+        ttl = self.ttl_seconds_after_finished
+        if ttl is not None and ttl < MIN_TTL_SECONDS:
+            raise RuleError([(("ttlSecondsAfterFinished",),
+                f"{ttl} s would delete a finished job and its pods (whose termination "
+                f"message and log hold the results) before the operator may have read them: use at least "
+                f"{MIN_TTL_SECONDS}, or leave it unset")])
+        return self
 
 
 # A trainer's Prometheus port: unprivileged, so that the non-root trainer can bind it.
@@ -409,6 +432,18 @@ class CostSpec(SpecModel):
         return self
 
 
+class ImagesSpec(SpecModel):
+    """The trainer image by device type: CPU runs (devicesPerNode 0) and GPU runs need different torch builds."""
+
+    cpu: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
+        description=f"Image of CPU runs; default: the operator's --trainer-image-cpu, else {DEFAULT_IMAGE}.")
+    gpu: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
+        description=f"Image of GPU runs (CUDA torch, Horovod with NCCL); default: the operator's "
+                    f"--trainer-image-gpu, else {DEFAULT_GPU_IMAGE}.")
+
+
 class GPT2BenchmarkSpec(SpecModel):
     model_config = ConfigDict(json_schema_extra=cel((
         "!has(self.model) || !has(self.model.nPositions) || (has(self.training) && has(self.training.seqLen) "
@@ -419,8 +454,10 @@ class GPT2BenchmarkSpec(SpecModel):
     data: DataSpec = Field(default_factory=DataSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     sweep: SweepSpec
-    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
-                       description="Trainer image (has gpt2bench, torchrun, mpirun).")
+    image: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
+        description="Trainer image of every run (has gpt2bench, torchrun, mpirun); unset: `images` by device type.")
+    images: ImagesSpec = Field(default_factory=ImagesSpec, description="Trainer image by device type.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     node_selector: Labels = Field(default_factory=dict)
@@ -438,6 +475,20 @@ class GPT2BenchmarkSpec(SpecModel):
         ),
     )
     cost: CostSpec | None = Field(None, description="Prices: the report adds cost per 1 M tokens.")
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_image(self) -> GPT2BenchmarkSpec:
+        if self.image is not None and (self.images.cpu is not None or self.images.gpu is not None):
+            raise ValueError("spec.images: set either image (every run) or images (by device type), not both")
+        return self
+
+    def trainer_image(self, gpus: bool) -> str:
+        """The image of a run on GPUs (gpus) or on CPU."""
+        if self.image:
+            return self.image
+        if gpus:
+            return self.images.gpu or DEFAULT_GPU_IMAGE
+        return self.images.cpu or DEFAULT_IMAGE
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> GPT2BenchmarkSpec:

@@ -26,8 +26,10 @@ from pydantic.alias_generators import to_camel
 
 from gpt2bench.files import write_atomic
 
-# Run phases. Interrupted and Skipped exist only locally (a cluster sweep is never Ctrl-C'd).
+# Run phases. Interrupted and Skipped exist only locally (a cluster sweep is never Ctrl-C'd); Queued only on a
+# cluster (the run's job exists but is suspended, e.g. by Kueue until its queue admits it).
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+QUEUED = "Queued"
 INTERRUPTED, SKIPPED = "Interrupted", "Skipped"
 # Overall phases. PartiallySucceeded: every run finished, some failed, some succeeded (the comparison
 # table still has rows to read, so it is not Failed; but not all strategies worked, so not Succeeded).
@@ -35,13 +37,19 @@ PARTIALLY_SUCCEEDED, INVALID = "PartiallySucceeded", "Invalid"
 TERMINAL_RUN_PHASES = (SUCCEEDED, FAILED)
 FINISHED_PHASES = (SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED, INVALID)
 
-RunPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
-LocalRunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Interrupted", "Skipped"]
+RunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed"]
+LocalRunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed", "Interrupted", "Skipped"]
 BenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid"]
 LocalBenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid",
                               "Interrupted"]
 
 DATE_TIME = {"format": "date-time"}
+
+# The most runs a GPT2Benchmark's status is sized for: with every entry at its largest (tests/
+# test_operator_status_size.py), status stays under STATUS_BYTES_BUDGET, leaving the rest of etcd's 1.5 MiB
+# object limit to metadata. The spec's bound on runs per benchmark must not exceed it.
+STATUS_RUNS_BUDGET = 512
+STATUS_BYTES_BUDGET = 1024 * 1024
 
 
 class StatusModel(BaseModel):
@@ -100,7 +108,7 @@ class RunStatus(StatusModel):
     job_name: str
     devices: int | None = Field(None, description="Devices it trains on: GPUs, or worker processes on CPU.")
     repeat: int | None = Field(None, ge=1, description="Repetition of its configuration (sweep.repeats > 1).")
-    phase: RunPhase = Field(description="Pending, Running, Succeeded or Failed.")
+    phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded or Failed.")
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     reason: str | None = Field(None, description="Why the run failed.")
@@ -121,6 +129,13 @@ class BestRun(StatusModel):
     precision: str
     tokens_per_second: float
 
+
+# Condition types of a GPT2Benchmark, as batch Jobs have them (`kubectl wait --for=condition=Complete`):
+# Ready (results are there: Succeeded or PartiallySucceeded), Complete (every run finished and at least one
+# has results), Failed (no run succeeded, or the spec is invalid), Queued (a run's job is suspended, waiting
+# for its queue), and SpecChangeIgnored. Each carries the generation it was decided on.
+READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
+SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 
 Objective = Literal["fastest", "leanest", "cheapest", "scalable"]
 Decision = Literal["clear", "no-clear-winner", "spread-unknown", "only-candidate", "not-measurable"]
@@ -211,6 +226,9 @@ class BenchmarkStatus(StatusModel):
     runs_failed: int | None = None
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    backend: str | None = Field(
+        None, description="The backend the sweep runs on, trainjob or pytorchjob: spec.backend, or what `auto` "
+                          "resolved to from the job kinds the API server serves (TrainJob preferred).")
     best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
     analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")

@@ -176,7 +176,7 @@ FAILED_JOBS = "jobset failed due to one or more job failures (first failed job: 
      JobState("Running")),
     (trainjob([cond("Suspended", reason="Suspended", message="TrainJob is suspended")],
               [{"name": "node", "ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 1}]),
-     JobState("Pending", "TrainJob is suspended", "Suspended")),
+     JobState("Queued", "TrainJob is suspended", "Suspended")),
     (trainjob([cond("Suspended", "False", "Resumed", "TrainJob is resumed")],
               [{"name": "node", "ready": 1, "succeeded": 0, "failed": 0, "active": 1, "suspended": 0}]),
      JobState("Running")),

@@ -20,6 +20,7 @@ from kube.fixtures import (
     Benchmarks,
     api_client,
     benchmark,
+    operator_calls,
     operator_env,
     wait_for,
 )
@@ -50,8 +51,8 @@ def benchmarks(client):
 
 
 @pytest.fixture
-def trainer(client):
-    return TrainingOperator(client)
+def trainer(cluster, client):
+    return TrainingOperator(client, cluster=cluster)
 
 
 def _finished(job: dict) -> bool:
@@ -152,8 +153,10 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
     table = cluster.kubectl("get", "gpt2benchmark", "scales").stdout.split()
     assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION"]
     assert table[7:13] == ["scales", "Succeeded", "4", "4", "scales-ddp-fp32-1x2", "spread-unknown"]
-    wide = cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout.split()
-    assert wide[6:8] == ["BEST", "TOKENS/S"] and wide[15:17] == ["ddp", "1900"]
+    header, row = (line.split() for line in
+                   cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout.splitlines())
+    wide = dict(zip(header, row, strict=True))
+    assert (wide["BACKEND"], wide["BEST"], wide["TOKENS/S"]) == ("pytorchjob", "ddp", "1900")
 
     from gpt2bench.controller.metrics import REGISTRY
 
@@ -211,7 +214,9 @@ def test_a_killed_pod_without_message_fails_with_the_container_reason(benchmarks
     benchmarks.create(benchmark("oom", [{"name": "ddp"}]))
     play(trainer, "oom", 1, lambda t, job, i: t.finish(job, succeeded=False, message=None, exit_code=137))
     status = wait_for(lambda: (s := benchmarks.status("oom")).get("phase") == "Failed" and s, what="Failed")
-    assert status["runs"][0]["reason"] == "OOMKilled (exit code 137)"
+    # the container's end first, then the training operator's own words
+    assert status["runs"][0]["reason"] == ("OOMKilled (exit code 137); PyTorchJobFailed: PyTorchJob oom-ddp-fp32-1x2 "
+                                           "is failed because 1 Master replica(s) failed.")
     assert status.get("best") is None
 
 
@@ -298,32 +303,23 @@ def test_kubectl_patch_status_subresource_reaches_the_operator_view(cluster, ben
     assert status["completionTime"] == stamp and status["phase"] == "Running" and status["runsTotal"] == 1
 
 
-VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
-
-
 def test_manifest_rbac_covers_every_call_the_operator_made(cluster, benchmarks, trainer):
-    """Everything kopf and our client asked the API for in this module's runs (one more sweep here,
-    so that the test stands alone), checked against the ClusterRole of manifests/operator.yaml: a
-    missing rule would be a 403 in a real cluster."""
+    """Everything kopf and our client asked the API for in this module's runs (one more sweep here, with
+    per-step curves, so that the test stands alone), checked against the roles bound to the operator in
+    manifests/operator.yaml: a missing rule would be a 403 in a real cluster."""
     from test_operator_manifests import allowed, cluster_role_rules
 
+    from gpt2bench.trainer.summary import steps_line
+
+    log = steps_line([{"step": 1, "loss": 2.0, "grad_norm": 1.0}]) + "\n"
     benchmarks.create(benchmark("rbac", [{"name": "single"}]))
-    play(trainer, "rbac", 1, lambda t, job, i: t.succeed(job, 1.0))
+    play(trainer, "rbac", 1, lambda t, job, i: t.succeed(job, 1.0, log=log))
     wait_for(lambda: benchmarks.status("rbac").get("phase") == "Succeeded", what="Succeeded")
+    wait_for(lambda: ("", "configmaps", "create") in operator_calls(cluster), what="the steps ConfigMap")
 
-    def calls(emulator):
-        seen = set()
-        for r in emulator._requests:  # kmock keeps every request it served
-            agent = r.headers.get("User-Agent", "")
-            if r.resource is None or r.resource.plural is None or not agent.startswith(("kopf/", "gpt2bench-operator/")):
-                continue  # discovery is a non-resource URL every authenticated user may read
-            verb = "update" if r.method == "PUT" else VERBS[r.action.name]
-            plural = f"{r.resource.plural}/{r.subresource}" if r.subresource else r.resource.plural
-            seen.add((r.resource.group, plural, verb))
-        return seen
-
-    made = cluster.call(calls)
+    made = operator_calls(cluster)
     rules = cluster_role_rules()
-    assert {("kubeflow.org", "pytorchjobs", "create"), ("", "pods", "list"), ("", "events", "create"),
-            ("gpt2bench.io", "gpt2benchmarks/status", "patch")} <= made
+    assert {("kubeflow.org", "pytorchjobs", "create"), ("kubeflow.org", "pytorchjobs", "watch"), ("", "pods", "list"),
+            ("", "pods/log", "get"), ("", "events", "create"), ("gpt2bench.io", "gpt2benchmarks/status", "patch"),
+            ("gpt2bench.io", "gpt2benchmarks/finalizers", "update")} <= made
     assert [call for call in sorted(made) if not allowed(rules, *call)] == []

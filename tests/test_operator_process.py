@@ -32,14 +32,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 class OperatorProcess:
-    def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int):
+    def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int, poll_seconds: float = 0.3):
         self.cluster, self.metrics_port, self.health_port = cluster, metrics_port, health_port
+        self.poll_seconds = poll_seconds
         self.log = cluster.workdir / "operator.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = env_for_subprocess(operator_env(self.cluster, poll_seconds=0.3))
-        args = [sys.executable, "-m", "gpt2bench", "operator", "--all-namespaces", "--poll-interval", "0.3",
+        env = env_for_subprocess(operator_env(self.cluster, poll_seconds=self.poll_seconds))
+        args = [sys.executable, "-m", "gpt2bench", "operator", "--all-namespaces", "--poll-interval",
+                str(self.poll_seconds),
                 "--metrics-port", str(self.metrics_port),
                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"]
         with open(self.log, "a") as log:
@@ -206,18 +208,61 @@ def test_a_failed_job_creation_is_counted_retried_and_the_sweep_goes_on(tmp_path
             assert operator.stop() == 0
 
 
-def test_without_the_kubeflow_crds_the_operator_waits_and_says_why(tmp_path):
+def test_without_the_kubeflow_crds_every_run_fails_at_once_saying_what_to_install(tmp_path):
     with EmulatedCluster(tmp_path / "kube") as cluster:
         cluster.kubectl("apply", "-f", str(REPO / "manifests" / "crd.yaml"))  # no Kubeflow CRDs
         benchmarks = Benchmarks(api_client(cluster))
         operator = OperatorProcess(cluster, free_port(), free_port())
         operator.start()
         try:
-            benchmarks.create(benchmark("early", [{"name": "single"}]))
-            events = wait_for(lambda: [e for e in benchmarks.events("early") if "is not served" in e["message"]],
-                              what="an Event saying what is missing")
-            assert "install the Kubeflow training operator" in events[0]["message"]
-            assert events[0]["type"] == "Error"
-            assert benchmarks.status("early").get("phase") is None, "nothing started, nothing recorded"
+            # the v1 jobs asked for by name (`auto` would pick TrainJob here and say to install Trainer v2:
+            # tests/test_operator_refusals.py)
+            benchmarks.create(benchmark("early", [{"name": "single"}, {"name": "ddp"}, {"name": "horovod"}],
+                                        backend="pytorchjob"))
+            status = wait_for(lambda: (s := benchmarks.status("early")).get("phase") == "Failed" and s,
+                              what="the sweep Failed, every run with its reason")
+            reasons = {r["jobKind"]: r["reason"] for r in status["runs"]}
+            assert "CRD pytorchjobs.kubeflow.org has no v1" in reasons["PyTorchJob"]
+            assert "install the Kubeflow training operator" in reasons["PyTorchJob"]
+            assert "install the Kubeflow MPI operator v0.8" in reasons["MPIJob"]
+            events = [e for e in benchmarks.events("early") if e["reason"] == "RunFailed"]
+            assert len(events) == 3 and all("not served" in e["message"] for e in events)
+            assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 0, "the cluster's, not ours"
+        finally:
+            assert operator.stop() == 0
+
+
+def test_job_events_start_the_next_run_within_a_second_of_the_previous_one_ending(tmp_path):
+    """The timer is a safety net only (--poll-interval 60: it never fires here): each job's terminal
+    condition, seen through the watch, creates the next job. Gap: the test's status write that finishes a
+    job -> the emulator's creation of the next one."""
+    import statistics
+
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        client = api_client(cluster)
+        benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
+        operator = OperatorProcess(cluster, free_port(), free_port(), poll_seconds=60)
+        operator.start()
+        try:
+            strategies = [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}, {"name": "horovod"}]
+            benchmarks.create(benchmark("eager", strategies, sweep={
+                "strategies": strategies, "precisions": ["fp32", "bf16"],
+                "scales": [{"nodes": 1, "processesPerNode": 2}]}))
+            gaps, finished = [], 0.0
+            for i in range(8):
+                job = wait_for(lambda i=i: len(jobs := trainer.jobs("eager")) == i + 1 and jobs[i], 30,
+                               what=f"job {i} (the timer would take 60 s)")
+                if i:
+                    created = cluster.call(lambda e, job=job: e.created_at[(
+                        next(r for r in e.resources if r.plural == job["kind"].lower() + "s"
+                             and r.version == job["apiVersion"].split("/")[1]), "default", job["metadata"]["name"])])
+                    gaps.append(created - finished)
+                trainer.start(job)
+                trainer.succeed(job, 100.0 + i)
+                finished = time.time()
+            wait_for(lambda: benchmarks.status("eager").get("phase") == "Succeeded", 30, what="Succeeded")
+            assert statistics.median(gaps) < 1.0, gaps
+            assert max(gaps) < 5.0, gaps  # generous: a shared 2-core machine
         finally:
             assert operator.stop() == 0

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import copy
 import csv
-import http.server
 import json
 import re
-import threading
 from pathlib import Path
-from typing import ClassVar
 
+import kubernetes
 import matplotlib.colors
 import matplotlib.image
 import pytest
@@ -334,73 +332,56 @@ def test_compare_with_a_missing_or_invalid_folder_exits_2_with_one_line(tmp_path
 
 
 # ---------------------------------------------------------------- a cluster
-class _FakeAPI(http.server.BaseHTTPRequestHandler):
-    objects: ClassVar[dict[str, dict]] = {}
-    requests: ClassVar[list[str]] = []
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    from kube import EmulatedCluster
+    from kube.fixtures import CRD
 
-    def do_GET(self):  # http.server's naming
-        self.requests.append(self.path)
-        body = self.objects.get(self.path)
-        status = 200 if body else 404
-        if body is None:
-            body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+    with EmulatedCluster(tmp_path_factory.mktemp("kube")) as cluster:
+        cluster.kubectl("apply", "-f", str(CRD))
+        cluster.kubectl("create", "namespace", "team-a")
+        yield cluster
 
 
 @pytest.fixture
-def fake_cluster(tmp_path, monkeypatch):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeAPI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
-        "users": [{"name": "test", "user": {"token": "t"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "team-a"}}],
-    }
+def kubeconfig_in_team_a(emulated, tmp_path, monkeypatch):
+    """The emulator's kubeconfig with the context's namespace set to team-a."""
+    config = yaml.safe_load(emulated.kubeconfig.read_text())
+    config["contexts"][0]["context"]["namespace"] = "team-a"
     path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig))
+    path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("KUBECONFIG", str(path))
-    _FakeAPI.objects, _FakeAPI.requests = {}, []
-    yield _FakeAPI
-    server.shutdown()
+    return emulated
 
 
-def test_cluster_report_reads_the_resource_status(fake_cluster, tmp_path, capsys):
+def test_cluster_report_reads_the_resource_status(kubeconfig_in_team_a, tmp_path, capsys):
+    from kube.fixtures import api_client
+
     doc = synthetic()
-    resource = {
-        "apiVersion": "gpt2bench.io/v1alpha1",
-        "kind": "GPT2Benchmark",
-        "metadata": {"name": "demo", "namespace": "team-a"},
-        "spec": copy.deepcopy(doc["spec"]),
-        "status": {k: doc[k] for k in ("runs", "phase", "best", "startTime", "completionTime")},
-    }
-    url = "/apis/gpt2bench.io/v1alpha1/namespaces/team-a/gpt2benchmarks/demo"
-    fake_cluster.objects[url] = resource
+    resource = {"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark",
+                "metadata": {"name": "demo", "namespace": "team-a"},
+                "spec": {**copy.deepcopy(doc["spec"]),
+                         "sweep": {"strategies": [{"name": n} for n in sorted({r["strategy"] for r in doc["runs"]})]}}}
+    objects = kubernetes.client.CustomObjectsApi(api_client(kubeconfig_in_team_a))
+    objects.create_namespaced_custom_object("gpt2bench.io", "v1alpha1", "team-a", "gpt2benchmarks", resource)
+    status = {k: doc[k] for k in ("runs", "phase", "best", "startTime", "completionTime")}
+    objects.patch_namespaced_custom_object_status("gpt2bench.io", "v1alpha1", "team-a", "gpt2benchmarks", "demo",
+                                                  {"status": status})
     out = tmp_path / "report"
     # the namespace comes from the kubeconfig context when -n is not given
     assert cli.main(["--cluster", "demo", "--output", str(out)]) == 0
-    assert fake_cluster.requests == [url]
     saved = json.loads((out / "results.json").read_text())
-    assert {k: v for k, v in saved.items() if k != "analysis"} == doc
+    assert {k: v for k, v in saved.items() if k not in ("analysis", "spec")} == {k: v for k, v in doc.items()
+                                                                                 if k != "spec"}
+    assert saved["spec"] == resource["spec"]
     assert saved["analysis"]["recommended"]["run"] == "demo-ddp-bf16-2x4g"
     assert table.results_table_markdown(ResultsDocument.read(doc)) in (out / "results.md").read_text()
     for png in ("throughput.png", "peak_memory.png", "train_time.png", "grad_norm.png"):
         assert_png(out / png)
-    assert not (out / "loss.png").exists()
+    assert not (out / "loss.png").exists()  # no steps ConfigMaps here (tests/test_operator_cluster.py has them)
 
 
-def test_cluster_report_says_when_the_benchmark_is_missing(fake_cluster, tmp_path, capsys):
+def test_cluster_report_says_when_the_benchmark_is_missing(kubeconfig_in_team_a, tmp_path, capsys):
     assert cli.main(["--cluster", "absent", "-n", "other", "--output", str(tmp_path / "r")]) == 1
     assert "GPT2Benchmark other/absent: not found" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from test_run_local import free_port, horovod_importable
 
-from gpt2bench import report
+from gpt2bench.report.steps import read_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
@@ -49,7 +49,7 @@ def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path):
     single, ddp, horovod = doc["runs"]
     for run in (single, ddp):
         assert run["phase"] == "Succeeded", run
-        steps = report.read_steps(out / run["stepsFile"])
+        steps = read_steps(out / run["stepsFile"])
         assert [s["step"] for s in steps] == [1, 2, 3]
     assert ddp["results"]["worldSize"] == 2 and ddp["stepsFile"].endswith("node-0/steps.jsonl")
     # the second "node" joined through the PET_* rendezvous as node rank 1

@@ -239,7 +239,7 @@ def test_suspended_resumed_and_deadline_map_to_phases_with_reasons(cluster, clie
     trainer = TrainerV2(client)
     trainer.reconcile(name)
     state = job_state(trainer.trainjob(name))
-    assert (state.phase, state.reason, state.message) == ("Pending", "Suspended", "TrainJob is suspended")
+    assert (state.phase, state.reason, state.message) == ("Queued", "Suspended", "TrainJob is suspended")
     assert pods_of(trainer, name) == []
     cluster.kubectl("patch", "trainjob", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     trainer.resume(name)

@@ -86,6 +86,8 @@ SHARED = [
     ("precision-listed-twice", sweep(precisions=["fp32", "bf16", "fp32"]), "spec.sweep.precisions[2]",
      'spec.sweep.precisions[2]: Duplicate value: "fp32"'),
     # --- CEL rules (x-kubernetes-validations)
+    ("ttl-shorter-than-the-operator-may-need", with_(runPolicy={"ttlSecondsAfterFinished": 5}),
+     "spec.runPolicy.ttlSecondsAfterFinished", "ttlSecondsAfterFinished must be at least 60"),
     ("warmup-not-below-steps", with_(training={"steps": 10, "warmupSteps": 10}), "spec.training.warmupSteps",
      "warmupSteps must be less than steps"),
     ("warmup-default-not-below-steps", with_(training={"steps": 3}), "spec.training.warmupSteps",

@@ -26,22 +26,21 @@ from __future__ import annotations
 from typing import Any
 
 from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB
-from gpt2bench.protocol import TRAINJOB_API, TRAINJOB_CONTAINER
-from gpt2bench.render.security import container_security_context, pod_security_context
+from gpt2bench.protocol import SSH_PORT, TRAINJOB_API, TRAINJOB_CONTAINER
+from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
+from gpt2bench.render.pods import container_security_context, pod_security_context
 from gpt2bench.spec import DEFAULT_IMAGE, MetricsSpec
 
 TORCH_RUNTIME = "gpt2bench-torch"
 MPI_RUNTIME = "gpt2bench-mpi"
 RUNTIME_KIND = "ClusterTrainingRuntime"
+RUNTIME_PLURAL = "clustertrainingruntimes"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # TR constants.go L36-41
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"  # how upstream's runtimes say what they run
 RUNTIME_IMAGE_PULL_POLICY = "IfNotPresent"
 RUNTIME_METRICS_PORT = MetricsSpec.model_fields["port"].default  # the trainer's default, 9400
 # Non-root sshd, as in the Dockerfile (and mpi-operator's base image, which Trainer's runtimes reuse).
-SSH_PORT = 2222
-SSH_HOME = "/home/gpt2bench"
-SSH_AUTH_MOUNT_PATH = f"{SSH_HOME}/.ssh"
-SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{SSH_HOME}/.sshd_config"]
+# (SSH_PORT, SSH_AUTH_MOUNT_PATH and SSHD_COMMAND are the MPIJob's: gpt2bench.protocol, render/mpijob.py.)
 
 
 def _container(image: str, **extra: Any) -> dict[str, Any]:
@@ -69,6 +68,7 @@ def _replicated_job(name: str, container: dict[str, Any], *, trainer: bool, **ex
                 "spec": {
                     "restartPolicy": "Never",
                     "securityContext": pod_security_context(),
+                    "automountServiceAccountToken": False,  # a runtimePatch cannot say it: the runtime does
                     "containers": [container],
                 }
             },

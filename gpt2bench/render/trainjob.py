@@ -24,23 +24,31 @@ from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB, trainjob_pods
 from gpt2bench.plan import Run
 from gpt2bench.protocol import RESULT_REPLICATED_JOB_ANNOTATION, TRAINJOB_API, TRAINJOB_CONTAINER
 from gpt2bench.render.mpijob import mpirun_command
-from gpt2bench.render.pods import container_env, container_resources, job_labels, job_metadata, pod_template
+from gpt2bench.render.pods import (
+    container_env,
+    container_resources,
+    container_security_context,
+    job_labels,
+    job_metadata,
+    pod_security_context,
+    pod_template,
+)
 from gpt2bench.render.runtimes import (
     MPI_RUNTIME,
     RUNTIME_IMAGE_PULL_POLICY,
     RUNTIME_KIND,
     RUNTIME_METRICS_PORT,
-    SSH_PORT,
     TORCH_RUNTIME,
 )
-from gpt2bench.render.security import container_security_context, pod_security_context
 from gpt2bench.spec import DEFAULT_IMAGE, Benchmark
 
 PATCH_MANAGER = "gpt2bench.io/render"  # a runtimePatch's manager must be a domain-prefixed path (webhook)
 # What a runtimePatch may set on a pod and on a container (the TrainJob CRD's PodSpecPatch/ContainerPatch).
 POD_PATCH_FIELDS = ("serviceAccountName", "volumes", "initContainers", "imagePullSecrets", "securityContext",
                     "nodeSelector", "affinity", "tolerations", "schedulingGates", "terminationGracePeriodSeconds")
-CONTAINER_PATCH_FIELDS = ("volumeMounts", "securityContext")  # env too, but not on `node` (webhook)
+CONTAINER_PATCH_FIELDS = ("volumeMounts", "securityContext")
+# What the project's runtimes set on every pod themselves (render/runtimes.py), where a patch could not.
+POD_SET_BY_RUNTIME = ("automountServiceAccountToken",)  # env too, but not on `node` (webhook)
 # Pod-template fields the TrainJob carries elsewhere: trainer.image/command/env/resourcesPerNode, or the
 # runtime (image pull and termination-message policies, ports).
 CARRIED_ELSEWHERE = {"name", "image", "imagePullPolicy", "command", "args", "env", "resources", "ports",
@@ -53,12 +61,10 @@ def torchrun_command(run: Run) -> list[str]:
 
 
 def mpi_launcher_command(run: Run) -> list[str]:
-    """mpirun as in the MPIJob, reaching the runtime's non-root sshd on its port: the MPI plugin's own
-    OMPI_MCA_plm_rsh_args (`-o ConnectionAttempts=10`) is overridden on the command line, which Open MPI
-    ranks above the environment, because the image's ssh client config does not name port 2222."""
-    command = mpirun_command(run)
-    at = command.index("mpirun") + 1
-    return [*command[:at], "-mca", "plm_rsh_args", f"-p {SSH_PORT} -o ConnectionAttempts=10", *command[at:]]
+    """mpirun as in the MPIJob (render/mpijob.py), which reaches the non-root sshd on port 2222 with
+    `-mca plm_rsh_args` on the command line: Open MPI ranks that above the MPI plugin's own
+    OMPI_MCA_plm_rsh_args (`-o ConnectionAttempts=10`, kept in ours)."""
+    return mpirun_command(run)
 
 
 def pod_patch(template: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -71,7 +77,7 @@ def pod_patch(template: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     container_patch = {key: container[key] for key in CONTAINER_PATCH_FIELDS if key in container}
     container_patch.setdefault("securityContext", container_security_context())
     patch_spec["containers"] = [{"name": TRAINJOB_CONTAINER, **container_patch}]
-    dropped = [f"pod.{key}" for key in spec if key not in POD_PATCH_FIELDS and key != "containers"]
+    dropped = [f"pod.{key}" for key in spec if key not in POD_PATCH_FIELDS + POD_SET_BY_RUNTIME and key != "containers"]
     dropped += [f"container.{key}" for key in container if key not in CONTAINER_PATCH_FIELDS + tuple(CARRIED_ELSEWHERE)]
     return {"metadata": template["metadata"], "spec": patch_spec}, dropped
 
@@ -98,7 +104,7 @@ def render_trainjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
     spec = benchmark.spec
     horovod = run.strategy.name == "horovod"
     trainer: dict[str, Any] = {
-        "image": spec.image,
+        "image": spec.trainer_image(gpus=run.devices_per_node > 0),
         "command": mpi_launcher_command(run) if horovod else torchrun_command(run),
         "env": container_env(),
         "numNodes": run.nodes,
@@ -152,7 +158,10 @@ def trainjob_caveats(benchmark: Benchmark) -> list[str]:
     if spec.image_pull_policy != RUNTIME_IMAGE_PULL_POLICY:
         caveats.append(f"spec.imagePullPolicy: {spec.image_pull_policy} is not applied: the runtimes set "
                        f"{RUNTIME_IMAGE_PULL_POLICY}")
-    if spec.image != DEFAULT_IMAGE and any(s.name == "horovod" for s in spec.sweep.strategies):
+    horovod_images = {spec.trainer_image(gpus=scale.devices_per_node > 0) for scale in spec.sweep.scales
+                       if any(s.name == "horovod" for s in spec.sweep.strategies)} - {DEFAULT_IMAGE}
+    if horovod_images:
         caveats.append(f"spec.image: horovod's ranks run in the {MPI_RUNTIME} runtime's sshd pods, whose image "
-                       f"is the runtime's, not {spec.image!r}: install the runtime with that image")
+                       f"is the runtime's, not {', '.join(sorted(horovod_images))}: install the runtime with "
+                       f"that image")
     return caveats

@@ -3,8 +3,9 @@
     gpt2bench report DIR                                     # results.json -> analysis, .csv, .md, PNGs
     gpt2bench report --cluster NAME [-n NS] [--output DIR]   # the same from a GPT2Benchmark's status
 
-Per-step curves (loss, grad norm) need the runs' steps.jsonl, which only a local run keeps; a cluster's
-status holds the summary figures only, so its report has the bar charts and says why the curves are missing.
+Per-step curves (loss, grad norm) come from the runs' steps.jsonl: a local run keeps the trainer's file; on a
+cluster the operator keeps each run's curves in a ConfigMap `<run>-steps`, which `--cluster` writes to
+DIR/steps/<run>.jsonl (a run without one gets the bar charts only, and the report says why).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from gpt2bench.report import print_table, write_report
-    from gpt2bench.report.cluster import ClusterReadError, fetch_cluster_doc
+    from gpt2bench.report.cluster import ClusterReadError, fetch_cluster_doc, write_cluster_steps
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -66,11 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cluster:
         try:
-            doc = fetch_cluster_doc(args.cluster, args.namespace, args.context)
+            doc, steps = fetch_cluster_doc(args.cluster, args.namespace, args.context)
         except ClusterReadError as exc:
             print(f"gpt2bench report: --cluster: {exc}", file=sys.stderr)
             return 1
         directory = Path(args.output or Path("results") / f"{args.cluster}-cluster")
+        write_cluster_steps(doc, steps, directory)
     else:
         if args.output:
             print("gpt2bench report: --output applies to --cluster only (DIR is rebuilt in place)", file=sys.stderr)

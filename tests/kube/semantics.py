@@ -125,6 +125,43 @@ def matches_fields(obj: dict, selector: str | None) -> bool:
     return True
 
 
+# --- object metadata ------------------------------------------------------------------------------
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_NAME = _LABEL_VALUE
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE_RULE = ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+                     "'.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  "
+                     "or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+
+
+def label_errors(labels: dict[str, Any]) -> list[str]:
+    """ObjectMeta label validation, which the API server applies to every object, custom ones included
+    (apimachinery validation.IsQualifiedName / IsValidLabelValue)."""
+    errors = []
+    for key, value in (labels or {}).items():
+        prefix, _, name = key.rpartition("/")
+        if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))) or not name or len(name) > 63 \
+                or not _LABEL_NAME.match(name):
+            errors.append(f'metadata.labels: Invalid value: "{key}": name part must consist of alphanumeric '
+                          f"characters, '-', '_' or '.', and must start and end with an alphanumeric character")
+        if not isinstance(value, str):
+            errors.append(f'metadata.labels.{key}: Invalid value: {value!r}: must be a string')
+        elif len(value) > 63:
+            errors.append(f'metadata.labels: Invalid value: "{value}": must be no more than 63 characters')
+        elif not _LABEL_VALUE.match(value):
+            errors.append(f'metadata.labels: Invalid value: "{value}": {_LABEL_VALUE_RULE}')
+    return errors
+
+
+def validate_metadata(obj: dict) -> None:
+    """Raise ApiError(422) as the API server does for an object whose metadata is invalid."""
+    errors = label_errors((obj.get("metadata") or {}).get("labels") or {})
+    if errors:
+        name = (obj.get("metadata") or {}).get("name")
+        raise ApiError(422, "Invalid", f'{obj.get("kind")} "{name}" is invalid: ' + ", ".join(errors))
+
+
 # --- CRD schemas --------------------------------------------------------------------------------
 
 
