@@ -16,12 +16,10 @@ import json
 import os
 import subprocess
 import sys
-from unittest import mock
 
 import kubernetes
 import pytest
-from kopf.testing import KopfRunner
-from kube.fixtures import Benchmarks, api_client, benchmark, operator_calls, operator_env, wait_for
+from kube.fixtures import Benchmarks, api_client, benchmark, kopf_operator, operator_calls, wait_for
 from kube.training import TrainingOperator, kueue_webhook
 
 from gpt2bench.trainer.summary import steps_line
@@ -33,12 +31,8 @@ CONDITIONS = ("Ready", "Complete", "Failed", "Queued")
 @pytest.fixture(scope="module")
 def operator(cluster):
     cluster.call(lambda emulator: emulator.admission.append(kueue_webhook))
-    with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=0.5)):
-        args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers", "--verbose"]
-        with KopfRunner(args, timeout=60) as runner:
-            yield runner
-    assert runner.exception is None, runner.output[-3000:]
-    assert runner.exit_code == 0
+    with kopf_operator(cluster, poll_seconds=0.5) as runner:
+        yield runner
 
 
 @pytest.fixture

@@ -7,21 +7,18 @@ drives the GPT2Benchmarks with kubectl and the `kubernetes` client.
 from __future__ import annotations
 
 import json
-import os
 import time
-from unittest import mock
 
 import kubernetes
 import pytest
 import yaml
-from kopf.testing import KopfRunner
 from kube.fixtures import (
     REPO,
     Benchmarks,
     api_client,
     benchmark,
+    kopf_operator,
     operator_calls,
-    operator_env,
     wait_for,
 )
 from kube.training import TrainingOperator, trainer_summary
@@ -32,12 +29,8 @@ TERMINAL = ("Succeeded", "Failed")
 
 @pytest.fixture(scope="module")
 def operator(cluster):
-    with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=0.3)):
-        args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers", "--verbose"]
-        with KopfRunner(args, timeout=60) as runner:
-            yield runner
-    assert runner.exception is None, runner.output[-3000:]
-    assert runner.exit_code == 0
+    with kopf_operator(cluster, poll_seconds=0.3) as runner:
+        yield runner
 
 
 @pytest.fixture

@@ -8,16 +8,13 @@ reactions otherwise (422/403 on `create pytorchjobs`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from unittest import mock
 
 import kmock
 import pytest
 import yaml
-from kopf.testing import KopfRunner
 from kube import EmulatedCluster
-from kube.fixtures import CRD, Benchmarks, api_client, benchmark, operator_calls, operator_env, wait_for
+from kube.fixtures import CRD, Benchmarks, api_client, benchmark, kopf_operator, operator_calls, wait_for
 from kube.training import TrainingOperator
 from kubeflow_crds import CRD_FILES, crd_dir
 
@@ -57,12 +54,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def operator(cluster):
-    with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=0.5)):
-        args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers", "--verbose"]
-        with KopfRunner(args, timeout=60) as runner:
-            yield runner
-    assert runner.exception is None, runner.output[-3000:]
-    assert runner.exit_code == 0
+    with kopf_operator(cluster, poll_seconds=0.5) as runner:
+        yield runner
 
 
 @pytest.fixture

@@ -8,13 +8,19 @@ the Job controller (tests/kube/trainer_v2.py) for every TrainJob the operator cr
 from __future__ import annotations
 
 import json
-import os
-from unittest import mock
 
 import pytest
-from kopf.testing import KopfRunner
 from kube import EmulatedCluster
-from kube.fixtures import CRD, REPO, Benchmarks, api_client, benchmark, operator_calls, operator_env, wait_for
+from kube.fixtures import (
+    CRD,
+    REPO,
+    Benchmarks,
+    api_client,
+    benchmark,
+    kopf_operator,
+    operator_calls,
+    wait_for,
+)
 from kube.trainer_v2 import TRAINER, TrainerV2, serve_builtins
 from kube.training import trainer_summary
 from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
@@ -36,12 +42,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def operator(cluster):
-    with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=0.3)):
-        args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers", "--verbose"]
-        with KopfRunner(args, timeout=60) as runner:
-            yield runner
-    assert runner.exception is None, runner.output[-3000:]
-    assert runner.exit_code == 0
+    with kopf_operator(cluster, poll_seconds=0.3) as runner:
+        yield runner
 
 
 @pytest.fixture

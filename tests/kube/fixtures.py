@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,6 +43,23 @@ def operator_env(cluster: EmulatedCluster, poll_seconds: float = 0.3, metrics_po
         "GPT2BENCH_OPERATOR_POLL_SECONDS": str(poll_seconds),
         "GPT2BENCH_OPERATOR_METRICS_PORT": str(metrics_port),
     }
+
+
+@contextlib.contextmanager
+def kopf_operator(cluster: EmulatedCluster, poll_seconds: float = 0.3, timeout: float = 60,
+                  verbose: bool = True) -> Iterator[Any]:
+    """The real operator (kopf's KopfRunner, in this process) against `cluster`; on exit it must have
+    stopped cleanly, without an exception."""
+    from unittest import mock
+
+    from kopf.testing import KopfRunner
+
+    args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers"]
+    with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=poll_seconds)):
+        with KopfRunner(args + (["--verbose"] if verbose else []), timeout=timeout) as runner:
+            yield runner
+    assert runner.exception is None, runner.output[-3000:]
+    assert runner.exit_code == 0
 
 
 def wait_for(check: Callable[[], T], timeout: float = 30, interval: float = 0.1, what: str = "") -> T:
