@@ -8,6 +8,9 @@ the Job controller (tests/kube/trainer_v2.py) for every TrainJob the operator cr
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from kube import EmulatedCluster
@@ -160,12 +163,62 @@ def test_a_missing_runtime_fails_its_runs_saying_what_to_install(cluster, client
         cluster.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
 
 
+def test_per_step_curves_of_trainjob_runs_outlive_the_pods_and_the_cluster_report_draws_them(
+        cluster, client, benchmarks, tmp_path):
+    """The steps line is read from the result pod's container `node` (torch rank 0; MPI's launcher)."""
+    from gpt2bench.trainer.summary import steps_line
+
+    trainer = TrainerV2(client, cluster=cluster)
+    benchmarks.create(benchmark("tv2curves", [{"name": "single"}, {"name": "horovod"}]))
+
+    def outcome(t: TrainerV2, trainjob: dict) -> None:
+        run = trainjob["metadata"]["labels"]["gpt2bench.io/run"]
+        records = [{"step": s, "warmup": s <= 1, "loss": 10.0 - s / 10, "grad_norm": 2.0 - s / 100, "lr": 3e-4,
+                    "step_seconds": 0.2, "tokens_per_second": 1000.0} for s in range(1, 41)]
+        log = "".join(f"rank0 INFO step {s} loss 9.0\n" for s in range(1, 41)) + steps_line(records) + "\n"
+        mpi = trainjob["spec"]["runtimeRef"]["name"] == "gpt2bench-mpi"  # mpirun tags its ranks' lines
+        t.finish(trainjob["metadata"]["name"], succeeded=True, message=json.dumps(trainer_summary(run, 10.0)),
+                 log=("[1,0]<stdout>:" if mpi else "") + log)
+
+    play(client, trainer, "tv2curves", 2, outcome)
+    status = wait_for(lambda: (s := benchmarks.status("tv2curves")).get("phase") == "Succeeded" and s,
+                      what="Succeeded")
+    uid = benchmarks.get("tv2curves")["metadata"]["uid"]
+    for run in status["runs"]:
+        cm = wait_for(lambda run=run: _config_map(benchmarks, f"{run['name']}-steps"), what="the steps ConfigMap")
+        assert [o["uid"] for o in cm["metadata"]["ownerReferences"]] == [uid], "deleted with its benchmark"
+        lines = [json.loads(line) for line in cm["data"]["steps.jsonl"].splitlines()]
+        assert [r["step"] for r in lines] == list(range(1, 41)) and lines[0]["warmup"] is True
+    for run in status["runs"]:  # the pods (and their logs) go; the curves stay
+        for pod in trainer.pods(f"jobset.sigs.k8s.io/jobset-name={run['jobName']}"):
+            benchmarks.core.delete_namespaced_pod(pod["metadata"]["name"], "default")
+    out = tmp_path / "report"
+    report = subprocess.run([sys.executable, "-m", "gpt2bench", "report", "--cluster", "tv2curves", "-n", "default",
+                             "--output", str(out), "--quiet"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
+    assert report.returncode == 0, report.stderr
+    assert (out / "loss.png").stat().st_size > 1000
+
+
+def _config_map(benchmarks: Benchmarks, name: str) -> dict | None:
+    import kubernetes
+
+    try:
+        response = benchmarks.core.read_namespaced_config_map(name, "default", _preload_content=False)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return json.loads(response.data)
+
+
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     """The Trainer v2 paths checked against the roles bound to the operator in manifests/operator.yaml."""
     from test_operator_manifests import allowed, cluster_role_rules
 
     made = operator_calls(cluster)
     assert {("trainer.kubeflow.org", "trainjobs", "create"), ("trainer.kubeflow.org", "trainjobs", "watch"),
-            ("trainer.kubeflow.org", "clustertrainingruntimes", "get")} <= made
+            ("trainer.kubeflow.org", "clustertrainingruntimes", "get"), ("", "configmaps", "create"),
+            ("", "pods/log", "get")} <= made
     assert not [call for call in made if call[0] in ("jobset.x-k8s.io", "batch")], "the Trainer's, not ours"
     assert [call for call in sorted(made) if not allowed(cluster_role_rules(), *call)] == []

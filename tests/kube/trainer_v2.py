@@ -13,8 +13,9 @@ the Job controller):
   annotations (JS jobset_controller.go L1014-1078) and the Job controller's completion-index annotation.
   Pods are Running and Ready. The TrainJob gets `jobsStatus` (sorted by name descending, JS L446-456)
   and, when `spec.suspend`, Suspended=True/Suspended "TrainJob is suspended" (TR L213-234).
-- `finish(name, succeeded=..., message=...)`: the result pod (torch `node` index 0, MPI `launcher`)
-  terminates with `message` as its termination message, the Jobs and the JobSet get their conditions
+- `finish(name, succeeded=..., message=..., log=...)`: the result pod (torch `node` index 0, MPI `launcher`)
+  terminates with `message` as its termination message (and, given the EmulatedCluster, `log` as what
+  its container `node` printed), the Jobs and the JobSet get their conditions
   (Completed/AllJobsCompleted "jobset completed successfully", or Failed/FailedJobs "jobset failed due to
   one or more job failures (first failed job: <job>)"; JS constants.go), JobSet deletes the Jobs still
   active (the MPI sshd `node` Job), and the TrainJob gets the JobSet's condition renamed Complete/Failed
@@ -248,10 +249,11 @@ def jobset_keys(jobset: dict[str, Any], rjob: dict[str, Any], index: int) -> dic
 class TrainerV2:
     """Plays Trainer v2 + JobSet + the Job controller for TrainJobs in `namespace`."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str = "default"):
+    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str = "default", cluster: Any = None):
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.namespace = namespace
+        self.cluster = cluster  # the EmulatedCluster, to say what containers printed (their logs)
 
     # --- reading
     def trainjob(self, name: str) -> dict[str, Any]:
@@ -409,14 +411,19 @@ class TrainerV2:
                 self._create_pod(jobset, job, completion)
         self._sync_status(name)
 
-    def finish(self, name: str, *, succeeded: bool, message: str | None, exit_code: int | None = None) -> None:
-        """The result pod terminates with `message`; Jobs, JobSet and TrainJob finish as upstream's do."""
+    def finish(self, name: str, *, succeeded: bool, message: str | None, exit_code: int | None = None,
+               log: str = "") -> None:
+        """The result pod terminates with `message` (its container `node` printed `log`); Jobs, JobSet and
+        TrainJob finish as upstream's do."""
         jobset = self.custom.get_namespaced_custom_object(*JOBSET, self.namespace, "jobsets", name)
         result_rjob = "launcher" if any(j["name"] == "launcher" for j in jobset["spec"]["replicatedJobs"]) else "node"
         code = exit_code if exit_code is not None else (0 if succeeded else 1)
         result_job = f"{name}-{result_rjob}-0"
         for pod in self.pods(f"{JS}jobset-name={name},{JS}replicatedjob-name={result_rjob}"):
             first = pod["metadata"]["annotations"][COMPLETION_INDEX] == "0"
+            if first and log and self.cluster is not None:
+                key = (self.namespace, pod["metadata"]["name"], "node")
+                self.cluster.call(lambda emulator, key=key: emulator.pod_logs.__setitem__(key, log))
             self._terminate(pod, code if first or succeeded else 143, message if first else None)
         t = _now()
         generation = jobset["metadata"].get("generation", 1)
