@@ -3,7 +3,7 @@
 
 - startup: all settings in one place;
 - create/resume: validate → plan → status.runs (all Pending) → start the first run(s);
-- job events: a PyTorchJob/MPIJob of ours changed (finished, suspended, deleted...) → move its sweep on at
+- job events: a job of ours (PyTorchJob, MPIJob or TrainJob) changed (finished, suspended, deleted...) → move its sweep on at
   once, so the next run starts within a second of the previous one ending;
 - timer: the same step every --poll-interval seconds, as a safety net (an operator restart, a lost event);
 - update of spec: a started sweep keeps its spec (warning Event + condition); an Invalid one restarts.
