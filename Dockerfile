@@ -76,12 +76,8 @@ RUN pip install . && gpt2bench --version
 # Horovod with NCCL all-reduce on GPU tensors (plus Gloo and MPI), for the cards of the last generations
 # (A100 8.0, A10/3090 8.6, L4/4090 8.9, H100 9.0); same C++17 wrapper as the CPU build below. The build
 # has no GPU: the driver's libcuda comes from the toolkit's stubs for the check.
-# hadolint ignore=SC2016
-RUN printf '%s\n' '#!/bin/sh' \
-      'for a do shift; case "$a" in -std=c++11|-std=c++14) set -- "$@" -std=c++17 ;; *) set -- "$@" "$a" ;; esac; done' \
-      'exec /usr/bin/g++ "$@"' > /usr/local/bin/g++-cxx17 \
- && chmod +x /usr/local/bin/g++-cxx17 \
- && CXX=/usr/local/bin/g++-cxx17 HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED \
+COPY docker/g++-cxx17 /usr/local/bin/
+RUN CXX=/usr/local/bin/g++-cxx17 HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED \
     HOROVOD_CUDA_HOME=/usr/local/cuda HOROVOD_BUILD_CUDA_CC_LIST="80,86,89,90" \
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
@@ -137,15 +133,9 @@ COPY trainer/ trainer/
 COPY operator/ operator/
 RUN pip install . && gpt2bench --version
 
-# Horovod 0.28.1 pins -std=c++14, but torch >= 2.1 headers need C++17 ('std::optional' has not been
-# declared): compile through a g++ wrapper that rewrites -std=c++11/14 to c++17 (as scripts/install.sh).
-# The single quotes are meant: "$@" and "$a" belong to the wrapper script, not to this shell.
-# hadolint ignore=SC2016
-RUN printf '%s\n' '#!/bin/sh' \
-      'for a do shift; case "$a" in -std=c++11|-std=c++14) set -- "$@" -std=c++17 ;; *) set -- "$@" "$a" ;; esac; done' \
-      'exec /usr/bin/g++ "$@"' > /usr/local/bin/g++-cxx17 \
- && chmod +x /usr/local/bin/g++-cxx17 \
- && CXX=/usr/local/bin/g++-cxx17 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+# Horovod 0.28.1 needs a C++17 compile against torch's headers: docker/g++-cxx17 says why.
+COPY docker/g++-cxx17 /usr/local/bin/
+RUN CXX=/usr/local/bin/g++-cxx17 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
     pip install --no-build-isolation "horovod==${HOROVOD_VERSION}" \
  && horovodrun --check-build

@@ -121,11 +121,21 @@ def test_the_sshd_script_is_valid_shell() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_cxx17_wrapper_rewrites_the_standard_and_keeps_every_other_argument(tmp_path) -> None:
+    fake_gxx = tmp_path / "g++"
+    fake_gxx.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake_gxx.chmod(0o755)
+    wrapper = (ROOT / "docker" / "g++-cxx17").read_text().replace("/usr/bin/g++", str(fake_gxx))
+    args = ["-O2", "-std=c++14", "-I/opt/a b", "-std=c++11", "x.cc", "-std=c++20"]
+    out = subprocess.run(["sh", "-c", wrapper, "g++-cxx17", *args], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["-O2", "-std=c++17", "-I/opt/a b", "-std=c++17", "x.cc", "-std=c++20"]
+
+
 def test_horovod_is_built_with_the_cxx17_wrapper_against_the_pinned_torch() -> None:
     text = DOCKERFILE.read_text()
     for stage in ("build", "cuda-build"):
         build = runs(stage)
-        assert "-std=c++14) set -- \"$@\" -std=c++17" in build
+        assert "COPY docker/g++-cxx17 /usr/local/bin/" in DOCKERFILE.read_text().split(f" AS {stage}")[1]
         assert re.search(r"CXX=/usr/local/bin/g\+\+-cxx17 .*pip install --no-build-isolation \"horovod==", build)
         for flag in ("HOROVOD_WITH_PYTORCH=1", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_MPI=1"):
             assert flag in build
