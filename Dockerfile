@@ -1,22 +1,117 @@
 # syntax=docker/dockerfile:1
-# gpt2bench: one image for the operator (`gpt2bench operator`), the trainer (`torchrun … gpt2bench train`)
-# and MPIJob launchers/workers (`mpirun`, sshd, Horovod).
+# gpt2bench images, one Dockerfile, three targets:
 #
-#   docker build -t gpt2bench:dev .                          # CPU torch (the default; runs the CPU example)
-#   docker build -t gpt2bench:cu128 \
-#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
+#   docker build -t ghcr.io/gpt2bench/gpt2bench:0.1.0 .                                  # trainer (CPU; default)
+#   docker build -t ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda --target trainer-cuda .       # trainer (GPU)
+#   docker build -t ghcr.io/gpt2bench/gpt2bench-operator:0.1.0 --target operator .       # operator, no torch
 #
-# GPU note: torch's CUDA wheels carry their own CUDA runtime and NCCL, so DDP/FSDP on GPUs need only the
-# NVIDIA driver and device plugin on the node. Horovod is built here with Gloo + MPI for CPU tensors; for
-# NCCL GPU all-reduce, build it on nvidia/cuda:*-devel with HOROVOD_GPU_OPERATIONS=NCCL.
+# - trainer: CPU torch, Horovod with Gloo + MPI, Open MPI and sshd (MPIJob launchers and workers).
+# - trainer-cuda: CUDA torch wheels and Horovod built with HOROVOD_GPU_OPERATIONS=NCCL on nvidia/cuda devel,
+#   run on the matching nvidia/cuda runtime (its CUDA runtime and NCCL); needs the NVIDIA driver and device
+#   plugin on the node. GPT2Benchmark runs with devicesPerNode > 0 use it by default (spec.images.gpu).
+# - operator: `gpt2bench operator` (kopf, kubernetes client, pydantic): what the Helm chart deploys.
+# The trainers run as uid 1000 with sshd on port 2222 (docker/trainer-user.sh): Pod Security "restricted".
 
 ARG PYTHON_VERSION=3.11
-
-# ---------------------------------------------------------------------------------------------- build
-FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG HOROVOD_VERSION=0.28.1
+# CUDA images: the torch wheel index and the nvidia/cuda tag must name the same CUDA version.
+ARG CUDA_IMAGE_VERSION=13.0.1
+ARG CUDA_UBUNTU=ubuntu24.04
+ARG TORCH_CUDA_INDEX_URL=https://download.pytorch.org/whl/cu130
+
+# ------------------------------------------------------------------------------------ operator build
+FROM python:${PYTHON_VERSION}-slim-bookworm AS operator-build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gpt2bench/ gpt2bench/
+COPY trainer/ trainer/
+COPY operator/ operator/
+# The package without its trainer dependencies (torch, transformers, matplotlib ...): only what the
+# operator imports. tests/test_dockerfile.py keeps this list equal to pyproject's and checks that the
+# operator's modules import nothing else.
+RUN python -m venv /opt/venv \
+ && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install --no-deps . \
+ && pip install "pydantic>=2.6" "pyyaml>=6" "prometheus-client>=0.20" "kopf>=1.37" "kubernetes>=29" \
+ && python -m compileall -q /opt/venv \
+ && gpt2bench operator --help >/dev/null
+
+# ------------------------------------------------------------------------------------------ operator
+FROM python:${PYTHON_VERSION}-slim-bookworm AS operator
+LABEL org.opencontainers.image.title="gpt2bench-operator" \
+      org.opencontainers.image.description="gpt2bench operator: GPT2Benchmarks become Kubeflow jobs" \
+      org.opencontainers.image.source="https://github.com/gpt2bench/gpt2bench" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=operator-build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+USER 1000:1000
+ENTRYPOINT ["gpt2bench"]
+CMD ["operator", "--help"]
+
+# -------------------------------------------------------------------------------------- CUDA build
+FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-cudnn-devel-${CUDA_UBUNTU} AS cuda-build
+ARG TORCH_VERSION
+ARG TORCH_CUDA_INDEX_URL
+ARG HOROVOD_VERSION
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Python 3.12 (Ubuntu 24.04's), compilers, Open MPI headers and NCCL's headers for Horovod.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.12 python3.12-venv \
+      python3.12-dev g++ make cmake libopenmpi-dev openmpi-bin libnccl-dev \
+ && rm -rf /var/lib/apt/lists/*
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3.12 -m venv /opt/venv \
+ && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install --index-url "${TORCH_CUDA_INDEX_URL}" "torch==${TORCH_VERSION}"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gpt2bench/ gpt2bench/
+COPY trainer/ trainer/
+COPY operator/ operator/
+RUN pip install . && gpt2bench --version
+# Horovod with NCCL all-reduce on GPU tensors (plus Gloo and MPI), for the cards of the last generations
+# (A100 8.0, A10/3090 8.6, L4/4090 8.9, H100 9.0); same C++17 wrapper as the CPU build below. The build
+# has no GPU: the driver's libcuda comes from the toolkit's stubs for the check.
+COPY docker/g++-cxx17 /usr/local/bin/
+RUN CXX=/usr/local/bin/g++-cxx17 HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED \
+    HOROVOD_CUDA_HOME=/usr/local/cuda HOROVOD_BUILD_CUDA_CC_LIST="80,86,89,90" \
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
+    pip install --no-build-isolation "horovod==${HOROVOD_VERSION}" \
+ && LD_LIBRARY_PATH=/usr/local/cuda/lib64/stubs horovodrun --check-build | tee /tmp/horovod-build.txt \
+ && grep -q "\[X\] NCCL" /tmp/horovod-build.txt
+
+# ------------------------------------------------------------------------------------ trainer (GPU)
+FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-cudnn-runtime-${CUDA_UBUNTU} AS trainer-cuda
+LABEL org.opencontainers.image.title="gpt2bench" \
+      org.opencontainers.image.description="GPT-2 data-parallel strategy benchmark: trainer for NVIDIA GPUs" \
+      org.opencontainers.image.source="https://github.com/gpt2bench/gpt2bench" \
+      org.opencontainers.image.licenses="Apache-2.0"
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Python, Open MPI, OpenSSH and NCCL (the runtime of what Horovod was built against).
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.12 openmpi-bin \
+      libopenmpi3t64 openssh-server openssh-client libgomp1 libnccl2 \
+ && rm -rf /var/lib/apt/lists/*
+COPY docker/trainer-user.sh /usr/local/bin/
+RUN trainer-user.sh
+COPY --from=cuda-build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
+USER 1000:1000
+WORKDIR /home/gpt2bench
+ENTRYPOINT ["gpt2bench"]
+CMD ["--help"]
+
+# -------------------------------------------------------------------------------------- CPU build
+FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+ARG TORCH_VERSION
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG HOROVOD_VERSION
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Compilers and MPI headers for Horovod; Debian's cmake 3.x (cmake 4 rejects Horovod's bundled gloo).
@@ -38,23 +133,17 @@ COPY trainer/ trainer/
 COPY operator/ operator/
 RUN pip install . && gpt2bench --version
 
-# Horovod 0.28.1 pins -std=c++14, but torch >= 2.1 headers need C++17 ('std::optional' has not been
-# declared): compile through a g++ wrapper that rewrites -std=c++11/14 to c++17 (as scripts/install.sh).
-# The single quotes are meant: "$@" and "$a" belong to the wrapper script, not to this shell.
-# hadolint ignore=SC2016
-RUN printf '%s\n' '#!/bin/sh' \
-      'for a do shift; case "$a" in -std=c++11|-std=c++14) set -- "$@" -std=c++17 ;; *) set -- "$@" "$a" ;; esac; done' \
-      'exec /usr/bin/g++ "$@"' > /usr/local/bin/g++-cxx17 \
- && chmod +x /usr/local/bin/g++-cxx17 \
- && CXX=/usr/local/bin/g++-cxx17 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+# Horovod 0.28.1 needs a C++17 compile against torch's headers: docker/g++-cxx17 says why.
+COPY docker/g++-cxx17 /usr/local/bin/
+RUN CXX=/usr/local/bin/g++-cxx17 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
     pip install --no-build-isolation "horovod==${HOROVOD_VERSION}" \
  && horovodrun --check-build
 
-# -------------------------------------------------------------------------------------------- runtime
-FROM python:${PYTHON_VERSION}-slim-bookworm
+# ------------------------------------------------------------------------------- trainer (CPU; default)
+FROM python:${PYTHON_VERSION}-slim-bookworm AS trainer
 LABEL org.opencontainers.image.title="gpt2bench" \
-      org.opencontainers.image.description="GPT-2 data-parallel strategy benchmark: operator, trainer, Horovod" \
+      org.opencontainers.image.description="GPT-2 data-parallel strategy benchmark: trainer (CPU), Horovod" \
       org.opencontainers.image.source="https://github.com/gpt2bench/gpt2bench" \
       org.opencontainers.image.licenses="Apache-2.0"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -65,30 +154,11 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openmpi-bin libopenmpi3 openssh-server openssh-client libgomp1 \
  && rm -rf /var/lib/apt/lists/*
-
-# sshd for MPIJob workers. The mpi-operator mounts the job's key pair and authorized_keys at
-# sshAuthMountPath; that key is also the host key, so no private host key is baked into the image.
-# Root mode (what gpt2bench render uses today: sshAuthMountPath /root/.ssh, `sshd -De`, pods running as
-# uid 0) uses /etc/ssh/sshd_config; non-root mode (uid 1000, sshAuthMountPath /home/gpt2bench/.ssh) runs
-# `sshd -De -f /home/gpt2bench/.sshd_config` on port 2222, as the mpi-operator's base image does.
-RUN rm -f /etc/ssh/ssh_host_*_key* \
- && mkdir -p /run/sshd \
- && sed -i 's/[ #]\(.*StrictHostKeyChecking \).*/ \1no/' /etc/ssh/ssh_config \
- && echo '    UserKnownHostsFile /dev/null' >> /etc/ssh/ssh_config \
- && sed -i 's/#\(StrictModes \).*/\1no/' /etc/ssh/sshd_config \
- && echo 'HostKey /root/.ssh/id_rsa' >> /etc/ssh/sshd_config \
- && useradd --create-home --uid 1000 --user-group --shell /bin/bash gpt2bench \
- && printf '%s\n' 'Port 2222' 'PidFile /home/gpt2bench/sshd.pid' 'HostKey /home/gpt2bench/.ssh/id_rsa' \
-      'StrictModes no' > /home/gpt2bench/.sshd_config \
- && chown gpt2bench:gpt2bench /home/gpt2bench/.sshd_config
-
+COPY docker/trainer-user.sh /usr/local/bin/
+RUN trainer-user.sh
 COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH \
-    PYTHONUNBUFFERED=1 \
-    OMPI_ALLOW_RUN_AS_ROOT=1 \
-    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
 
-# Non-root by default (operator, PyTorchJob replicas); MPIJob pods in root mode set runAsUser: 0.
 USER 1000:1000
 WORKDIR /home/gpt2bench
 ENTRYPOINT ["gpt2bench"]

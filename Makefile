@@ -16,7 +16,13 @@ test: install
 test-fast:
 	$(PYTHON) -m pytest -q -m "not slow"
 
-# Regenerate every generated file (CRD copies, monitoring rules and dashboards); tests diff them.
+# Regenerate every generated file (CRD copies, monitoring rules and dashboards, manifests/operator.yaml
+# from the chart); tests diff them.
 generate:
 	$(PYTHON) -m gpt2bench.crd --write
 	$(PYTHON) -m monitoring.generate --write
+	$(PYTHON) scripts/generate_manifests.py
+
+# Unused or undefined names and import order (tests/test_layout.py runs the same check).
+lint:
+	ruff check .

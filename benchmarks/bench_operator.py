@@ -15,7 +15,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,11 +28,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from kube import EmulatedCluster
 from kube.fixtures import Benchmarks, api_client, benchmark, install_crds, wait_for
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gpt2bench.local.executor import free_port
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -12,12 +12,15 @@ The entry is the same `RunStatus` in the CR status and in `results.json`. Garbag
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import re
+import zlib
 from typing import Any
 
-from gpt2bench.protocol import SUMMARY_PREFIX
+from gpt2bench.protocol import MAX_STEPS_JSON, STEPS_COLUMNS, STEPS_PREFIX, SUMMARY_PREFIX
 from gpt2bench.status import FAILED, SUCCEEDED, RunResults, RunStatus
 
 MAX_REASON = 1000  # status stays small; a reason is a sentence, not a log
@@ -134,7 +137,9 @@ def run_entry(
         devices_per_node=run.devices_per_node,
         processes_per_node=run.procs_per_node,
         job_kind=run.job_kind,
-        job_name=job_name or run.name,
+        job_name=job_name or getattr(run, "job_name", run.name),  # a TrainJob's may be shorter (plan.Run.job_name)
+        devices=run.nodes * run.devices_per_node if run.devices_per_node else run.world_size,
+        repeat=getattr(run, "repeat", None),
         phase=phase,
         start_time=start_time,
         completion_time=completion_time,
@@ -182,3 +187,42 @@ def collect_run(
 def clean_reason(text: str) -> str:
     """One line, no control characters: reasons end up in `kubectl get -o yaml` and tables."""
     return re.sub(r"\s+", " ", re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", text)).strip()[:MAX_REASON]
+
+
+# ---------------------------------------------------------------- per-step records (GPT2BENCH_STEPS)
+
+
+def decode_steps(payload: str) -> list[dict[str, Any]]:
+    """Step records from the text after `GPT2BENCH_STEPS ` (base64 of gzip of `{column: [values]}`).
+    Raises CollectError on anything else (including more than MAX_STEPS_JSON bytes once inflated)."""
+    try:
+        packed = base64.b64decode(payload.strip(), validate=True)
+        inflater = zlib.decompressobj(wbits=31)  # gzip framing
+        text = inflater.decompress(packed, MAX_STEPS_JSON + 1)
+        columns = json.loads(text) if len(text) <= MAX_STEPS_JSON and inflater.eof else None
+    except (binascii.Error, zlib.error, ValueError) as exc:
+        raise CollectError(f"steps line is not base64 gzip JSON: {exc}") from None
+    if not isinstance(columns, dict) or not isinstance(columns.get("step"), list):
+        raise CollectError("steps line is too large or has no step column")
+    names = [name for name in STEPS_COLUMNS if isinstance(columns.get(name), list)]
+    length = len(columns["step"])
+    if any(len(columns[name]) != length for name in names):
+        raise CollectError("steps line columns differ in length")
+    return [{name: columns[name][i] for name in names} for i in range(length)]
+
+
+def find_steps(text: str) -> list[dict[str, Any]] | None:
+    """The step records of the last `GPT2BENCH_STEPS` line of some output (a log tail), or None when there
+    is none or it cannot be read: the curves are a bonus, never a reason to fail a run."""
+    lines = [line for line in text.splitlines() if STEPS_PREFIX in line]
+    if not lines:
+        return None
+    try:
+        return decode_steps(lines[-1].split(STEPS_PREFIX, 1)[1])
+    except CollectError:
+        return None
+
+
+def steps_jsonl(records: list[dict[str, Any]]) -> str:
+    """Records as steps.jsonl text (the trainer's file format, these columns only)."""
+    return "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in records)

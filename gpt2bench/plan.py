@@ -8,14 +8,20 @@ one scale is complete early in a long sweep.
 Effective scale: `single` always runs 1 node x 1 process (1 GPU when the scale has GPUs);
 `dataparallel` runs 1 node x 1 process owning all of the node's GPUs (on CPU it trains as `single`).
 Runs equal in (strategy, precision, effective scale) are planned once, at their first place.
+
+Repeats (`sweep.repeats` > 1): within each scale the whole set of configurations runs once, then again,
+so that a slow drift of the machine (other tenants, heat) spreads over every configuration instead of
+biasing the one that happened to run last. Repeated runs are named `<name>-r<k>` (k from 1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
 
+from gpt2bench.jobkinds import JOB_KINDS, job_kind_for, max_job_name_length, resolve_backend
 from gpt2bench.protocol import OUTPUT_ENV
 from gpt2bench.spec import Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
 from gpt2bench.trainer.config import ProcessOptions, TrainConfig
@@ -36,7 +42,7 @@ class Run:
     strategy: StrategySpec
     precision: str
     scale: ScaleSpec
-    job_kind: str  # "PyTorchJob" | "MPIJob"
+    job_kind: str  # "PyTorchJob" | "MPIJob" | "TrainJob" (gpt2bench.jobkinds)
     nodes: int  # pods doing training
     procs_per_node: int  # processes per pod, parameter servers included
     world_size: int  # training workers, servers excluded
@@ -44,6 +50,20 @@ class Run:
     ps_servers: int
     benchmark: str = ""
     spec: GPT2BenchmarkSpec | None = field(default=None, repr=False, compare=False)
+    repeat: int | None = None  # 1-based repetition of its configuration; None when sweep.repeats is 1
+
+    @property
+    def backend(self) -> str:
+        return JOB_KINDS[self.job_kind].backend
+
+    @property
+    def job_name(self) -> str:
+        """The job's name: the run's, shortened (with a hash) where the job kind's pod names need room."""
+        return fit_name(self.name, max_job_name_length(self.job_kind, self.strategy.name, self.nodes))
+
+    def for_backend(self, backend: str) -> Run:
+        """This run as the job kind a resolved backend gives it."""
+        return dataclasses.replace(self, job_kind=job_kind_for(self.strategy.name, backend))
 
     @property
     def total_processes(self) -> int:
@@ -91,9 +111,16 @@ def fit_name(name: str, limit: int = MAX_NAME_LENGTH) -> str:
     return f"{name[: limit - _HASH_LENGTH - 1].rstrip('-')}-{digest}"
 
 
-def run_name(benchmark: str, strategy: str, precision: str, nodes: int, per_node: int, gpus: bool) -> str:
+def run_name(benchmark: str, strategy: str, precision: str, nodes: int, per_node: int, gpus: bool,
+             repeat: int | None = None) -> str:
+    """`<benchmark>-<strategy>-<precision>-<size>`, plus `-r<k>` for a repeat: the suffix is kept whole
+    (the rest is shortened for it), so that the repeats of one configuration share everything before it."""
     size = f"{nodes}x{per_node}{'g' if gpus else ''}"
-    return fit_name(dns_label(f"{benchmark}-{strategy}-{precision}-{size}"))
+    base = dns_label(f"{benchmark}-{strategy}-{precision}-{size}")
+    if repeat is None:
+        return fit_name(base)
+    suffix = f"-r{repeat}"
+    return fit_name(base, MAX_NAME_LENGTH - len(suffix)) + suffix
 
 
 def _effective(strategy: StrategySpec, scale: ScaleSpec) -> tuple[int, int, int]:
@@ -105,28 +132,38 @@ def _effective(strategy: StrategySpec, scale: ScaleSpec) -> tuple[int, int, int]
     return scale.nodes, scale.procs_per_node, scale.devices_per_node
 
 
-def plan_runs(benchmark: Benchmark) -> list[Run]:
-    """All runs of the sweep, in start order, with unique DNS-safe names."""
+def resolved_backend(benchmark: Benchmark, backend: str | None = None) -> str:
+    """`backend` (resolved by the caller, e.g. from the API's discovery) or the spec's own; an `auto` that
+    nobody resolved becomes jobkinds.OFFLINE_BACKEND."""
+    return resolve_backend(backend or benchmark.spec.backend)
+
+
+def plan_runs(benchmark: Benchmark, backend: str | None = None) -> list[Run]:
+    """All runs of the sweep, in start order, with unique DNS-safe names, as jobs of `backend`
+    (see resolved_backend)."""
     spec = benchmark.spec
+    backend = resolved_backend(benchmark, backend)
     runs: list[Run] = []
     seen: set[tuple] = set()
+    repeats = [None] if spec.sweep.repeats == 1 else list(range(1, spec.sweep.repeats + 1))
     for scale in spec.sweep.scales:
-        for strategy in spec.sweep.strategies:
+        for repeat, strategy in ((r, s) for r in repeats for s in spec.sweep.strategies):
             nodes, workers, gpus = _effective(strategy, scale)
             for precision in spec.sweep.precisions:
-                key = (strategy.name, precision, nodes, workers, gpus)
+                key = (strategy.name, precision, nodes, workers, gpus, repeat)
                 if key in seen:
                     continue
                 seen.add(key)
                 servers = strategy.servers
                 runs.append(
                     Run(
-                        name=run_name(benchmark.name, strategy.name, precision, nodes, gpus or workers, gpus > 0),
+                        name=run_name(benchmark.name, strategy.name, precision, nodes, gpus or workers, gpus > 0,
+                                      repeat),
                         index=len(runs),
                         strategy=strategy,
                         precision=precision,
                         scale=scale,
-                        job_kind="MPIJob" if strategy.name == "horovod" else "PyTorchJob",
+                        job_kind=job_kind_for(strategy.name, backend),
                         nodes=nodes,
                         procs_per_node=workers + servers // nodes,
                         world_size=nodes * workers,
@@ -134,6 +171,7 @@ def plan_runs(benchmark: Benchmark) -> list[Run]:
                         ps_servers=servers,
                         benchmark=benchmark.name,
                         spec=spec,
+                        repeat=repeat,
                     )
                 )
     names = [run.name for run in runs]

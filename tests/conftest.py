@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,15 +20,11 @@ from typing import Any
 
 import pytest
 
+from gpt2bench.local.executor import free_port
+
 # A tiny, fast, real run: tiny GPT-2 on the first State of the Union addresses.
 TINY_ARGS = ["--model", "tiny", "--seq-len", "32", "--max-documents", "12", "--steps", "6", "--warmup-steps", "2",
              "--micro-batch-size", "2", "--lr", "1e-3"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def gpt2bench_executable() -> str:

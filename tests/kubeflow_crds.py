@@ -6,6 +6,9 @@
 an API server prunes or rejects instead), and checks the replica types and enum-like strings that the
 upstream schemas leave as free text but the Kubeflow operators reject.
 
+Trainer v2 (TrainJob, ClusterTrainingRuntime, JobSet) is checked the same way, plus what its CRDs say in
+CEL and its webhooks enforce, which jsonschema cannot see (`trainer_v2_problems`).
+
 Other tests may import it: `from kubeflow_crds import validate_job` (pytest puts tests/ on sys.path).
 """
 
@@ -28,6 +31,14 @@ REPLICA_TYPES = {
     "PyTorchJob": ("pytorchReplicaSpecs", {"Master", "Worker"}),
     "MPIJob": ("mpiReplicaSpecs", {"Launcher", "Worker"}),
 }
+# Kubeflow Trainer v2.3.0 and the JobSet it installs (../shared/crds/trainer-v2/, see its README).
+TRAINER_V2_CRD_FILES = {
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer-v2/trainer.kubeflow.org_trainjobs.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer-v2/trainer.kubeflow.org_clustertrainingruntimes.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainer-v2/trainer.kubeflow.org_trainingruntimes.yaml",
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"): "trainer-v2/jobset.x-k8s.io_jobsets.yaml",
+}
+ALL_CRD_FILES = {**CRD_FILES, **TRAINER_V2_CRD_FILES}
 RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
 CLEAN_POD_POLICIES = {"All", "Running", "None"}
 
@@ -80,20 +91,34 @@ def strict(schema: Any) -> Any:
 @functools.cache
 def job_validator(api_version: str, kind: str) -> jsonschema.Draft4Validator:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    document = yaml.load((crd_dir() / CRD_FILES[(api_version, kind)]).read_text(), Loader=loader)
+    document = yaml.load((crd_dir() / ALL_CRD_FILES[(api_version, kind)]).read_text(), Loader=loader)
     version = api_version.split("/")[1]
     (served,) = [v for v in document["spec"]["versions"] if v["name"] == version]
     return jsonschema.Draft4Validator(strict(served["schema"]["openAPIV3Schema"]))
 
 
-def job_problems(job: dict[str, Any]) -> list[str]:
-    key = (job.get("apiVersion"), job.get("kind"))
-    if key not in CRD_FILES:
-        return [f"unknown job type {key}"]
-    problems = [
+def schema_problems(obj: dict[str, Any]) -> list[str]:
+    """What the CRD's schema (strict: unknown fields too) says about `obj`."""
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    if key not in ALL_CRD_FILES:
+        return [f"unknown kind {key}"]
+    return [
         f"{'.'.join(map(str, error.absolute_path)) or '<root>'}: {error.message}"
-        for error in job_validator(*key).iter_errors(job)
+        for error in job_validator(*key).iter_errors(obj)
     ]
+
+
+def job_problems(job: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """`runtimes` (name -> ClusterTrainingRuntime) are what a TrainJob is checked against; default: the
+    project's own (gpt2bench.render.runtimes)."""
+    key = (job.get("apiVersion"), job.get("kind"))
+    if key not in ALL_CRD_FILES:
+        return [f"unknown job type {key}"]
+    problems = schema_problems(job)
+    if key in TRAINER_V2_CRD_FILES:
+        from trainer_v2_rules import trainer_v2_problems
+
+        return problems + trainer_v2_problems(job, runtimes)
     replica_field, allowed = REPLICA_TYPES[job["kind"]]
     spec = job.get("spec") or {}
     for replica_type, replica in (spec.get(replica_field) or {}).items():
@@ -110,9 +135,25 @@ def job_problems(job: dict[str, Any]) -> list[str]:
     return problems
 
 
-def validate_job(job: dict[str, Any]) -> None:
-    problems = job_problems(job)
+def validate_job(job: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = None) -> None:
+    problems = job_problems(job, runtimes)
     if problems:
         raise JobInvalid(
             f"{job.get('kind')} {job.get('metadata', {}).get('name')!r} is invalid:\n  " + "\n  ".join(problems)
         )
+
+
+def assert_each_mutation_rejected(job: dict[str, Any], cases) -> None:
+    """Every (mutate, needle): the mutated copy of `job` gets a problem mentioning `needle` and is refused."""
+    import copy
+
+    for mutate, needle in cases:
+        broken = copy.deepcopy(job)
+        mutate(broken)
+        problems = job_problems(broken)
+        assert any(needle in p for p in problems), (needle, problems)
+        try:
+            validate_job(broken)
+        except JobInvalid:
+            continue
+        raise AssertionError(f"validate_job accepted a job broken at {needle}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,13 +19,9 @@ from typing import Any, Self
 
 import yaml
 
+from gpt2bench.local.executor import free_port
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PrometheusError(AssertionError):

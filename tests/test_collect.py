@@ -53,6 +53,7 @@ SUMMARY = {
     "peak_host_memory_bytes": 2345678901,
     "setup_peak_device_memory_bytes": 600000000,
     "setup_peak_host_memory_bytes": 2000000000,
+    "state_bytes": 83_886_080,
     "losses": [9.0, 8.0],  # extra keys are not results
 }
 TIMES = {"start_time": "2026-11-22T00:00:00Z", "completion_time": "2026-11-22T00:01:00Z"}
@@ -113,7 +114,8 @@ def test_succeeded_entry_has_the_documented_shape(runs, run_schema):
     entry = _entry_from_summary(runs[0], SUMMARY, **TIMES)
     assert entry == {
         "name": "cpu-sweep-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "nodes": 1, "devicesPerNode": 0,
-        "processesPerNode": 2, "jobKind": "PyTorchJob", "jobName": "cpu-sweep-ddp-fp32-1x2", "phase": "Succeeded",
+        "processesPerNode": 2, "jobKind": "PyTorchJob", "jobName": "cpu-sweep-ddp-fp32-1x2", "devices": 2,
+        "phase": "Succeeded",
         "startTime": TIMES["start_time"], "completionTime": TIMES["completion_time"],
         "results": _summary_results(SUMMARY),
     }  # fmt: skip
@@ -226,9 +228,16 @@ def test_a_real_trainer_summary_line(runs, run_schema):
     logs = "2026-11-22 00:18:50,704 rank0 INFO step 12 loss 10.2301\n" + REAL_LINE + "\n"
     entry = _collect_run(runs[0], job_succeeded=True, termination_message=logs, **TIMES)
     assert entry["phase"] == "Succeeded"
-    # null/absent figures left out (the line predates the device/host and set-up memory split, compile, skips)
-    absent = {"mfu", "deviceName", "peakFlopsPrecision", "compileSeconds", "skippedSteps", "peakDeviceMemoryBytes",
-              "peakHostMemoryBytes", "setupPeakDeviceMemoryBytes", "setupPeakHostMemoryBytes"}
+    # null/absent figures left out: the line is older than deviceName and stateBytes, the device/host and
+    # set-up memory split, compile seconds and skipped steps
+    absent = {"mfu", "deviceName", "stateBytes", "peakFlopsPrecision", "compileSeconds", "skippedSteps",
+              "peakDeviceMemoryBytes", "peakHostMemoryBytes", "setupPeakDeviceMemoryBytes", "setupPeakHostMemoryBytes"}
     assert set(entry["results"]) == set(RESULT_FIELDS) - absent
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
     run_schema.validate(entry)
+
+
+def test_devices_count_workers_not_parameter_servers(runs):
+    ddp, _horovod, ps = (_run_entry(run, phase="Pending") for run in runs)
+    assert ps["processesPerNode"] == 3 and ps["devices"] == 2  # one server beside the two workers
+    assert ddp["devices"] == 2 and "repeat" not in ddp  # repeats: 1 plans no repeat index

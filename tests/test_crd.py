@@ -137,12 +137,16 @@ def test_names_group_version_status_and_columns(generated):
     (version,) = spec["versions"]
     assert version["name"] == API_VERSION and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
-    columns = {c["name"]: (c["type"], c["jsonPath"]) for c in version["additionalPrinterColumns"]}
-    assert columns["Phase"] == ("string", ".status.phase")
-    assert columns["Done"] == ("integer", ".status.runsDone") and columns["Runs"] == ("integer", ".status.runsTotal")
-    assert columns["Best"] == ("string", ".status.best.strategy")
-    assert columns["Tokens/s"] == ("number", ".status.best.tokensPerSecond")
-    assert columns["Age"] == ("date", ".metadata.creationTimestamp")
+    columns = {c["name"]: (c["type"], c["jsonPath"], c.get("priority", 0))
+               for c in version["additionalPrinterColumns"]}
+    assert columns["Phase"] == ("string", ".status.phase", 0)
+    assert columns["Done"] == ("integer", ".status.runsDone", 0)
+    assert columns["Runs"] == ("integer", ".status.runsTotal", 0)
+    assert columns["Recommended"] == ("string", ".status.analysis.recommended.run", 0)
+    assert columns["Decision"] == ("string", ".status.analysis.recommended.decision", 0)
+    assert columns["Best"] == ("string", ".status.best.strategy", 1)  # -o wide only
+    assert columns["Tokens/s"] == ("number", ".status.best.tokensPerSecond", 1)
+    assert columns["Age"] == ("date", ".metadata.creationTimestamp", 0)
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert status["type"] == "object"
     assert set(status["properties"]) == {f.alias for f in BenchmarkStatus.model_fields.values()}
@@ -207,18 +211,21 @@ def test_schema_keeps_enums_bounds_defaults_and_descriptions(schema):
         "ps-sharded",
     ]
     assert strategy["properties"]["psServers"] == {
-        "type": "integer", "nullable": True, "description": "ps/ps-sharded: server processes.",
-        "minimum": 1, "maximum": 64,
-    }  # fmt: skip
+        "type": "integer", "description": "ps/ps-sharded: server processes.", "minimum": 1, "maximum": 64,
+    }  # fmt: skip (not nullable: the API server prunes a null, as the model drops it)
+    assert spec["properties"]["runPolicy"]["properties"]["activeDeadlineSeconds"]["nullable"] is True  # null: never
     assert sweep["properties"]["precisions"]["items"]["enum"] == ["fp32", "fp16", "bf16"]
     assert sweep["properties"]["scales"]["items"]["properties"]["nodes"]["minimum"] == 1
     training = spec["properties"]["training"]["properties"]
     assert training["steps"]["default"] == 50 and training["lr"]["exclusiveMinimum"] is True
     assert training["steps"]["description"]
-    assert spec["properties"]["resources"]["properties"]["requests"]["additionalProperties"] == {
-        "x-kubernetes-int-or-string": True
-    }
-    assert spec["properties"]["nodeSelector"]["additionalProperties"] == {"type": "string"}
+    quantity = spec["properties"]["resources"]["properties"]["requests"]["additionalProperties"]
+    assert quantity["x-kubernetes-int-or-string"] is True and "type" not in quantity  # resource.Quantity's form
+    assert quantity["pattern"].startswith(r"^(\+)?") and quantity["x-kubernetes-validations"]
+    from gpt2bench.kubesyntax import LABEL_VALUE_PATTERN
+
+    assert spec["properties"]["nodeSelector"]["additionalProperties"] == {
+        "type": "string", "pattern": LABEL_VALUE_PATTERN, "maxLength": 63}  # label values
     assert spec["properties"]["runPolicy"]["properties"]["activeDeadlineSeconds"]["default"] == 7200
     assert "default" not in spec["properties"]["scheduling"]["properties"]["queue"]  # no `default: null`
 
@@ -229,13 +236,24 @@ def test_examples_are_valid_against_the_generated_schema(schema, example):
     jsonschema.Draft4Validator(strict(schema)).validate(document)
 
 
-def test_nullable_options_accept_null(schema):
+def test_null_options_are_taken_for_absent_and_a_meaningful_null_is_kept(generated):
+    """As the API server does (nulls of non-nullable fields pruned or defaulted) and as the model does."""
+    from kube.semantics import validate_custom_resource
+
+    from gpt2bench.spec import validate_spec
+
     spec = {
         "sweep": {"strategies": [{"name": "ps", "psServers": None, "psMode": None}]},
+        "training": {"steps": None},
         "runPolicy": {"activeDeadlineSeconds": None},
     }
     document = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": "b"}, "spec": spec}
-    jsonschema.Draft4Validator(strict(schema)).validate(document)
+    stored = validate_custom_resource(document, generated["spec"]["versions"][0], strict=True)["spec"]
+    assert stored == {"sweep": {"strategies": [{"name": "ps"}]}, "training": {"steps": 50},
+                      "runPolicy": {"activeDeadlineSeconds": None}}
+    model = validate_spec(spec)
+    assert model.sweep.strategies[0].ps_servers is None and model.training.steps == 50
+    assert model.run_policy.active_deadline_seconds is None
 
 
 @pytest.mark.parametrize(
@@ -282,6 +300,7 @@ def operator_status() -> dict:
 def test_status_as_the_operator_writes_it_is_accepted(schema):
     status = operator_status()
     assert status["phase"] == "PartiallySucceeded" and status["best"]["tokensPerSecond"] == 10.5
+    assert status["analysis"]["recommended"]["run"] == "b-ddp-fp32-1x2" and len(status["analysis"]["findings"]) == 6
     document = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": "b"}}
     document |= {"spec": {"sweep": {"strategies": [{"name": "ddp"}]}}, "status": status}
     jsonschema.Draft4Validator(strict(schema)).validate(document)

@@ -103,21 +103,36 @@ def test_long_names_are_truncated_to_63() -> None:
 def test_defaults_watch_all_namespaces_with_cluster_roles(rendered) -> None:
     docs = rendered["default-values.yaml"]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
-                     "Service", "ServiceAccount"], "monitoring objects must be off by default"
+    assert kinds == ["ClusterRole"] * 4 + ["ClusterRoleBinding"] * 2 + ["Deployment", "Service", "ServiceAccount"], \
+        "monitoring objects must be off by default"
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:2] == ["operator", "--all-namespaces"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert "--metrics-port=9090" in container["args"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 9090, "health": 8080}
-    assert container["image"] == "ghcr.io/gpt2bench/gpt2bench:0.1.0"  # tag defaults to appVersion
+    assert container["image"] == "ghcr.io/gpt2bench/gpt2bench-operator:0.1.0"  # tag defaults to appVersion
+    assert "--trainer-image-cpu=ghcr.io/gpt2bench/gpt2bench:0.1.0" in container["args"]
+    assert "--trainer-image-gpu=ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda" in container["args"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
-    assert set(roles) == {"bench-gpt2bench", "bench-gpt2bench-framework"}
+    assert set(roles) == {"bench-gpt2bench", "bench-gpt2bench-framework", "bench-gpt2bench-edit",
+                          "bench-gpt2bench-view"}
     app_rules = roles["bench-gpt2bench"]["rules"]
     assert any("gpt2benchmarks/status" in r["resources"] for r in app_rules)
     assert any({"pytorchjobs", "mpijobs"} <= set(r["resources"]) and "create" in r["verbs"] for r in app_rules)
+    assert any("gpt2benchmarks/finalizers" in r["resources"] and r["verbs"] == ["update"] for r in app_rules)
+
+
+def test_trainer_images_and_aggregated_roles_follow_the_values() -> None:
+    docs = render("--set", "trainerImage.repository=reg.example/t,trainerImage.tag=1.2,rbac.aggregateToDefaultRoles=false")
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--trainer-image-cpu=reg.example/t:1.2" in args and "--trainer-image-gpu=reg.example/t:1.2-cuda" in args
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"] == ["bench-gpt2bench-framework",
+                                                                                   "bench-gpt2bench"]
+    gpu = render("--set", "trainerImage.gpuTag=cu130")
+    assert "--trainer-image-gpu=ghcr.io/gpt2bench/gpt2bench:cu130" in \
+        one(gpu, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_namespaced_scenario_uses_a_role_in_the_watched_namespace(rendered) -> None:
@@ -151,6 +166,8 @@ def test_rbac_rules_are_labelled_framework_or_application() -> None:
 
 @pytest.mark.parametrize("bad, field", [
     (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+    (["--set", "trainerImage.registry=x"], "registry"),
+    (["--set", "rbac.aggregateToDefaultRoles=yes"], "aggregateToDefaultRoles"),
     (["--set", "operator.replicas=2"], "replicas"),
     (["--set", "service.type=External"], "type"),
     (["--set", "unknownKey=1"], "unknownKey"),
@@ -289,12 +306,34 @@ def test_chart_crd_equals_manifests_crd() -> None:
     assert yaml.safe_load(chart_crds[0].read_text()) == yaml.safe_load(manifest.read_text())
 
 
-def test_chart_version_and_image_match_the_package() -> None:
-    """The chart's default image is the trainer image GPT2Benchmarks default to, at the package's version."""
+def test_chart_version_and_trainer_images_match_the_package() -> None:
+    """The chart's default trainer images are the ones GPT2Benchmarks default to, at the package's version,
+    so gpu-papers.yaml (no image) gets the CUDA image with the chart's defaults as without an operator flag."""
     import gpt2bench
-    from gpt2bench.spec import DEFAULT_IMAGE
+    from gpt2bench.spec import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert chart["appVersion"] == gpt2bench.__version__
-    assert f"{values['image']['repository']}:{chart['appVersion']}" == DEFAULT_IMAGE
+    args = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--trainer-image-cpu={DEFAULT_IMAGE}" in args and f"--trainer-image-gpu={DEFAULT_GPU_IMAGE}" in args
+
+
+@pytest.mark.parametrize(("flags", "installed"), [
+    ([], False),  # auto, and helm knows no trainer.kubeflow.org: a cluster without Trainer v2
+    (["--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"], True),  # auto, Trainer v2 served
+    (["--set", "trainerRuntimes.install=true"], True),
+    (["--set", "trainerRuntimes.install=false", "--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"],
+     False),
+])
+def test_trainer_runtimes_install_where_trainer_v2_is_and_are_valid_for_it(flags: list[str], installed: bool) -> None:
+    from kubeflow_crds import validate_job
+
+    from gpt2bench.render.runtimes import project_runtimes
+
+    runtimes = [d for d in render(*flags) if d["kind"] == "ClusterTrainingRuntime"]
+    if not installed:
+        assert runtimes == []
+        return
+    assert {r["metadata"]["name"]: r for r in runtimes} == project_runtimes()  # what the TrainJobs point at
+    for runtime in runtimes:
+        validate_job(runtime)  # the upstream ClusterTrainingRuntime CRD's schema

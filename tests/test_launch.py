@@ -147,7 +147,21 @@ def test_usage_error_without_a_command(capsys):
     assert "give the command to run" in capsys.readouterr().err
 
 
-def test_launch_is_a_gpt2bench_command():
-    from gpt2bench.cli import COMMANDS
+def test_the_rendered_launcher_command_runs_through_the_console_script(tmp_path):
+    """The MPIJob launcher's command starts `gpt2bench launch -- mpirun ...`: the installed console script must
+    dispatch it, and a command that prints no summary still leaves a failed summary saying so."""
+    from gpt2bench.plan import plan_runs
+    from gpt2bench.render.mpijob import mpirun_command
+    from gpt2bench.spec import load_benchmark
 
-    assert COMMANDS["launch"][0] == "gpt2bench.launch"
+    run = plan_runs(load_benchmark({"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark",
+                                    "metadata": {"name": "b"},
+                                    "spec": {"sweep": {"strategies": [{"name": "horovod"}]}}}))[0]
+    launcher = mpirun_command(run)[: mpirun_command(run).index("--") + 1]
+    assert launcher[0] == "gpt2bench"
+    log = tmp_path / "termination-log"
+    result = subprocess.run([shutil.which("gpt2bench"), *launcher[1:], "true"], capture_output=True, text=True,
+                            env={**os.environ, "GPT2BENCH_TERMINATION_LOG": str(log)}, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    written = json.loads(log.read_text())
+    assert written["status"] == "failed" and "true exited 0 without a GPT2BENCH_SUMMARY line" in written["reason"]

@@ -71,3 +71,98 @@ def test_ruff_finds_no_unused_or_undefined_names_and_imports_are_sorted():
     result = subprocess.run([ruff, "check", "--no-cache", "."], cwd=REPO, capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- dependencies point one way
+# Package paths as installed (pyproject's package-dir), so the rule reads as the imports do.
+SOURCES = {"gpt2bench": REPO / "gpt2bench", "gpt2bench.trainer": REPO / "trainer",
+           "gpt2bench.controller": REPO / "operator" / "controller"}
+# module prefix -> gpt2bench modules it must never import (docs/design.md, Dependencies)
+FORBIDDEN = {
+    "gpt2bench.protocol": ("gpt2bench",),
+    "gpt2bench.files": ("gpt2bench.spec", "gpt2bench.status", "gpt2bench.plan", "gpt2bench.render",
+                        "gpt2bench.collect", "gpt2bench.local", "gpt2bench.report", "gpt2bench.trainer",
+                        "gpt2bench.controller"),
+    "gpt2bench.spec": ("gpt2bench.status", "gpt2bench.plan", "gpt2bench.render", "gpt2bench.collect",
+                       "gpt2bench.local", "gpt2bench.report", "gpt2bench.trainer", "gpt2bench.controller"),
+    "gpt2bench.status": ("gpt2bench.plan", "gpt2bench.render", "gpt2bench.collect", "gpt2bench.local",
+                         "gpt2bench.report", "gpt2bench.trainer", "gpt2bench.controller"),
+    "gpt2bench.plan": ("gpt2bench.render", "gpt2bench.collect", "gpt2bench.local", "gpt2bench.report",
+                       "gpt2bench.controller"),
+    "gpt2bench.render": ("gpt2bench.collect", "gpt2bench.local", "gpt2bench.report", "gpt2bench.controller"),
+    "gpt2bench.collect": ("gpt2bench.render", "gpt2bench.local", "gpt2bench.report", "gpt2bench.controller"),
+    "gpt2bench.trainer": ("gpt2bench.plan", "gpt2bench.render", "gpt2bench.collect", "gpt2bench.local",
+                          "gpt2bench.report", "gpt2bench.controller"),
+    "gpt2bench.local": ("gpt2bench.controller",),
+    "gpt2bench.controller": ("gpt2bench.local",),
+    "gpt2bench.report": ("gpt2bench.local", "gpt2bench.controller"),
+}
+
+
+def module_imports(package: str, root: Path) -> dict[str, set[str]]:
+    """Every module under `root` (named as installed) -> the absolute names it imports."""
+    import ast
+
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join([package, *parts])
+        imports = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imports |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against this module's package
+                    anchor = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    base = ".".join(anchor[: len(anchor) - node.level + 1] + ([base] if base else []))
+                imports |= {f"{base}.{alias.name}" for alias in node.names} | {base}
+        found[name] = imports
+    return found
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def dependency_violations(modules: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for module, imports in modules.items():
+        for prefix, banned in FORBIDDEN.items():
+            if _within(module, prefix):
+                problems += [f"{module} imports {name}" for name in sorted(imports)
+                             if not _within(name, prefix) and any(_within(name, b) for b in banned)]
+    return problems
+
+
+def test_dependencies_point_one_way():
+    modules = {}
+    for package, root in SOURCES.items():
+        modules |= module_imports(package, root)
+    assert "gpt2bench.trainer.config" in modules and "gpt2bench.controller.sweep" in modules
+    assert dependency_violations(modules) == []
+
+
+def test_the_dependency_rule_catches_an_import_against_the_flow():
+    assert dependency_violations({"gpt2bench.trainer.metrics": {"gpt2bench.collect.SUMMARY_PREFIX"}}) == [
+        "gpt2bench.trainer.metrics imports gpt2bench.collect.SUMMARY_PREFIX"]
+    assert dependency_violations({"gpt2bench.local.sweep": {"gpt2bench.controller.reconcile"}})
+    assert dependency_violations({"gpt2bench.protocol": {"gpt2bench.spec"}})
+    assert dependency_violations({"gpt2bench.controller.sweep": {"gpt2bench.render", "gpt2bench.status"}}) == []
+
+
+def test_every_package_folder_is_listed_for_installation():
+    """pyproject lists packages explicitly (the trainer and operator live outside gpt2bench/), so a new
+    subpackage that is not listed is missing from `pip install .` and the image, though editable installs work."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name: Path(path) for name, path in setuptools["package-dir"].items()}
+    expected = set()
+    for name, folder in folders.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder).parts
+            expected.add(".".join((name, *relative)))
+    assert expected - set(setuptools["packages"]) == set()

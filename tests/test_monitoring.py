@@ -21,7 +21,7 @@ from prometheus_server import PROMETHEUS, PrometheusServer, free_port
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # monitoring/ is a repository tool, not part of the installed package
 
-from monitoring import generate, rules
+from monitoring import dashboards, generate, rules
 from monitoring.config import CONFIG
 
 RULES = ROOT / "monitoring" / "prometheus_rules.yaml"
@@ -164,6 +164,9 @@ class FakeTargets:
     running sweep: two runs (two ranks each) and one operator."""
 
     RUNS: ClassVar[dict[str, tuple[str, str]]] = {"r1": ("ddp", "fp32"), "r2": ("fsdp", "bf16")}
+    RECOMMENDATION: ClassVar[dict[str, str]] = {
+        "namespace": "ml", "benchmark": "bench", "scale": "1×2 GPU", "objective": "fastest", "run": "r1",
+        "strategy": "ddp", "precision": "fp32", "decision": "clear"}
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
@@ -202,12 +205,14 @@ class FakeTargets:
 
     @staticmethod
     def _operator_metrics(registry) -> dict[str, Any]:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
         out = {}
         for field, name in vars(CONFIG.operator).items():
             if name.endswith("_total"):
                 out[field] = Counter(name.removesuffix("_total"), field, ["namespace"], registry=registry)
+            elif name.endswith("_info"):
+                out[field] = Gauge(name, field, dashboards.RECOMMENDATION_COLUMNS, registry=registry)
             else:
                 out[field] = Histogram(name, field, registry=registry, buckets=(0.1, 0.5, 1, 5))
         return out
@@ -228,6 +233,7 @@ class FakeTargets:
                         rank[gauge].set(value)
             for counter in ("runs_started", "runs_succeeded", "runs_failed", "reconcile_errors"):
                 self.operator[counter].labels(namespace="ml").inc()
+            self.operator["recommendation_info"].labels(**self.RECOMMENDATION).set(1)
             self.operator["job_creation_latency"].observe(0.3)
 
     def close(self) -> None:
@@ -289,6 +295,23 @@ def test_dashboard_queries_run_against_real_prometheus(prometheus, board: str) -
             for series in result:
                 missing = [lab for lab in legend_labels if lab not in series["metric"]]
                 assert not missing, f"{panel['title']}: legend labels {missing} absent from {series['metric']}"
+
+
+def test_the_recommendation_table_shows_every_label_the_operator_exports() -> None:
+    from gpt2bench.controller import metrics
+
+    # prometheus-client keeps a metric's label names only in private attributes
+    assert sorted(metrics.RECOMMENDATION_INFO._labelnames) == sorted(dashboards.RECOMMENDATION_COLUMNS)
+    assert metrics.RECOMMENDATION_INFO._name == CONFIG.operator.recommendation_info
+
+
+@needs_prometheus
+def test_the_recommendation_table_query_returns_its_columns(prometheus) -> None:
+    (panel,) = [p for p in panels(DASHBOARDS["gpt2bench-operator.json"]) if p["type"] == "table"]
+    (target,) = panel["targets"]
+    assert target["format"] == "table" and target["instant"] is True
+    (series,) = prometheus.query(substitute(target["expr"]))
+    assert series["metric"] == FakeTargets.RECOMMENDATION  # one row, a column per label
 
 
 @needs_prometheus

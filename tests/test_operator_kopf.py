@@ -7,19 +7,18 @@ drives the GPT2Benchmarks with kubectl and the `kubernetes` client.
 from __future__ import annotations
 
 import json
-import os
 import time
-from unittest import mock
 
+import kubernetes
 import pytest
 import yaml
-from kopf.testing import KopfRunner
 from kube.fixtures import (
     REPO,
     Benchmarks,
     api_client,
     benchmark,
-    operator_env,
+    kopf_operator,
+    operator_calls,
     wait_for,
 )
 from kube.training import TrainingOperator, trainer_summary
@@ -30,12 +29,8 @@ TERMINAL = ("Succeeded", "Failed")
 
 @pytest.fixture(scope="module")
 def operator(cluster):
-    with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=0.3)):
-        args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers", "--verbose"]
-        with KopfRunner(args, timeout=60) as runner:
-            yield runner
-    assert runner.exception is None, runner.output[-3000:]
-    assert runner.exit_code == 0
+    with kopf_operator(cluster, poll_seconds=0.3) as runner:
+        yield runner
 
 
 @pytest.fixture
@@ -49,8 +44,8 @@ def benchmarks(client):
 
 
 @pytest.fixture
-def trainer(client):
-    return TrainingOperator(client)
+def trainer(cluster, client):
+    return TrainingOperator(client, cluster=cluster)
 
 
 def _finished(job: dict) -> bool:
@@ -93,8 +88,8 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
 
     table = cluster.kubectl("get", "gpt2benchmark", "cpu-sweep").stdout.split()
-    assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "BEST", "TOKENS/S"]
-    assert table[7:13] == ["cpu-sweep", "Succeeded", "14", "14", runs[-1]["strategy"], "1130"]
+    assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION"]
+    assert table[7:13] == ["cpu-sweep", "Succeeded", "14", "14", runs[-1]["name"], "spread-unknown"]
     as_yaml = yaml.safe_load(cluster.kubectl("get", "g2b", "cpu-sweep", "-o", "yaml").stdout)
     assert as_yaml["status"]["runs"] == runs
 
@@ -107,6 +102,71 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
         owners = job["metadata"]["ownerReferences"]
         assert [(o["kind"], o["uid"], o.get("controller")) for o in owners] == [("GPT2Benchmark", uid, True)]
         assert job["metadata"]["labels"]["gpt2bench.io/run"] == job["metadata"]["name"]
+
+
+def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cluster, benchmarks, trainer, tmp_path):
+    """1 and 2 processes, ddp and fsdp: the operator's status carries the analysis (docs/analysis.md),
+    `kubectl get` shows the recommended run, and `gpt2bench report --cluster` reads the same answer back."""
+    sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}],
+             "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": n} for n in (1, 2)]}
+    benchmarks.create(benchmark("scales", sweep=sweep, cost={"nodeHour": 0.36, "currency": "EUR"}))
+    # run -> (tokens/s, workers, model state per rank)
+    figures = {"scales-ddp-fp32-1x1": (1000.0, 1, 80e6), "scales-fsdp-fp32-1x1": (900.0, 1, 80e6),
+               "scales-ddp-fp32-1x2": (1900.0, 2, 80e6), "scales-fsdp-fp32-1x2": (1500.0, 2, 40e6)}
+
+    def outcome(t: TrainingOperator, job: dict, i: int) -> None:
+        name = job["metadata"]["name"]
+        tps, workers, state = figures[name]
+        summary = trainer_summary(name, tps, worldSize=workers, tokensPerSecondPerDevice=tps / workers,
+                                  stateBytes=state)
+        t.finish(job, succeeded=True, message=json.dumps(summary))
+
+    play(trainer, "scales", 4, outcome)
+    status = wait_for(lambda: (s := benchmarks.status("scales")).get("phase") == "Succeeded" and s, what="Succeeded")
+    analysis = status["analysis"]
+    assert analysis["recommended"] | {"excluded": None} == {
+        "objective": "fastest", "scale": "1×2 CPU", "decision": "spread-unknown", "run": "scales-ddp-fp32-1x2",
+        "strategy": "ddp", "precision": "fp32", "value": 1900.0, "unit": "tokens/s", "measurements": 1,
+        "runnerUp": "scales-fsdp-fp32-1x2", "runnerUpValue": 1500.0, "margin": pytest.approx(400 / 1500),
+        "excluded": None}
+    assert [(s["strategy"], s["scale"], s["efficiency"]) for s in analysis["scaling"]] == [
+        ("ddp", "1×1 CPU", 1.0), ("ddp", "1×2 CPU", 0.95), ("fsdp", "1×1 CPU", 1.0),
+        ("fsdp", "1×2 CPU", pytest.approx(750 / 900))]
+    cheapest = next(r for r in analysis["recommendations"] if r["objective"] == "cheapest" and "scale" not in r)
+    # both scales are one pod (node) at 0.36 EUR/h: the faster one costs less per token
+    assert cheapest["run"] == "scales-ddp-fp32-1x2" and cheapest["value"] == pytest.approx(0.36 / 3600 / 1900 * 1e6)
+    verdicts = {f["id"]: f["verdict"] for f in analysis["findings"]}
+    assert verdicts == {"fsdp-memory-below-ddp": "holds", "mixed-precision-faster": "not-measurable",
+                        "ddp-mixed-precision-fastest-on-one-node": "not-measurable",
+                        "horovod-most-robust-across-nodes": "not-measurable",
+                        "synchronous-strategies-converge-alike": "holds", "ddp-scales-near-linearly": "holds"}
+    converge = next(f for f in analysis["findings"] if f["id"] == "synchronous-strategies-converge-alike")
+    assert "final loss: no per-step records" in converge["measured"]
+
+    table = cluster.kubectl("get", "gpt2benchmark", "scales").stdout.split()
+    assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION"]
+    assert table[7:13] == ["scales", "Succeeded", "4", "4", "scales-ddp-fp32-1x2", "spread-unknown"]
+    header, row = (line.split() for line in
+                   cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout.splitlines())
+    wide = dict(zip(header, row, strict=True))
+    assert (wide["BACKEND"], wide["BEST"], wide["TOKENS/S"]) == ("pytorchjob", "ddp", "1900")
+
+    from gpt2bench.controller.metrics import REGISTRY
+
+    info = {"namespace": "default", "benchmark": "scales", "objective": "fastest", "scale": "1×2 CPU",
+            "run": "scales-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "decision": "spread-unknown"}
+    assert REGISTRY.get_sample_value("gpt2bench_operator_recommendation_info", info) == 1.0
+
+    from gpt2bench.report import cli as report_cli
+
+    assert report_cli.main(["--cluster", "scales", "-n", "default", "--output", str(tmp_path), "--quiet"]) == 0
+    markdown = (tmp_path / "results.md").read_text()
+    assert "**Recommended at the largest scale measured (1×2 CPU): scales-ddp-fp32-1x2**" in markdown
+    assert "| ddp | fp32 | 1×2 CPU | 2 | 950 | 0.95 |" in markdown
+
+    benchmarks.delete("scales")  # its recommendation series go with it
+    wait_for(lambda: REGISTRY.get_sample_value("gpt2bench_operator_recommendation_info", info) is None,
+             what="the info series to be removed")
 
 
 def test_concurrency_two_runs_two_jobs_at_once(benchmarks, trainer):
@@ -147,21 +207,26 @@ def test_a_killed_pod_without_message_fails_with_the_container_reason(benchmarks
     benchmarks.create(benchmark("oom", [{"name": "ddp"}]))
     play(trainer, "oom", 1, lambda t, job, i: t.finish(job, succeeded=False, message=None, exit_code=137))
     status = wait_for(lambda: (s := benchmarks.status("oom")).get("phase") == "Failed" and s, what="Failed")
-    assert status["runs"][0]["reason"] == "OOMKilled (exit code 137)"
+    # the container's end first, then the training operator's own words
+    assert status["runs"][0]["reason"] == ("OOMKilled (exit code 137); PyTorchJobFailed: PyTorchJob oom-ddp-fp32-1x2 "
+                                           "is failed because 1 Master replica(s) failed.")
     assert status.get("best") is None
 
 
-@pytest.mark.parametrize(
-    ("name", "sweep", "field"),
-    [
-        ("bad-dp", {"strategies": [{"name": "dataparallel"}], "scales": [{"nodes": 2}]}, "spec.sweep.scales[0].nodes"),
-        ("bad-ps", {"strategies": [{"name": "ps", "psServers": 3}], "scales": [{"nodes": 2}]},
-         "spec.sweep.strategies[0].psServers"),
-        ("bad-dup", {"strategies": [{"name": "ddp"}, {"name": "ddp"}]}, "spec.sweep.strategies[1].name"),
-    ],
-)
-def test_a_malformed_benchmark_is_invalid_names_the_field_and_creates_nothing(benchmarks, trainer, name, sweep, field):
-    benchmarks.create(benchmark(name, sweep=sweep))
+# Rules the CRD cannot state (quantities compared, map keys, ports derived from the sweep): the API server
+# stores such a benchmark, the operator refuses it. What the CRD states (CEL rules, list types) never gets
+# this far: tests/test_validation_rules.py.
+LOCAL_ONLY_RULES = [
+    ("bad-limits", {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}},
+     "spec.resources.limits.memory"),
+    ("bad-selector", {"nodeSelector": {"gpu/": "a100"}}, "spec.nodeSelector[gpu/]"),
+    ("bad-port", {"metrics": {"port": 65535}}, "spec.metrics.port"),
+]
+
+
+@pytest.mark.parametrize(("name", "spec", "field"), LOCAL_ONLY_RULES)
+def test_a_malformed_benchmark_is_invalid_names_the_field_and_creates_nothing(benchmarks, trainer, name, spec, field):
+    benchmarks.create(benchmark(name, **spec))
     status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") and s, what="a phase")
     assert status["phase"] == "Invalid"
     assert field in status["message"]
@@ -171,12 +236,21 @@ def test_a_malformed_benchmark_is_invalid_names_the_field_and_creates_nothing(be
 
 
 def test_fixing_an_invalid_spec_starts_the_sweep(benchmarks, trainer):
-    benchmarks.create(benchmark("fixme", sweep={"strategies": [{"name": "dataparallel"}], "scales": [{"nodes": 2}]}))
+    benchmarks.create(benchmark("fixme", [{"name": "single"}],
+                                resources={"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}))
     wait_for(lambda: benchmarks.status("fixme").get("phase") == "Invalid", what="Invalid")
-    benchmarks.patch_spec("fixme", {"sweep": {"strategies": [{"name": "dataparallel"}], "scales": [{"nodes": 1}]}})
+    benchmarks.patch_spec("fixme", {"resources": {"limits": {"cpu": "2"}}})
     play(trainer, "fixme", 1, lambda t, job, i: t.succeed(job, 42.0))
     status = wait_for(lambda: (s := benchmarks.status("fixme")).get("phase") == "Succeeded" and s, what="Succeeded")
     assert status["observedGeneration"] == 2
+
+
+def test_what_the_crd_states_is_refused_before_the_operator_sees_it(benchmarks, trainer):
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        benchmarks.create(benchmark("bad-dp", sweep={"strategies": [{"name": "dataparallel"}],
+                                                     "scales": [{"nodes": 2}]}))
+    assert refused.value.status == 422 and "dataparallel runs in one process" in refused.value.body
+    assert not benchmarks.exists("bad-dp") and trainer.jobs("bad-dp") == []
 
 
 def test_a_spec_change_after_start_is_ignored_with_a_warning(benchmarks, trainer):
@@ -222,32 +296,23 @@ def test_kubectl_patch_status_subresource_reaches_the_operator_view(cluster, ben
     assert status["completionTime"] == stamp and status["phase"] == "Running" and status["runsTotal"] == 1
 
 
-VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
-
-
 def test_manifest_rbac_covers_every_call_the_operator_made(cluster, benchmarks, trainer):
-    """Everything kopf and our client asked the API for in this module's runs (one more sweep here,
-    so that the test stands alone), checked against the ClusterRole of manifests/operator.yaml: a
-    missing rule would be a 403 in a real cluster."""
+    """Everything kopf and our client asked the API for in this module's runs (one more sweep here, with
+    per-step curves, so that the test stands alone), checked against the roles bound to the operator in
+    manifests/operator.yaml: a missing rule would be a 403 in a real cluster."""
     from test_operator_manifests import allowed, cluster_role_rules
 
+    from gpt2bench.trainer.summary import steps_line
+
+    log = steps_line([{"step": 1, "loss": 2.0, "grad_norm": 1.0}]) + "\n"
     benchmarks.create(benchmark("rbac", [{"name": "single"}]))
-    play(trainer, "rbac", 1, lambda t, job, i: t.succeed(job, 1.0))
+    play(trainer, "rbac", 1, lambda t, job, i: t.succeed(job, 1.0, log=log))
     wait_for(lambda: benchmarks.status("rbac").get("phase") == "Succeeded", what="Succeeded")
+    wait_for(lambda: ("", "configmaps", "create") in operator_calls(cluster), what="the steps ConfigMap")
 
-    def calls(emulator):
-        seen = set()
-        for r in emulator._requests:  # kmock keeps every request it served
-            agent = r.headers.get("User-Agent", "")
-            if r.resource is None or r.resource.plural is None or not agent.startswith(("kopf/", "gpt2bench-operator/")):
-                continue  # discovery is a non-resource URL every authenticated user may read
-            verb = "update" if r.method == "PUT" else VERBS[r.action.name]
-            plural = f"{r.resource.plural}/{r.subresource}" if r.subresource else r.resource.plural
-            seen.add((r.resource.group, plural, verb))
-        return seen
-
-    made = cluster.call(calls)
+    made = operator_calls(cluster)
     rules = cluster_role_rules()
-    assert {("kubeflow.org", "pytorchjobs", "create"), ("", "pods", "list"), ("", "events", "create"),
-            ("gpt2bench.io", "gpt2benchmarks/status", "patch")} <= made
+    assert {("kubeflow.org", "pytorchjobs", "create"), ("kubeflow.org", "pytorchjobs", "watch"), ("", "pods", "list"),
+            ("", "pods/log", "get"), ("", "events", "create"), ("gpt2bench.io", "gpt2benchmarks/status", "patch"),
+            ("gpt2bench.io", "gpt2benchmarks/finalizers", "update")} <= made
     assert [call for call in sorted(made) if not allowed(rules, *call)] == []

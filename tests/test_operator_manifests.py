@@ -1,60 +1,134 @@
-"""manifests/operator.yaml: valid Kubernetes objects, a command the CLI accepts, probes and ports that
-match it. (That its RBAC covers every call is checked against a real run in test_operator_kopf.py.)"""
+"""manifests/operator.yaml: the Helm chart's default render (scripts/generate_manifests.py), valid Kubernetes
+objects, a command the CLI accepts, probes and ports that match it, least-privilege RBAC, a restricted pod.
+(That its RBAC covers every call is checked against a real run in test_operator_kopf.py.)"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
 import kubernetes_validate
 import pytest
 import yaml
+from pod_security import violations
 
 from gpt2bench.controller import main
+from gpt2bench.spec import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
 
-MANIFEST = Path(__file__).resolve().parents[1] / "manifests" / "operator.yaml"
+REPO = Path(__file__).resolve().parents[1]
+MANIFEST = REPO / "manifests" / "operator.yaml"
+HELM = REPO / ".tools" / "bin" / "helm"
 
 
 @pytest.fixture(scope="module")
-def objects() -> dict[str, dict]:
-    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
-    return {d["kind"]: d for d in docs}
+def docs() -> list[dict]:
+    return [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
 
 
-def test_every_object_is_valid_for_kubernetes_1_30(objects):
-    assert set(objects) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"}
-    for obj in objects.values():
+def one(docs: list[dict], kind: str) -> dict:
+    (found,) = [d for d in docs if d["kind"] == kind]
+    return found
+
+
+@pytest.mark.skipif(not HELM.exists(), reason=f"helm not installed at {HELM} (run scripts/install.sh)")
+def test_the_manifest_is_the_charts_default_render():
+    check = subprocess.run([sys.executable, str(REPO / "scripts" / "generate_manifests.py"), "--check"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert check.returncode == 0, check.stderr
+
+
+def test_every_object_is_valid_for_kubernetes_1_30(docs):
+    assert sorted(d["kind"] for d in docs) == ["ClusterRole"] * 4 + ["ClusterRoleBinding"] * 2 + [
+        "Deployment", "Namespace", "Service", "ServiceAccount"]
+    for obj in docs:
         kubernetes_validate.validate(obj, "1.30", strict=True)
-        assert "namespace" not in obj["metadata"], "namespace-less: `kubectl apply -n` chooses it"
+    namespaced = [d for d in docs if d["kind"] in ("ServiceAccount", "Deployment", "Service")]
+    assert {d["metadata"]["namespace"] for d in namespaced} == {one(docs, "Namespace")["metadata"]["name"]}
+    assert not any("helm.sh/chart" in (d["metadata"].get("labels") or {}) for d in docs), "not managed by Helm"
 
 
-def test_the_deployment_runs_the_operator_cli_with_probe_and_ports_that_match(objects):
-    pod = objects["Deployment"]["spec"]["template"]["spec"]
+def test_the_deployment_runs_the_operator_cli_with_probe_ports_and_trainer_images_that_match(docs):
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert container["command"][:2] == ["gpt2bench", "operator"]
-    args = main.parse_args(container["command"][2:])  # exits on a flag the CLI does not know
+    assert container["image"].startswith("ghcr.io/gpt2bench/gpt2bench-operator:")  # the no-torch target
+    assert container["args"][0] == "operator"  # the image's entrypoint is `gpt2bench`
+    args = main.parse_args(container["args"][1:])  # exits on a flag the CLI does not know
     assert args.all_namespaces and args.metrics_port == 9090
+    assert (args.trainer_image_cpu, args.trainer_image_gpu) == (DEFAULT_IMAGE, DEFAULT_GPU_IMAGE)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert urlparse(args.liveness).port == ports["healthz"] and urlparse(args.liveness).path == "/healthz"
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert urlparse(args.liveness).port == ports["health"] and urlparse(args.liveness).path == "/healthz"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert ports["metrics"] == args.metrics_port
-    assert objects["Service"]["spec"]["ports"][0]["targetPort"] == "metrics"
-    assert pod["serviceAccountName"] == objects["ServiceAccount"]["metadata"]["name"]
-    selector = objects["Deployment"]["spec"]["selector"]["matchLabels"]
-    assert objects["Service"]["spec"]["selector"] == selector
+    service = one(docs, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert service["spec"]["selector"].items() <= one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_rbac_is_split_into_framework_and_application_rules(objects):
+def test_the_operator_pod_is_restricted_with_a_writable_tmp(docs):
+    template = one(docs, "Deployment")["spec"]["template"]
+    assert violations(template) == []
+    container = template["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert template["spec"]["securityContext"]["runAsUser"] == 1000  # the image's user, as the chart's
+
+
+def test_rbac_is_split_into_framework_and_application_rules_and_least_privilege(docs):
     text = MANIFEST.read_text()
     assert "# Framework:" in text and "# Application:" in text
-    binding = objects["ClusterRoleBinding"]
-    assert binding["roleRef"]["name"] == objects["ClusterRole"]["metadata"]["name"]
-    assert binding["subjects"][0]["name"] == objects["ServiceAccount"]["metadata"]["name"]
+    rules = operator_rules()
+    assert allowed(rules, "gpt2bench.io", "gpt2benchmarks/finalizers", "update"), "blockOwnerDeletion needs it"
+    for group, resource in (("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "mpijobs"),
+                            ("trainer.kubeflow.org", "trainjobs")):
+        assert allowed(rules, group, resource, "watch") and not allowed(rules, group, resource, "delete")
+    # the runtimes are read, never written; JobSets, Jobs are the Trainer's and never touched
+    assert allowed(rules, "trainer.kubeflow.org", "clustertrainingruntimes", "get")
+    assert not any(allowed(rules, "trainer.kubeflow.org", "clustertrainingruntimes", verb)
+                   for verb in ("create", "patch", "update", "delete", "list"))
+    assert not any(group in r["apiGroups"] for r in rules for group in ("jobset.x-k8s.io", "batch"))
+    assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules)
+    assert not allowed(rules, "", "secrets", "get") and not allowed(rules, "", "pods", "create")
+
+
+def test_tenants_get_gpt2benchmarks_through_the_default_roles(docs):
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    edit = next(r for r in roles.values() if r["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-edit"))
+    view = next(r for r in roles.values() if r["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-view"))
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert allowed(edit["rules"], "gpt2bench.io", "gpt2benchmarks", "create")
+    assert allowed(edit["rules"], "gpt2bench.io", "gpt2benchmarks", "delete")
+    assert allowed(view["rules"], "gpt2bench.io", "gpt2benchmarks", "list")
+    assert not allowed(view["rules"], "gpt2bench.io", "gpt2benchmarks", "create")
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
+    assert edit["metadata"]["name"] not in bound and view["metadata"]["name"] not in bound, "aggregated, not bound"
+
+
+def test_the_runtimes_manifest_holds_the_projects_runtimes_valid_for_trainer_v2():
+    from kubeflow_crds import validate_job
+
+    from gpt2bench.render.runtimes import project_runtimes
+
+    runtimes = [d for d in yaml.safe_load_all((REPO / "manifests" / "runtimes.yaml").read_text()) if d]
+    assert {r["metadata"]["name"]: r for r in runtimes} == project_runtimes()
+    for runtime in runtimes:
+        validate_job(runtime)
 
 
 def allowed(rules: list[dict], group: str, resource: str, verb: str) -> bool:
     return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
 
 
-def cluster_role_rules() -> list[dict]:
-    return next(d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d["kind"] == "ClusterRole")["rules"]
+def operator_rules() -> list[dict]:
+    """Every rule of the ClusterRoles bound to the operator's ServiceAccount."""
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    account = next(d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount")
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"
+             and any(s["kind"] == "ServiceAccount" and s["name"] == account for s in d["subjects"])}
+    return [rule for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in bound for rule in d["rules"]]
+
+
+# the name test_operator_kopf.py imports
+cluster_role_rules = operator_rules

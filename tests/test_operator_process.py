@@ -7,7 +7,6 @@ is down; the new process resumes from status and the existing jobs and creates n
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,24 +26,22 @@ from kube.fixtures import (
 )
 from kube.training import TrainingOperator
 
+from gpt2bench.local.executor import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class OperatorProcess:
-    def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int):
+    def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int, poll_seconds: float = 0.3):
         self.cluster, self.metrics_port, self.health_port = cluster, metrics_port, health_port
+        self.poll_seconds = poll_seconds
         self.log = cluster.workdir / "operator.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = env_for_subprocess(operator_env(self.cluster, poll_seconds=0.3))
-        args = [sys.executable, "-m", "gpt2bench", "operator", "--all-namespaces", "--poll-interval", "0.3",
+        env = env_for_subprocess(operator_env(self.cluster, poll_seconds=self.poll_seconds))
+        args = [sys.executable, "-m", "gpt2bench", "operator", "--all-namespaces", "--poll-interval",
+                str(self.poll_seconds),
                 "--metrics-port", str(self.metrics_port),
                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"]
         with open(self.log, "a") as log:
@@ -77,6 +74,15 @@ class OperatorProcess:
         values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                   if line.startswith(name) and not line.startswith("#")]
         return sum(values)
+
+
+    def samples(self, name: str) -> list[dict[str, str]]:
+        """The label sets of `name`'s samples whose value is 1 (info metrics)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = self.get(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
+        return [sample.labels for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name == name and sample.value == 1]
 
 
 def job_creations(cluster: EmulatedCluster) -> list[str]:
@@ -129,6 +135,13 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
             assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 0
             events = [e["reason"] for e in benchmarks.events("restart")]
             assert events.count("RunSucceeded") == 4 and events.count("SweepSucceeded") == 1
+            info = {"namespace": "default", "benchmark": "restart", "objective": "fastest", "scale": "1×2 CPU",
+                    "run": "restart-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "decision": "spread-unknown"}
+            assert info in operator.samples("gpt2bench_operator_recommendation_info")
+            operator.stop()  # a restarted operator serves the finished benchmark's recommendation again
+            operator.start()
+            wait_for(lambda: info in operator.samples("gpt2bench_operator_recommendation_info"),
+                     what="the recommendation after a restart")
         finally:
             code = operator.stop()
         assert code == 0, operator.log.read_text()[-3000:]
@@ -146,10 +159,10 @@ def test_kopf_run_process_rejects_a_bad_spec_and_counts_no_reconcile_error(tmp_p
         try:
             benchmarks = Benchmarks(api_client(cluster))
             wait_for(lambda: OperatorProcess.get(f"http://127.0.0.1:{port}/metrics"), 60, what="/metrics")
-            benchmarks.create(benchmark("bad", sweep={"strategies": [{"name": "dataparallel"}],
-                                                      "scales": [{"nodes": 3}]}))
+            # a rule only the operator checks (the CRD states the others, and the API server refuses those)
+            benchmarks.create(benchmark("bad", resources={"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}))
             status = wait_for(lambda: (s := benchmarks.status("bad")).get("phase") and s, what="a phase")
-            assert status["phase"] == "Invalid" and "spec.sweep.scales[0].nodes" in status["message"]
+            assert status["phase"] == "Invalid" and "spec.resources.limits.cpu" in status["message"]
             time.sleep(1)  # a permanent error must not be retried or counted as ours
             text = OperatorProcess.get(f"http://127.0.0.1:{port}/metrics") or ""
             assert "gpt2bench_operator_reconcile_errors_total" not in text or \
@@ -195,18 +208,61 @@ def test_a_failed_job_creation_is_counted_retried_and_the_sweep_goes_on(tmp_path
             assert operator.stop() == 0
 
 
-def test_without_the_kubeflow_crds_the_operator_waits_and_says_why(tmp_path):
+def test_without_the_kubeflow_crds_every_run_fails_at_once_saying_what_to_install(tmp_path):
     with EmulatedCluster(tmp_path / "kube") as cluster:
         cluster.kubectl("apply", "-f", str(REPO / "manifests" / "crd.yaml"))  # no Kubeflow CRDs
         benchmarks = Benchmarks(api_client(cluster))
         operator = OperatorProcess(cluster, free_port(), free_port())
         operator.start()
         try:
-            benchmarks.create(benchmark("early", [{"name": "single"}]))
-            events = wait_for(lambda: [e for e in benchmarks.events("early") if "is not served" in e["message"]],
-                              what="an Event saying what is missing")
-            assert "install the Kubeflow training operator" in events[0]["message"]
-            assert events[0]["type"] == "Error"
-            assert benchmarks.status("early").get("phase") is None, "nothing started, nothing recorded"
+            # the v1 jobs asked for by name (`auto` would pick TrainJob here and say to install Trainer v2:
+            # tests/test_operator_refusals.py)
+            benchmarks.create(benchmark("early", [{"name": "single"}, {"name": "ddp"}, {"name": "horovod"}],
+                                        backend="pytorchjob"))
+            status = wait_for(lambda: (s := benchmarks.status("early")).get("phase") == "Failed" and s,
+                              what="the sweep Failed, every run with its reason")
+            reasons = {r["jobKind"]: r["reason"] for r in status["runs"]}
+            assert "CRD pytorchjobs.kubeflow.org has no v1" in reasons["PyTorchJob"]
+            assert "install the Kubeflow training operator" in reasons["PyTorchJob"]
+            assert "install the Kubeflow MPI operator v0.8" in reasons["MPIJob"]
+            events = [e for e in benchmarks.events("early") if e["reason"] == "RunFailed"]
+            assert len(events) == 3 and all("not served" in e["message"] for e in events)
+            assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 0, "the cluster's, not ours"
+        finally:
+            assert operator.stop() == 0
+
+
+def test_job_events_start_the_next_run_within_a_second_of_the_previous_one_ending(tmp_path):
+    """The timer is a safety net only (--poll-interval 60: it never fires here): each job's terminal
+    condition, seen through the watch, creates the next job. Gap: the test's status write that finishes a
+    job -> the emulator's creation of the next one."""
+    import statistics
+
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        client = api_client(cluster)
+        benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
+        operator = OperatorProcess(cluster, free_port(), free_port(), poll_seconds=60)
+        operator.start()
+        try:
+            strategies = [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}, {"name": "horovod"}]
+            benchmarks.create(benchmark("eager", strategies, sweep={
+                "strategies": strategies, "precisions": ["fp32", "bf16"],
+                "scales": [{"nodes": 1, "processesPerNode": 2}]}))
+            gaps, finished = [], 0.0
+            for i in range(8):
+                job = wait_for(lambda i=i: len(jobs := trainer.jobs("eager")) == i + 1 and jobs[i], 30,
+                               what=f"job {i} (the timer would take 60 s)")
+                if i:
+                    created = cluster.call(lambda e, job=job: e.created_at[(
+                        next(r for r in e.resources if r.plural == job["kind"].lower() + "s"
+                             and r.version == job["apiVersion"].split("/")[1]), "default", job["metadata"]["name"])])
+                    gaps.append(created - finished)
+                trainer.start(job)
+                trainer.succeed(job, 100.0 + i)
+                finished = time.time()
+            wait_for(lambda: benchmarks.status("eager").get("phase") == "Succeeded", 30, what="Succeeded")
+            assert statistics.median(gaps) < 1.0, gaps
+            assert max(gaps) < 5.0, gaps  # generous: a shared 2-core machine
         finally:
             assert operator.stop() == 0

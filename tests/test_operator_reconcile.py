@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from gpt2bench import jobkinds as kinds
 from gpt2bench.controller import kube
 from gpt2bench.controller import reconcile as rc
+from gpt2bench.controller.jobkinds import JOB_KINDS, missing_kind_reason
 from gpt2bench.plan import plan_runs
 from gpt2bench.spec import Benchmark, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
@@ -21,10 +23,15 @@ def _runs(strategies=("single", "ddp", "fsdp")):
     return plan_runs(Benchmark(name="b", spec=spec))
 
 
-def _job(*conditions: tuple[str, str], message: str = "") -> dict:
-    return {"status": {"conditions": [{"type": t, "status": s, "message": message} for t, s in conditions]}}
+PYTORCHJOB, MPIJOB = JOB_KINDS["PyTorchJob"], JOB_KINDS["MPIJob"]
 
 
+def _job(*conditions: tuple[str, str], message: str = "", kind: str = "PyTorchJob") -> dict:
+    return {"kind": kind, "metadata": {"name": "j", "namespace": "ns"},
+            "status": {"conditions": [{"type": t, "status": s, "message": message} for t, s in conditions]}}
+
+
+@pytest.mark.parametrize("kind", [PYTORCHJOB, MPIJOB])
 @pytest.mark.parametrize(
     ("conditions", "phase"),
     [
@@ -35,15 +42,55 @@ def _job(*conditions: tuple[str, str], message: str = "") -> dict:
         ((("Created", "True"), ("Running", "False"), ("Succeeded", "True")), "Succeeded"),
         ((("Created", "True"), ("Failed", "True"), ("Running", "True")), "Failed"),  # terminal wins
         ((("Created", "True"), ("Succeeded", "False")), "Pending"),
+        # suspended (Kueue): mpi-operator adds Running=False; the training operator keeps Running as it was
+        ((("Created", "True"), ("Suspended", "True"), ("Running", "False")), "Queued"),
+        ((("Created", "True"), ("Running", "True"), ("Suspended", "True")), "Queued"),
+        ((("Created", "True"), ("Suspended", "False"), ("Running", "True")), "Running"),  # resumed
+        ((("Suspended", "True"), ("Succeeded", "True")), "Succeeded"),
     ],
 )
-def test_job_state_follows_the_kubeflow_conditions(conditions, phase):
-    assert rc.job_state(_job(*conditions)).phase == phase
+def test_job_state_follows_the_kubeflow_conditions(kind, conditions, phase):
+    assert rc.job_state(_job(*conditions, kind=kind.kind)).phase == phase
+
+
+def test_a_job_kueue_suspended_at_creation_is_queued_before_any_condition():
+    job = {"kind": "PyTorchJob", "spec": {"runPolicy": {"suspend": True}}}
+    assert rc.job_state(job).phase == "Queued"
+    assert rc.job_state({"kind": "PyTorchJob", "spec": {"runPolicy": {"suspend": False}}}).phase == "Pending"
+    assert rc.job_state({"kind": "TrainJob", "spec": {"suspend": True}}).phase == "Queued"  # Trainer v2's flag
 
 
 def test_job_state_carries_the_failure_message():
     state = rc.job_state(_job(("Failed", "True"), message="pod master-0 OOMKilled"))
     assert state == rc.JobState("Failed", "pod master-0 OOMKilled", "")
+
+
+def test_the_operators_job_kinds_are_the_shared_tables():
+    assert (PYTORCHJOB.resource, MPIJOB.resource) == (("kubeflow.org", "v1", "pytorchjobs"),
+                                                      ("kubeflow.org", "v2beta1", "mpijobs"))
+    assert all(followed.base is kinds.JOB_KINDS[name] for name, followed in JOB_KINDS.items())
+    assert set(JOB_KINDS) == set(kinds.JOB_KINDS), "every kind a run can be rendered as is created and watched"
+    assert kinds.result_pod_selector(_job(kind="MPIJob")) == \
+        "training.kubeflow.org/job-name=j,training.kubeflow.org/job-role=launcher"
+
+
+def test_a_missing_kind_names_its_crd_what_to_install_and_what_serves_the_other_version():
+    reason = missing_kind_reason(MPIJOB, [])
+    assert "mpijobs.kubeflow.org" in reason and "v2beta1" in reason and "mpi-operator" in reason
+    assert "kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/" in reason
+    legacy = missing_kind_reason(MPIJOB, ["v1"])
+    assert "serves mpijobs.kubeflow.org at v1 only" in legacy and "--enable-scheme=pytorchjob" in legacy
+    assert "training-operator" in missing_kind_reason(PYTORCHJOB, [])
+
+
+def test_only_jobs_this_benchmark_controls_are_its_own():
+    ours = {"metadata": {"ownerReferences": [{"kind": "GPT2Benchmark", "name": "b", "uid": "u1", "controller": True}]}}
+    orphan = {"metadata": {}}  # left by a benchmark deleted with --cascade=orphan
+    old = {"metadata": {"ownerReferences": [{"kind": "GPT2Benchmark", "name": "b", "uid": "u0", "controller": True}]}}
+    assert rc.owned_jobs({"a": ours, "b": orphan, "c": old}, "u1") == {"a": ours}
+    assert rc.owner_description(old) == "GPT2Benchmark b (uid u0)" and rc.owner_description(orphan) == "no owner"
+    reason = rc.foreign_reason("b-ddp", "PyTorchJob", "ns", "no owner", "u1")
+    assert "already exists in ns" in reason and "no owner" in reason and "Delete that job" in reason
 
 
 def test_initial_status_lists_every_run_pending():
@@ -75,11 +122,44 @@ def test_a_job_left_by_a_previous_operator_counts_as_active_and_is_not_recreated
 def test_observe_finished_and_vanished_jobs():
     entries = [rc.mark_running(e, NOW) for e in rc.initial_status(_runs(), 1, NOW).runs]
     jobs = {entries[0].job_name: _job(("Succeeded", "True")),
-            entries[1].job_name: _job(("Failed", "True"))}
+            entries[1].job_name: _job(("Failed", "True"), message="1 Master replica(s) failed")}
     seen = rc.observe(entries, jobs)
-    assert [(f.name, f.job_succeeded) for f in seen.finished] == [(entries[0].name, True), (entries[1].name, False)]
-    assert seen.unexplained == {entries[0].name, entries[1].name}
+    assert [(f.name, f.job_succeeded, f.job_message) for f in seen.finished] == [
+        (entries[0].name, True, ""), (entries[1].name, False, "1 Master replica(s) failed")]
     assert seen.vanished == [entries[2].name]
+
+
+def test_a_suspended_job_queues_its_run_which_holds_its_slot_and_runs_when_admitted():
+    entries = rc.initial_status(_runs(), 1, NOW).runs
+    first = entries[0].job_name
+    suspended = {first: {**_job(("Created", "True"), ("Suspended", "True")), "spec": {"runPolicy": {"suspend": True}}}}
+    seen = rc.observe(entries, suspended)
+    assert seen.queued == [entries[0].name] and seen.started == []
+    queued = [rc.mark_queued(entries[0], NOW)] + entries[1:]
+    assert rc.runs_to_start(queued, suspended, 1) == [], "a queued run keeps its place"
+    admitted = {first: _job(("Created", "True"), ("Suspended", "False"), ("Running", "True"))}
+    assert rc.observe(queued, admitted).started == [entries[0].name]
+    summary = rc.summarize(BenchmarkStatus(observed_generation=4), queued, NOW)
+    assert summary.phase == "Running" and "queued" in summary.message
+    condition = next(c for c in summary.conditions if c.type == "Queued")
+    assert (condition.status, condition.reason, condition.observed_generation) == ("True", "JobSuspended", 4)
+    assert entries[0].name in condition.message
+
+
+def test_runs_of_a_refused_job_fail_with_the_reason_and_status_keeps_reasons_short():
+    run = _runs()[0]
+    entry = rc.initial_status([run], 1, NOW).runs[0]
+    reason = rc.refused_reason(run.name, "PyTorchJob", 422, "Invalid", "spec.x: Invalid value " + "y" * 2000)
+    failed = rc.failed_entry(run, entry, reason, NOW)
+    assert failed.phase == "Failed" and failed.reason.startswith(f"the API server refused PyTorchJob {run.name}: 422")
+    assert len(failed.reason) == rc.STATUS_REASON_LIMIT and failed.reason.endswith("...")
+
+
+def test_a_vanished_job_names_the_ttl_when_one_is_set():
+    run = _runs()[0]
+    entry = rc.mark_running(rc.initial_status([run], 1, NOW).runs[0], NOW)
+    assert "ttlSecondsAfterFinished is 60 s" in rc.vanished_entry(run, entry, NOW, ttl_seconds=60).reason
+    assert "ttl" not in rc.vanished_entry(run, entry, NOW).reason
 
 
 def test_finish_entry_collects_the_summary_or_the_reason():
@@ -123,8 +203,48 @@ def test_summarize_picks_the_fastest_run_and_completes_once():
     assert patch["completionTime"] == NOW
     again = rc.summarize(BenchmarkStatus.read({**patch, "completionTime": "earlier"}), runs, "later").dump()
     assert "completionTime" not in again  # set once, never moved
-    ready = [c for c in patch["conditions"] if c["type"] == "Ready"]
-    assert ready[0]["status"] == "True" and ready[0]["reason"] == "PartiallySucceeded"
+    by_type = {c["type"]: c for c in patch["conditions"]}
+    assert (by_type["Ready"]["status"], by_type["Ready"]["reason"]) == ("True", "PartiallySucceeded")
+    assert (by_type["Complete"]["status"], by_type["Failed"]["status"], by_type["Queued"]["status"]) == (
+        "True", "False", "False")
+
+
+@pytest.mark.parametrize(("phases", "ready", "complete", "failed", "reason"), [
+    (["Succeeded", "Succeeded"], "True", "True", "False", "Succeeded"),
+    (["Succeeded", "Failed"], "True", "True", "False", "PartiallySucceeded"),
+    (["Failed", "Failed"], "False", "False", "True", "NoRunSucceeded"),
+    (["Succeeded", "Running"], "False", "False", "False", "Running"),
+])
+def test_conditions_are_those_of_a_batch_job_each_with_the_generation(phases, ready, complete, failed, reason):
+    entries = rc.initial_status(_runs(("single", "ddp")), 3, NOW).runs
+    runs = [e.model_copy(update={"phase": p}) for e, p in zip(entries, phases)]
+    conditions = {c.type: c for c in rc.summarize(BenchmarkStatus(observed_generation=3), runs, NOW).conditions}
+    assert [conditions[t].status for t in ("Ready", "Complete", "Failed")] == [ready, complete, failed]
+    assert reason in (conditions["Ready"].reason, conditions["Failed"].reason)
+    assert {c.observed_generation for c in conditions.values()} == {3}
+
+
+def test_an_invalid_spec_is_failed_not_ready_not_complete():
+    conditions = {c.type: c for c in rc.invalid_status([("spec.x", "bad")], 2, NOW).conditions}
+    assert (conditions["Failed"].status, conditions["Failed"].reason) == ("True", "InvalidSpec")
+    assert conditions["Ready"].status == conditions["Complete"].status == "False"
+    assert conditions["Failed"].observed_generation == 2
+
+
+def test_summarize_adds_the_analysis_once_every_run_is_done():
+    common = {"nodes": 1, "devicesPerNode": 1, "processesPerNode": 1, "jobKind": "PyTorchJob", "devices": 1}
+    done = {"name": "a", "jobName": "a", "strategy": "ddp", "precision": "fp32", "phase": "Succeeded",
+            "results": {"tokensPerSecond": 1000.0}}
+    running = {"name": "b", "jobName": "b", "strategy": "fsdp", "precision": "fp32", "phase": "Running"}
+    runs = [RunStatus.model_validate({**common, **run}) for run in (done, running)]
+    spec = validate_spec({"sweep": {"strategies": [{"name": "ddp"}]}, "cost": {"gpuHour": 3.6}})
+    assert "analysis" not in rc.summarize(BenchmarkStatus(), runs, NOW, spec).dump()  # no half-sweep verdicts
+    runs[1] = runs[1].model_copy(update={"phase": "Failed", "reason": "x"})
+    analysis = rc.summarize(BenchmarkStatus(), runs, NOW, spec).dump()["analysis"]
+    assert analysis["recommended"]["run"] == "a" and analysis["recommended"]["excluded"] == ["b (Failed)"]
+    cheapest = next(r for r in analysis["recommendations"] if r["objective"] == "cheapest" and "scale" not in r)
+    assert cheapest["value"] == pytest.approx(1.0)  # 3.6 per GPU-hour at 1000 tokens/s: 1 per 1M tokens
+    assert len(analysis["findings"]) == 6
 
 
 def test_set_condition_keeps_the_transition_time_when_the_status_holds():
@@ -133,6 +253,8 @@ def test_set_condition_keeps_the_transition_time_when_the_status_holds():
     assert same == [first.model_copy(update={"message": "1/2"})]
     flipped = rc.set_condition(same, rc.condition("Ready", "True", "Succeeded", "2/2", "t3"))
     assert flipped[0].last_transition_time == "t3"
+    added = rc.set_condition(flipped, rc.condition("Queued", "False", "NotQueued", "", "t4"))
+    assert [c.type for c in added] == ["Ready", "Queued"], "a map keyed by type: one entry per type, order kept"
 
 
 def test_invalid_status_names_every_field():
@@ -151,3 +273,14 @@ def test_termination_message_prefers_the_named_container_and_falls_back_to_last_
     assert kube.termination_message(None) is None
     assert kube.termination_reason({"status": {"containerStatuses": [
         {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}) == "OOMKilled (exit code 137)"
+    assert kube.termination_reason({"status": {"containerStatuses": [
+        {"state": {"terminated": {"reason": "Completed", "exitCode": 0}}}]}}) is None  # it did not fail
+
+
+def test_only_job_events_that_can_change_a_sweep_wake_it():
+    created = {"kind": "PyTorchJob", "metadata": {"name": "j"}, "spec": {"runPolicy": {}}}
+    assert not rc.job_event_matters(None, created), "the listing at startup"
+    assert not rc.job_event_matters("ADDED", created), "just created by the operator itself"
+    assert rc.job_event_matters("ADDED", {"kind": "MPIJob", "spec": {"runPolicy": {"suspend": True}}}), "Kueue queued it"
+    assert rc.job_event_matters("ADDED", _job(("Succeeded", "True"), kind="MPIJob")), "seen after a restart"
+    assert rc.job_event_matters("MODIFIED", created) and rc.job_event_matters("DELETED", created)

@@ -1,40 +1,37 @@
-"""`gpt2bench report`: the table and the plots from a results document (synthetic here, so every
-expected cell is known), from DIR/results.json, and from a GPT2Benchmark read over HTTP by the
-kubernetes client (a small fake API server below the client)."""
+"""`gpt2bench report` and `gpt2bench compare`: the tables, results.md, results.csv and the plots from a results
+document (synthetic here, so every expected cell is known), from DIR/results.json, and from a GPT2Benchmark
+read over HTTP by the kubernetes client (a small fake API server below the client)."""
 
 from __future__ import annotations
 
 import copy
-import http.server
+import csv
 import json
 import re
-import threading
 from pathlib import Path
-from typing import ClassVar
 
+import kubernetes
+import matplotlib.colors
 import matplotlib.image
 import pytest
 import yaml
 
 from gpt2bench import report
+from gpt2bench.report import cli, compare, plots, table
+from gpt2bench.report.export import COLUMNS, RESULTS_CSV
+from gpt2bench.report.steps import read_steps
+from gpt2bench.status import ResultsDocument
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+H100 = "NVIDIA H100 80GB HBM3"
 
 
 def entry(name, strategy, precision, phase="Succeeded", nodes=1, procs=2, gpus=0, results=None, reason=None):
     e = {
-        "name": name,
-        "strategy": strategy,
-        "precision": precision,
-        "nodes": nodes,
-        "devicesPerNode": gpus,
-        "processesPerNode": procs,
-        "jobKind": "PyTorchJob",
-        "jobName": name,
-        "phase": phase,
-        "startTime": "2026-11-22T00:00:00Z",
-        "completionTime": "2026-11-22T00:01:00Z",
-    }
+        "name": name, "strategy": strategy, "precision": precision, "nodes": nodes, "devicesPerNode": gpus,
+        "processesPerNode": procs, "jobKind": "PyTorchJob", "jobName": name, "phase": phase,
+        "startTime": "2026-11-22T00:00:00Z", "completionTime": "2026-11-22T00:01:00Z",
+    }  # fmt: skip
     if results is not None:
         e["results"] = results
     if reason is not None:
@@ -43,66 +40,54 @@ def entry(name, strategy, precision, phase="Succeeded", nodes=1, procs=2, gpus=0
 
 
 DDP_RESULTS = {
-    "worldSize": 8,
-    "tokensPerSecond": 12345.678,
-    "tokensPerSecondPerDevice": 1543.2097,
-    "stepTimeP50Seconds": 0.0123456,
-    "stepTimeP95Seconds": 0.02,
-    "peakMemoryBytes": 1_572_864_000,
-    "trainSeconds": 61.26,
-    "startupSeconds": 9.5,
-    "finalLoss": 3.14159,
-    "gradNorm": 0.98765,
-    "mfu": 0.41,
-}
+    "worldSize": 8, "tokensPerSecond": 12345.678, "tokensPerSecondPerDevice": 1543.2097,
+    "stepTimeP50Seconds": 0.0123456, "stepTimeP95Seconds": 0.02, "peakMemoryBytes": 1_572_864_000,
+    "trainSeconds": 61.26, "startupSeconds": 9.5, "finalLoss": 3.14159, "gradNorm": 0.98765, "mfu": 0.41,
+    "deviceName": H100,
+}  # fmt: skip
 SINGLE_RESULTS = {
-    "worldSize": 1,
-    "tokensPerSecond": 999.4,
-    "tokensPerSecondPerDevice": 999.4,
-    "stepTimeP50Seconds": 1.5,
-    "stepTimeP95Seconds": 2.25,
-    "peakMemoryBytes": 104_857_600,
-    "trainSeconds": 120.04,
-    "finalLoss": 4.5,
-    "gradNorm": 12.0,
-}
+    "worldSize": 1, "tokensPerSecond": 999.4, "tokensPerSecondPerDevice": 999.4, "stepTimeP50Seconds": 1.5,
+    "stepTimeP95Seconds": 2.25, "peakMemoryBytes": 104_857_600, "trainSeconds": 120.04, "finalLoss": 4.5,
+    "gradNorm": 12.0, "deviceName": H100,
+}  # fmt: skip
 
 
-def synthetic_doc() -> dict:
-    return {
+def synthetic(**changes) -> dict:
+    doc = {
         "benchmark": "demo",
         "namespace": "team-a",
         "spec": {"model": {"preset": "gpt2"}, "training": {"steps": 50, "seqLen": 1024, "microBatchSize": 8}},
         "runs": [
             entry("demo-ddp-bf16-2x4g", "ddp", "bf16", nodes=2, procs=4, gpus=4, results=DDP_RESULTS),
             entry("demo-single-fp32-1x1g", "single", "fp32", procs=1, gpus=1, results=SINGLE_RESULTS),
-            entry(
-                "demo-horovod-fp16-2x4g",
-                "horovod",
-                "fp16",
-                phase="Failed",
-                nodes=2,
-                procs=4,
-                gpus=4,
-                reason="Horovod is not installed | pip install horovod",
-            ),
+            entry("demo-horovod-fp16-2x4g", "horovod", "fp16", phase="Failed", nodes=2, procs=4, gpus=4,
+                  reason="Horovod is not installed | pip install horovod"),
         ],
         "phase": "PartiallySucceeded",
         "best": {"run": "demo-ddp-bf16-2x4g", "strategy": "ddp", "precision": "bf16", "tokensPerSecond": 12345.678},
         "startTime": "2026-11-22T00:00:00Z",
         "completionTime": "2026-11-22T00:05:00Z",
     }
+    return doc | changes
+
+
+def synthetic_doc(**changes) -> ResultsDocument:
+    return ResultsDocument.read(synthetic(**changes))
 
 
 def write_steps(path: Path, n: int, loss0: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [
-        json.dumps(
-            {"step": s, "warmup": s <= 1, "loss": loss0 - 0.1 * s, "grad_norm": 1.0 / s, "tokens_per_second": 100.0}
-        )
-        for s in range(1, n + 1)
-    ]
+    lines = [json.dumps({"step": s, "warmup": s <= 1, "loss": loss0 - 0.1 * s, "grad_norm": 1.0 / s,
+                         "tokens_per_second": 100.0, "step_seconds": 0.5}) for s in range(1, n + 1)]
     path.write_text("\n".join(lines) + "\n" + '{"step": 99, "loss"')  # a torn last line is skipped
+
+
+def with_steps(doc: ResultsDocument, directory: Path, n: int = 5) -> ResultsDocument:
+    for i, run in enumerate(doc.runs):
+        run.steps_file = f"runs/{run.name}/master-0/steps.jsonl"
+        run.run_dir = f"runs/{run.name}"
+        write_steps(directory / run.steps_file, n, 10.0 + i)
+    return doc
 
 
 def assert_png(path: Path) -> None:
@@ -111,195 +96,315 @@ def assert_png(path: Path) -> None:
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
+# ---------------------------------------------------------------- the runs table
 def test_table_cells_are_the_documents_values_formatted():
-    rows = report.table_rows(synthetic_doc())
-    assert rows[0] == [
-        "demo-ddp-bf16-2x4g",
-        "ddp",
-        "bf16",
-        "2×4 GPU",
-        "12,346",
-        "1,543",
-        "12.3 / 20.0",
-        "1,500.0",
-        "61.3",
-        "3.1416",
-        "0.988",
-        "Succeeded",
-    ]
-    assert rows[1] == [
-        "demo-single-fp32-1x1g",
-        "single",
-        "fp32",
-        "1×1 GPU",
-        "999",
-        "999",
-        "1500.0 / 2250.0",
-        "100.0",
-        "120.0",
-        "4.5000",
-        "12.000",
-        "Succeeded",
-    ]
-    nothing = report.NO_VALUE
-    assert rows[2] == [
-        "demo-horovod-fp16-2x4g",
-        "horovod",
-        "fp16",
-        "2×4 GPU",
-        nothing,
-        nothing,
-        f"{nothing} / {nothing}",
-        nothing,
-        nothing,
-        nothing,
-        nothing,
-        "Failed: Horovod is not installed | pip install horovod",
-    ]
+    rows = table.table_rows(synthetic_doc())
+    assert rows[0] == ["demo-ddp-bf16-2x4g", "ddp", "bf16", "2×4 GPU", "12,346", "1,543", "12.3 / 20.0", "1,500.0",
+                       "61.3", "3.1416", "0.988", "Succeeded"]
+    assert rows[1] == ["demo-single-fp32-1x1g", "single", "fp32", "1×1 GPU", "999", "999", "1500.0 / 2250.0",
+                       "100.0", "120.0", "4.5000", "12.000", "Succeeded"]
+    nothing = table.NO_VALUE
+    assert rows[2] == ["demo-horovod-fp16-2x4g", "horovod", "fp16", "2×4 GPU", nothing, nothing,
+                       f"{nothing} / {nothing}", nothing, nothing, nothing, nothing,
+                       "Failed: Horovod is not installed | pip install horovod"]
+
+
+def test_scale_column_counts_workers_not_parameter_servers():
+    doc = synthetic_doc(runs=[entry("demo-ps-fp32-1x2", "ps", "fp32", procs=3) | {"devices": 2}])
+    assert table.table_rows(doc)[0][3] == "1×2 CPU"
 
 
 def test_markdown_table_has_every_run_and_escapes_pipes():
-    table = report.results_table_markdown(synthetic_doc())
-    lines = table.strip().splitlines()
+    lines = table.results_table_markdown(synthetic_doc()).strip().splitlines()
     assert len(lines) == 2 + 3  # header, alignment, one row per run
     assert lines[0].startswith("| run | strategy | precision | scale | tokens/s |")
     assert "| Failed: Horovod is not installed \\| pip install horovod |" in lines[4]
     # unescaped pipes delimit exactly one cell per column
-    assert all(len(re.split(r"(?<!\\)\|", line)) == len(report.COLUMNS) + 2 for line in lines)
+    assert all(len(re.split(r"(?<!\\)\|", line)) == len(table.COLUMNS) + 2 for line in lines)
 
 
-def test_write_report_makes_the_markdown_and_valid_pngs(tmp_path):
-    doc = synthetic_doc()
-    for i, run in enumerate(doc["runs"]):
-        run["stepsFile"] = f"runs/{run['name']}/master-0/steps.jsonl"
-        run["runDir"] = f"runs/{run['name']}"
-        write_steps(tmp_path / run["stepsFile"], 5, 10.0 + i)
-    written = report.write_report(doc, tmp_path)
-    names = [p.name for p in written]
-    assert names == ["results.md", "throughput.png", "peak_memory.png", "train_time.png", "loss.png", "grad_norm.png"]
-    for path in written[1:]:
-        assert_png(path)
+# ---------------------------------------------------------------- the report files
+def test_write_report_makes_every_file_and_puts_the_recommendation_first(tmp_path):
+    doc = with_steps(synthetic_doc(), tmp_path)
+    written = [p.name for p in report.write_report(doc, tmp_path)]
+    assert written == ["results.json", "results.csv", "results.md", "throughput.png", "peak_memory.png",
+                       "train_time.png", "grad_norm.png", "loss.png", "loss_time.png", "grad_norm_steps.png"]
+    for name in written[3:]:
+        assert_png(tmp_path / name)
     markdown = (tmp_path / "results.md").read_text()
-    assert "(GPU figures)" in markdown
-    assert "Highest throughput: **demo-ddp-bf16-2x4g**" in markdown
-    assert report.results_table_markdown(doc) in markdown
-    for png in names[1:]:
+    assert f"(GPU figures, {H100})" in markdown and "Highest throughput" not in markdown
+    headline = ("**Recommended at the largest scale measured (2×4 GPU): demo-ddp-bf16-2x4g** (ddp, bf16): fastest, "
+                "12,346 tokens/s; only candidate.")
+    assert headline in markdown
+    assert markdown.index("## Recommendation") < markdown.index("## The papers' findings") < markdown.index("## Runs")
+    assert "Not compared at 2×4 GPU (did not succeed): demo-horovod-fp16-2x4g (Failed)." in markdown
+    assert table.results_table_markdown(doc) in markdown
+    assert "No scaling plot: every strategy and precision ran at one scale only." in markdown
+    for png in written[3:]:
         assert f"]({png})" in markdown
+    saved = ResultsDocument.load(tmp_path)
+    assert saved.analysis == doc.analysis and saved.analysis.recommended.run == "demo-ddp-bf16-2x4g"
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_csv_has_one_row_per_run_with_every_figure_and_the_derived_ones(tmp_path):
+    doc = synthetic_doc(spec={"cost": {"gpuHour": 2.0, "nodeHour": 1.0, "currency": "EUR"}})
+    report.write_report(doc, tmp_path)
+    with open(tmp_path / RESULTS_CSV, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["name"] for r in rows] == [r.name for r in doc.runs] and list(rows[0]) == COLUMNS
+    ddp, single, failed = rows
+    assert float(ddp["tokensPerSecond"]) == 12345.678 and int(ddp["peakMemoryBytes"]) == 1_572_864_000
+    assert ddp["scale"] == "2×4 GPU" and ddp["devices"] == "8" and ddp["deviceName"] == H100
+    assert float(ddp["hourlyPrice"]) == 2.0 * 8 + 1.0 * 2 and ddp["currency"] == "EUR"
+    assert float(ddp["costPer1MTokens"]) == pytest.approx(18 / (12345.678 * 3600) * 1e6)
+    assert float(single["costPer1MTokens"]) == pytest.approx(3 / (999.4 * 3600) * 1e6)
+    assert failed["phase"] == "Failed" and failed["tokensPerSecond"] == "" and failed["costPer1MTokens"] == ""
+    assert "Horovod is not installed" in failed["reason"]
+    assert all(r["scalingEfficiency"] == "" for r in rows)  # one scale per strategy: not measurable
+
+
+def test_csv_and_markdown_carry_scaling_efficiency(tmp_path):
+    def ddp(name, gpus, per_device):
+        results = {**DDP_RESULTS, "worldSize": gpus, "tokensPerSecond": gpus * per_device,
+                   "tokensPerSecondPerDevice": per_device}
+        return entry(name, "ddp", "bf16", procs=gpus, gpus=gpus, results=results)
+    doc = synthetic_doc(runs=[ddp("demo-ddp-bf16-1x1g", 1, 1000.0), ddp("demo-ddp-bf16-1x4g", 4, 800.0)])
+    written = [p.name for p in report.write_report(doc, tmp_path)]
+    assert "scaling.png" in written
+    with open(tmp_path / RESULTS_CSV, newline="") as f:
+        efficiencies = [r["scalingEfficiency"] for r in csv.DictReader(f)]
+    assert efficiencies == ["", "0.8"]
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| ddp | bf16 | 1×4 GPU | 4 | 800 | 0.80 |" in markdown
+    assert "| ddp | bf16 | 1×1 GPU | 1 | 1,000 | 1 (baseline) |" in markdown
+    assert "scaling efficiency 0.80" in markdown and "**does not hold**" in markdown  # Li 2020: 0.8 < 0.9
+
+
+def test_repeats_add_a_configurations_table_with_mean_and_spread(tmp_path):
+    runs = []
+    for k, tps in enumerate((100.0, 110.0, 120.0), start=1):
+        results = {**SINGLE_RESULTS, "tokensPerSecond": tps, "tokensPerSecondPerDevice": tps}
+        runs.append(entry(f"demo-single-fp32-1x1g-r{k}", "single", "fp32", procs=1, gpus=1, results=results)
+                    | {"repeat": k})
+    doc = synthetic_doc(runs=runs)
+    report.write_report(doc, tmp_path)
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| demo-single-fp32-1x1g | 1×1 GPU | 3/3 | 110 ± 10 | 110 ± 10 |" in markdown
+    assert doc.analysis.recommended.run == "demo-single-fp32-1x1g"
+
+
+def test_every_plot_is_titled_with_what_and_where_grouped_by_strategy_coloured_by_precision(tmp_path, monkeypatch):
+    seen = {}
+    save = plots._save
+
+    def record(fig, path):
+        texts = [fig._suptitle.get_text()] if fig._suptitle else []
+        seen[path.name] = (texts + [ax.get_title() for ax in fig.axes], fig.axes)
+        save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", record)
+    runs = [entry(f"demo-{s}-{p}-1x2g", s, p, procs=2, gpus=2,
+                  results={**DDP_RESULTS, "tokensPerSecond": tps, "tokensPerSecondPerDevice": tps / 2})
+            for s, p, tps in (("ddp", "fp32", 100.0), ("ddp", "bf16", 150.0), ("fsdp", "fp32", 90.0),
+                              ("fsdp", "bf16", 140.0))]
+    runs.append(entry("demo-ddp-bf16-1x1g", "ddp", "bf16", procs=1, gpus=1,
+                      results={**DDP_RESULTS, "tokensPerSecondPerDevice": 80.0}))
+    doc = with_steps(synthetic_doc(runs=runs), tmp_path)
+    report.write_report(doc, tmp_path)
+    assert set(seen) == set(plots.ALL_PLOTS)
+    measured = {"throughput.png": "throughput", "peak_memory.png": "Peak memory", "train_time.png": "Training time",
+                "grad_norm.png": "gradient norm", "loss.png": "Loss per step", "loss_time.png": "wall-clock second",
+                "grad_norm_steps.png": "Gradient norm per step", "scaling.png": "Scaling efficiency"}
+    for name, (titles, _) in seen.items():
+        text = " ".join(titles)
+        assert H100 in text and measured[name].lower() in text.lower(), (name, text)
+    _, axes = seen["throughput.png"]
+    panel = next(ax for ax in axes if ax.get_title() == "1×2 GPU")
+    assert [t.get_text() for t in panel.get_xticklabels()] == ["ddp", "fsdp"]
+    fp32, bf16 = (plots.PRECISION_COLOURS[p].lower() for p in ("fp32", "bf16"))
+    bars = sorted((bar.get_x(), matplotlib.colors.to_hex(bar.get_facecolor()), bar.get_height())
+                  for bar in panel.patches)
+    # left to right: ddp's pair then fsdp's, each fp32 then bf16, below their strategy's tick (0 and 1)
+    assert [(colour, height) for _, colour, height in bars] == [(fp32, 100.0), (bf16, 150.0), (fp32, 90.0),
+                                                                (bf16, 140.0)]
+    assert [round(x + bar.get_width() / 2) for (x, *_), bar in zip(bars, panel.patches)] == [0, 0, 1, 1]
 
 
 def test_steps_reader_skips_a_torn_line(tmp_path):
     write_steps(tmp_path / "steps.jsonl", 3, 10.0)
-    records = report.read_steps(tmp_path / "steps.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in read_steps(tmp_path / "steps.jsonl")] == [1, 2, 3]
 
 
 def test_cluster_document_has_bar_charts_and_says_why_no_curves(tmp_path):
     doc = synthetic_doc()  # no stepsFile: a CR status keeps summaries only
     (tmp_path / "loss.png").write_bytes(b"stale")  # from an earlier report of this folder
     written = [p.name for p in report.write_report(doc, tmp_path)]
-    assert written == ["results.md", "throughput.png", "peak_memory.png", "train_time.png"]
+    assert written[3:] == ["throughput.png", "peak_memory.png", "train_time.png", "grad_norm.png"]
     assert not (tmp_path / "loss.png").exists()
     markdown = (tmp_path / "results.md").read_text()
     assert "No loss per step curves" in markdown and "cluster's status keeps summaries only" in markdown
+    assert "final loss: no per-step records" not in markdown  # one strategy per scale: no such comparison
 
 
-def test_no_succeeded_run_means_no_bar_charts(tmp_path):
+def test_no_succeeded_run_means_no_plots_and_no_recommendation(tmp_path):
     doc = synthetic_doc()
-    doc["runs"] = [doc["runs"][2]]
-    doc["best"] = None
+    doc.runs = [doc.runs[2]]
     written = [p.name for p in report.write_report(doc, tmp_path)]
-    assert written == ["results.md"]
+    assert written == ["results.json", "results.csv", "results.md"]
     markdown = (tmp_path / "results.md").read_text()
     assert "No training throughput plot" in markdown and "1 Failed of 1 runs." in markdown
+    assert "No recommendation: no run succeeded." in markdown
 
 
+# ---------------------------------------------------------------- the CLI
 def test_cli_rebuilds_a_folder(tmp_path, capsys):
     doc = synthetic_doc()
-    report.write_results_json(doc, tmp_path)
-    assert report.main([str(tmp_path)]) == 0
+    doc.save(tmp_path)
+    assert cli.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "demo-horovod-fp16-2x4g" in out and "12,346" in out  # the table is printed
+    assert "Recommended at the largest scale measured (2×4 GPU): demo-ddp-bf16-2x4g" in out
     assert_png(tmp_path / "throughput.png")
-    assert report.results_table_markdown(doc) in (tmp_path / "results.md").read_text()
+    assert table.results_table_markdown(doc) in (tmp_path / "results.md").read_text()
+    assert ResultsDocument.load(tmp_path).analysis is not None  # results.json now holds the analysis
 
 
 def test_cli_errors_name_what_is_wrong(tmp_path, capsys):
-    assert report.main([str(tmp_path / "nowhere")]) == 2
+    assert cli.main([str(tmp_path / "nowhere")]) == 2
     assert "results.json does not exist" in capsys.readouterr().err
     (tmp_path / "results.json").write_text("{not json")
-    assert report.main([str(tmp_path)]) == 2
+    assert cli.main([str(tmp_path)]) == 2
     assert "is not valid JSON" in capsys.readouterr().err
-    assert report.main([]) == 2
+    bad = synthetic()
+    bad["runs"][0]["phase"] = "Exploded"
+    (tmp_path / "results.json").write_text(json.dumps(bad))
+    assert cli.main([str(tmp_path)]) == 2
+    assert "is not a results document: runs.0.phase: Input should be" in capsys.readouterr().err
+    assert cli.main([]) == 2
     assert "either DIR or --cluster NAME" in capsys.readouterr().err
 
 
-class _FakeAPI(http.server.BaseHTTPRequestHandler):
-    objects: ClassVar[dict[str, dict]] = {}
-    requests: ClassVar[list[str]] = []
+def test_the_console_script_dispatches_report_and_compare(tmp_path, capsys):
+    from gpt2bench import cli as top
 
-    def do_GET(self):  # http.server's naming
-        self.requests.append(self.path)
-        body = self.objects.get(self.path)
-        status = 200 if body else 404
-        if body is None:
-            body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    synthetic_doc().save(tmp_path)
+    assert top.main(["report", str(tmp_path), "--quiet"]) == 0
+    assert top.main(["compare", str(tmp_path), str(tmp_path)]) == 0
+    assert "# Compare A" in capsys.readouterr().out
 
-    def log_message(self, *args):
-        pass
+
+# ---------------------------------------------------------------- compare
+def test_compare_puts_two_benchmarks_side_by_side(tmp_path, capsys):
+    before, after = tmp_path / "a100", tmp_path / "h100"
+    synthetic_doc().save(before)
+    faster = synthetic()
+    faster["benchmark"] = "demo-h100"
+    for run in faster["runs"]:
+        run["name"] = run["name"].replace("demo-", "demo-h100-")
+    faster["runs"][0]["results"] = {**DDP_RESULTS, "tokensPerSecond": 24691.356, "peakMemoryBytes": 786_432_000}
+    faster["runs"] = faster["runs"][:1] + [entry("demo-h100-fsdp-bf16-2x4g", "fsdp", "bf16", nodes=2, procs=4, gpus=4,
+                                                 results=DDP_RESULTS)]
+    ResultsDocument.read(faster).save(after)
+    assert compare.main([str(before), str(after), "--output", str(tmp_path / "cmp.md")]) == 0
+    out = capsys.readouterr().out
+    assert out == (tmp_path / "cmp.md").read_text()
+    assert f"benchmark `demo`, phase PartiallySucceeded, on {H100}" in out
+    # matched by strategy, precision and scale, whatever the run names: tokens/s doubled, memory halved
+    assert "| ddp-bf16 | 2×4 GPU | 12,346 | 24,691 | 2.00 | 1,543 | 1,543 | 1.00 | 1,500.0 | 750.0 | 0.50 |" in out
+    assert "spread unknown |" in out
+    assert "Only in A: single-fp32 1×1 GPU, horovod-fp16 2×4 GPU." in out
+    assert "Only in B: fsdp-bf16 2×4 GPU." in out
+    assert "| 2×4 GPU | fastest | ddp-bf16 12,346 tokens/s (only candidate) | ddp-bf16 24,691 tokens/s" in out
+    assert "| FSDP's per-rank memory is below DDP's |" in out
+
+
+def test_compare_with_a_missing_or_invalid_folder_exits_2_with_one_line(tmp_path, capsys):
+    synthetic_doc().save(tmp_path / "good")
+    assert compare.main([str(tmp_path / "good"), str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"gpt2bench compare: B: {tmp_path / 'missing' / 'results.json'} does not exist\n"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("[1, 2")
+    assert compare.main([str(tmp_path / "bad"), str(tmp_path / "good")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpt2bench compare: A: ") and "is not valid JSON" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- a cluster
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    from kube import EmulatedCluster
+    from kube.fixtures import CRD
+
+    with EmulatedCluster(tmp_path_factory.mktemp("kube")) as cluster:
+        cluster.kubectl("apply", "-f", str(CRD))
+        cluster.kubectl("create", "namespace", "team-a")
+        yield cluster
 
 
 @pytest.fixture
-def fake_cluster(tmp_path, monkeypatch):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeAPI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
-        "users": [{"name": "test", "user": {"token": "t"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "team-a"}}],
-    }
+def kubeconfig_in_team_a(emulated, tmp_path, monkeypatch):
+    """The emulator's kubeconfig with the context's namespace set to team-a."""
+    config = yaml.safe_load(emulated.kubeconfig.read_text())
+    config["contexts"][0]["context"]["namespace"] = "team-a"
     path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig))
+    path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("KUBECONFIG", str(path))
-    _FakeAPI.objects, _FakeAPI.requests = {}, []
-    yield _FakeAPI
-    server.shutdown()
+    return emulated
 
 
-def test_cluster_report_reads_the_resource_status(fake_cluster, tmp_path, capsys):
-    doc = synthetic_doc()
-    resource = {
-        "apiVersion": "gpt2bench.io/v1alpha1",
-        "kind": "GPT2Benchmark",
-        "metadata": {"name": "demo", "namespace": "team-a"},
-        "spec": copy.deepcopy(doc["spec"]),
-        "status": {k: doc[k] for k in ("runs", "phase", "best", "startTime", "completionTime")},
-    }
-    url = "/apis/gpt2bench.io/v1alpha1/namespaces/team-a/gpt2benchmarks/demo"
-    fake_cluster.objects[url] = resource
+def test_cluster_report_reads_the_resource_status(kubeconfig_in_team_a, tmp_path, capsys):
+    from kube.fixtures import api_client
+
+    doc = synthetic()
+    resource = {"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark",
+                "metadata": {"name": "demo", "namespace": "team-a"},
+                "spec": {**copy.deepcopy(doc["spec"]),
+                         "sweep": {"strategies": [{"name": n} for n in sorted({r["strategy"] for r in doc["runs"]})]}}}
+    objects = kubernetes.client.CustomObjectsApi(api_client(kubeconfig_in_team_a))
+    objects.create_namespaced_custom_object("gpt2bench.io", "v1alpha1", "team-a", "gpt2benchmarks", resource)
+    status = {k: doc[k] for k in ("runs", "phase", "best", "startTime", "completionTime")}
+    objects.patch_namespaced_custom_object_status("gpt2bench.io", "v1alpha1", "team-a", "gpt2benchmarks", "demo",
+                                                  {"status": status})
     out = tmp_path / "report"
     # the namespace comes from the kubeconfig context when -n is not given
-    assert report.main(["--cluster", "demo", "--output", str(out)]) == 0
-    assert fake_cluster.requests == [url]
+    assert cli.main(["--cluster", "demo", "--output", str(out)]) == 0
     saved = json.loads((out / "results.json").read_text())
-    assert saved == {**doc}
-    assert report.results_table_markdown(doc) in (out / "results.md").read_text()
-    for png in ("throughput.png", "peak_memory.png", "train_time.png"):
+    assert {k: v for k, v in saved.items() if k not in ("analysis", "spec")} == {k: v for k, v in doc.items()
+                                                                                 if k != "spec"}
+    assert saved["spec"] == resource["spec"]
+    assert saved["analysis"]["recommended"]["run"] == "demo-ddp-bf16-2x4g"
+    assert table.results_table_markdown(ResultsDocument.read(doc)) in (out / "results.md").read_text()
+    for png in ("throughput.png", "peak_memory.png", "train_time.png", "grad_norm.png"):
         assert_png(out / png)
-    assert not (out / "loss.png").exists()
+    assert not (out / "loss.png").exists()  # no steps ConfigMaps here (tests/test_operator_cluster.py has them)
 
 
-def test_cluster_report_says_when_the_benchmark_is_missing(fake_cluster, tmp_path, capsys):
-    assert report.main(["--cluster", "absent", "-n", "other", "--output", str(tmp_path / "r")]) == 1
+def test_cluster_report_says_when_the_benchmark_is_missing(kubeconfig_in_team_a, tmp_path, capsys):
+    assert cli.main(["--cluster", "absent", "-n", "other", "--output", str(tmp_path / "r")]) == 1
     assert "GPT2Benchmark other/absent: not found" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_results_md_says_no_clear_winner_and_names_the_tied_runs(tmp_path):
+    runs = []
+    for strategy, values in (("ddp", (95.0, 105.0, 100.0)), ("fsdp", (99.0, 104.0, 106.0))):
+        for k, tps in enumerate(values, start=1):
+            results = {**DDP_RESULTS, "tokensPerSecond": tps}
+            runs.append(entry(f"demo-{strategy}-bf16-1x2g-r{k}", strategy, "bf16", gpus=2, results=results)
+                        | {"repeat": k})
+    report.write_report(synthetic_doc(runs=runs), tmp_path)
+    markdown = (tmp_path / "results.md").read_text()
+    spread = (5.0 + 3.605551) / 100  # sample std of each configuration's repeats, over the runner-up's mean
+    assert (f"| 1×2 GPU | fastest | demo-fsdp-bf16-1x2g | 103 tokens/s | demo-ddp-bf16-1x2g (100 tokens/s) | 3.0% | "
+            f"no clear winner: margin 3.0% within spread {spread:.1%}; tied: demo-fsdp-bf16-1x2g, demo-ddp-bf16-1x2g |"
+            ) in markdown
+
+
+def test_compare_applies_the_noise_rule():
+    from gpt2bench.report.measures import Stat
+
+    assert compare.beyond_noise(Stat(100.0, 5.0, 3), Stat(103.0, 3.0, 3)) == "no (within spread)"
+    assert compare.beyond_noise(Stat(100.0, 1.0, 3), Stat(110.0, 1.0, 3)) == "yes"
+    assert compare.beyond_noise(Stat(100.0, None, 1), Stat(110.0, 1.0, 3)) == "spread unknown"

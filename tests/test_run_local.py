@@ -6,11 +6,11 @@ Budget (2 shared cores): every run trains the tiny model for 3 steps; about 2 mi
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,28 +20,26 @@ import matplotlib.image
 import pytest
 import yaml
 
-from gpt2bench import report
 from gpt2bench.local import cli as run_local
 from gpt2bench.local import sweep as local_sweep
+from gpt2bench.local.executor import free_port
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
+from gpt2bench.report.steps import read_steps
+from gpt2bench.report.table import results_table_markdown
 from gpt2bench.spec import load_benchmark_file
+from gpt2bench.status import ResultsDocument
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
-PNGS = ("throughput.png", "peak_memory.png", "train_time.png", "loss.png", "grad_norm.png")
+PNGS = ("throughput.png", "peak_memory.png", "train_time.png", "grad_norm.png", "loss.png", "loss_time.png",
+        "grad_norm_steps.png")
 
 
 def horovod_importable() -> bool:
     return (
         subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, check=False).returncode == 0
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -155,7 +153,7 @@ def test_default_example_end_to_end(tmp_path, example, child_env):
     for run in (single, ddp):
         assert run["phase"] == "Succeeded", run
         assert run["results"]["tokensPerSecond"] > 0 and run["results"]["trainSeconds"] > 0
-        steps = report.read_steps(out / run["stepsFile"])
+        steps = read_steps(out / run["stepsFile"])
         assert [s["step"] for s in steps] == [1, 2, 3]
     assert ddp["results"]["worldSize"] == 2 and single["results"]["worldSize"] == 1
     assert horovod["jobKind"] == "MPIJob"
@@ -171,7 +169,7 @@ def test_default_example_end_to_end(tmp_path, example, child_env):
     assert doc["spec"]["training"]["steps"] == 3 and doc["startTime"] and doc["completionTime"]
 
     markdown = (out / "results.md").read_text()
-    assert report.results_table_markdown(doc) in markdown
+    assert results_table_markdown(ResultsDocument.read(doc)) in markdown
     for name in expected:
         assert name in done.stdout  # the table is printed at the end
     for png in PNGS:
@@ -265,5 +263,69 @@ def test_ctrl_c_mid_sweep_leaves_a_consistent_folder(tmp_path, example, child_en
     assert doc["phase"] == "Interrupted" and doc["completionTime"]
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
     assert processes_using(out) == []  # every replica process was killed
-    assert report.results_table_markdown(doc) in (out / "results.md").read_text()
+    assert results_table_markdown(ResultsDocument.read(doc)) in (out / "results.md").read_text()
     assert "interrupted" in output
+
+
+@pytest.mark.slow
+def test_two_scale_sweep_recommends_per_scale_and_checks_the_papers(tmp_path, example, child_env):
+    """1 and 2 processes, real trainers through run_sweep: ddp fp32 at both scales (scaling efficiency), ddp
+    bf16 and fsdp fp32 at 2 (precision, FSDP memory, convergence): the analysis lands in results.json,
+    results.md and results.csv, and every figure in it is the runs' own."""
+    document = yaml.safe_load(example.read_text())
+    document["spec"]["sweep"] = {
+        "strategies": [{"name": "ddp"}, {"name": "fsdp"}], "precisions": ["fp32", "bf16"],
+        "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 1},
+                   {"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}],
+    }  # fmt: skip
+    document["spec"]["cost"] = {"nodeHour": 0.5, "currency": "EUR"}
+    path = tmp_path / "two-scales.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    benchmark = local_sweep.with_steps(load_benchmark_file(str(path)), 3)
+    runs = local_sweep.select_runs(plan_runs(benchmark), r"ddp-fp32-1x1$|ddp-(fp32|bf16)-1x2$|fsdp-fp32-1x2$")
+    out = tmp_path / "out"
+    sweep = local_sweep.run_sweep(benchmark, runs, out, live=False)
+
+    doc = ResultsDocument.load(out)
+    assert doc == sweep.doc and all(r.phase == "Succeeded" for r in doc.runs), [r.reason for r in doc.runs]
+    by_name = {r.name.removeprefix("cpu-sweep-"): r.results for r in doc.runs}
+    analysis = doc.analysis
+    recs = {(r.objective, r.scale): r for r in analysis.recommendations}
+    assert set(recs) == {(o, s) for o in ("fastest", "leanest", "cheapest") for s in ("1×1 CPU", "1×2 CPU")} | {
+        ("cheapest", None), ("scalable", "1×2 CPU")}
+    two = [by_name[n] for n in ("ddp-fp32-1x2", "ddp-bf16-1x2", "fsdp-fp32-1x2")]
+    fastest = recs[("fastest", "1×2 CPU")]
+    assert fastest.value == max(r.tokens_per_second for r in two) and fastest.decision == "spread-unknown"
+    assert recs[("leanest", "1×2 CPU")].value == min(r.peak_memory_bytes for r in two)
+    assert recs[("fastest", "1×1 CPU")].decision == "only-candidate"
+    assert analysis.recommended == fastest
+    cost = recs[("cheapest", "1×1 CPU")]  # one pod at 0.5 EUR/h
+    assert cost.value == pytest.approx(0.5 / (by_name["ddp-fp32-1x1"].tokens_per_second * 3600) * 1e6)
+    assert cost.unit == "EUR per 1M tokens"
+
+    one, ddp2 = by_name["ddp-fp32-1x1"], by_name["ddp-fp32-1x2"]
+    efficiency = ddp2.tokens_per_second_per_device / one.tokens_per_second_per_device
+    assert [(s.strategy, s.precision, s.scale, s.efficiency) for s in analysis.scaling] == [
+        ("ddp", "fp32", "1×1 CPU", 1.0), ("ddp", "fp32", "1×2 CPU", pytest.approx(efficiency))]
+    assert recs[("scalable", "1×2 CPU")].run == "cpu-sweep-ddp-fp32-1x2"
+
+    verdicts = {f.id: f.verdict for f in analysis.findings}
+    assert verdicts["fsdp-memory-below-ddp"] == "holds"  # model state per rank: FSDP holds half of DDP's
+    assert by_name["fsdp-fp32-1x2"].state_bytes < 0.6 * ddp2.state_bytes
+    assert verdicts["synchronous-strategies-converge-alike"] == "holds"  # fp32 ddp and fsdp: the same curve
+    faster = by_name["ddp-bf16-1x2"].tokens_per_second > ddp2.tokens_per_second
+    assert verdicts["mixed-precision-faster"] == ("holds" if faster else "does-not-hold")
+    assert verdicts["ddp-scales-near-linearly"] == ("holds" if efficiency > 0.9 else "does-not-hold")
+    assert verdicts["horovod-most-robust-across-nodes"] == "not-measurable"
+
+    markdown = (out / "results.md").read_text()
+    assert "**Recommended at the largest scale measured (1×2 CPU): " + fastest.run in markdown
+    assert f"| ddp | fp32 | 1×2 CPU | 2 | {ddp2.tokens_per_second_per_device:,.0f} | {efficiency:.2f} |" in markdown
+    assert "| FSDP's per-rank memory is below DDP's |" in markdown and "**holds** |" in markdown
+    with open(out / "results.csv", newline="") as f:
+        rows = {row["name"]: row for row in csv.DictReader(f)}
+    assert list(rows) == [r.name for r in doc.runs]
+    assert float(rows["cpu-sweep-ddp-fp32-1x2"]["scalingEfficiency"]) == pytest.approx(efficiency)
+    assert float(rows["cpu-sweep-ddp-fp32-1x2"]["tokensPerSecond"]) == ddp2.tokens_per_second
+    for png in (*PNGS, "scaling.png"):
+        assert_png(out / png)

@@ -116,9 +116,12 @@ def test_malformed_spec_is_rejected_naming_the_field(spec, path):
     assert all(message for _, message in caught.value.errors)
 
 
-def test_the_table_is_big_enough_and_every_case_differs_from_a_valid_spec():
-    assert len(MALFORMED) >= 20
-    validate_spec(base_spec())  # the base is valid, so each case fails for its own change
+@pytest.mark.parametrize("spec, path", [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED])
+def test_each_case_breaks_only_the_field_it_names(spec, path):
+    validate_spec(base_spec())  # the base is valid, so each case fails for its own change ...
+    with pytest.raises(SpecError) as caught:
+        validate_spec(spec)
+    assert {p for p, _ in caught.value.errors} == {path}  # ... and for nothing else
 
 
 @pytest.mark.parametrize(
@@ -216,7 +219,7 @@ def test_gpu_example_is_the_papers_setting():
 def test_bad_yaml_file_names_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("spec: [unclosed\n")
-    with pytest.raises(SpecError, match="bad.yaml is not valid YAML"):
+    with pytest.raises(SpecError, match=r"bad.yaml: not valid YAML: line 2, column 1: "):
         load_benchmark_file(str(path))
 
 
@@ -226,3 +229,36 @@ def test_validate_does_not_mutate_its_input():
     validate_spec(spec)
     assert spec == before
     assert yaml.safe_dump(spec) == yaml.safe_dump(before)
+
+
+@pytest.mark.parametrize("name", ["cpu-sweep.yaml", "gpu-papers.yaml"])
+def test_a_spec_as_results_json_holds_it_validates_again(name):
+    """results.json keeps the spec dumped by alias; `report` checks it with the same validation."""
+    from gpt2bench.spec import results_spec
+
+    spec = load_benchmark_file(str(EXAMPLES / name)).spec
+    dumped = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert validate_spec(dumped) == spec and results_spec({"spec": dumped}) == spec
+    assert results_spec({"runs": []}) is None
+    with pytest.raises(SpecError, match=r"spec\.training\.steps: Input should be a valid integer, got true"):
+        results_spec({"spec": {**dumped, "training": {"steps": True}}})
+
+
+def test_python_builds_models_by_field_name_documents_use_camel_case():
+    from gpt2bench.spec import ScaleSpec, TrainingSpec
+
+    assert TrainingSpec(micro_batch_size=8).micro_batch_size == 8
+    assert ScaleSpec(devices_per_node=2).procs_per_node == 2
+    with pytest.raises(SpecError, match="unknown field; did you mean microBatchSize"):
+        validate_spec(spec_with(training__micro_batch_size=8))
+
+
+@pytest.mark.parametrize("value, shown", [(True, "true"), ("5", '"5"'), (float("inf"), ".inf"), (None, None)])
+def test_json_types_are_not_coerced_and_null_means_absent(value, shown):
+    if shown is None:
+        assert validate_spec(spec_with(training__steps=value)).training.steps == 50  # the default, as the API server
+        return
+    with pytest.raises(SpecError) as caught:
+        validate_spec(spec_with(training__steps=value))
+    assert caught.value.errors[0][0] == "spec.training.steps" and f"got {shown}" in caught.value.errors[0][1]
+    assert validate_spec(spec_with(training__steps=8.0)).training.steps == 8  # JSON's 8.0 is the integer 8

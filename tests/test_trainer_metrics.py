@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -11,13 +10,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpt2bench.local.executor import free_port
+
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def scrape(port: int) -> str | None:

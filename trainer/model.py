@@ -24,21 +24,12 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
+from gpt2bench.spec import PRESETS
 from gpt2bench.trainer.config import TrainConfig
 
 VOCAB_SIZE = 50257
 EOS_TOKEN_ID = 50256
 VOCAB_MULTIPLE = 64  # padded rows: 50,304 for GPT-2's 50,257 tokens
-
-# (n_layer, n_head, n_embd) as in the GPT-2 paper's released sizes; tiny is for CPU tests.
-PRESETS: dict[str, tuple[int, int, int]] = {
-    "tiny": (2, 2, 128),
-    "gpt2": (12, 12, 768),
-    "gpt2-medium": (24, 16, 1024),
-    "gpt2-large": (36, 20, 1280),
-    "gpt2-xl": (48, 25, 1600),
-    "custom": (0, 0, 0),  # all three from flags (validated in TrainConfig)
-}
 
 
 def tokenizer_dir() -> Path:

@@ -7,6 +7,8 @@ run's result. Definitions: docs/metrics.md (Summary).
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import math
 import sys
@@ -16,7 +18,14 @@ from typing import Any
 import torch
 
 from gpt2bench.files import termination_log_path, write_atomic, write_termination_message
-from gpt2bench.protocol import MAX_TERMINATION_MESSAGE, SUMMARY_FILE, SUMMARY_PREFIX
+from gpt2bench.protocol import (
+    MAX_STEPS_LINE,
+    MAX_TERMINATION_MESSAGE,
+    STEPS_COLUMNS,
+    STEPS_PREFIX,
+    SUMMARY_FILE,
+    SUMMARY_PREFIX,
+)
 
 COMPACT_LIMIT_BYTES = MAX_TERMINATION_MESSAGE
 
@@ -100,6 +109,38 @@ def publish_summary(summary: dict[str, Any], output: str) -> str:
             print(f"gpt2bench train: cannot write termination log {target}: {exc}", file=sys.stderr)
     print(SUMMARY_PREFIX + text, flush=True)
     return text
+
+
+def steps_line(records: list[dict[str, Any]], limit: int = MAX_STEPS_LINE) -> str | None:
+    """`GPT2BENCH_STEPS <base64 gzip JSON columns>` of the curves' columns, at most `limit` characters: every
+    k-th step (k doubling until it fits) plus the last one, values to 6 significant digits. The operator
+    keeps it (a pod's log does not outlive the pod), so the cluster report draws the same curves."""
+    if not records:
+        return None
+    stride = max(1, len(records) // 4096)  # more would not fit anyway: start near the answer
+    while True:
+        picked = records[::stride]
+        if picked[-1] is not records[-1]:
+            picked = [*picked, records[-1]]
+        columns = {name: [_six_digits(finite(record.get(name))) for record in picked] for name in STEPS_COLUMNS}
+        packed = gzip.compress(json.dumps(columns, separators=(",", ":")).encode(), mtime=0)
+        line = STEPS_PREFIX + base64.b64encode(packed).decode()
+        if len(line) <= limit or len(picked) <= 2:
+            return line if len(line) <= limit else None
+        stride *= 2
+
+
+def _six_digits(value: Any) -> Any:
+    return float(f"{value:.6g}") if isinstance(value, float) else value
+
+
+def publish_steps(payloads: list[dict[str, Any]]) -> None:
+    """Print worker 0's step records as the GPT2BENCH_STEPS line (before the summary line)."""
+    lead = next((p for p in sorted(payloads, key=lambda p: p.get("worker_rank", 0))
+                 if p.get("is_worker") and p.get("records")), None)
+    line = steps_line(lead["records"]) if lead else None
+    if line:
+        print(line, flush=True)
 
 
 def versions() -> dict[str, str]:

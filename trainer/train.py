@@ -16,7 +16,7 @@ from gpt2bench.trainer.env import detect_env, process_start_time
 from gpt2bench.trainer.exporter import PrometheusExporter
 from gpt2bench.trainer.model import build_model
 from gpt2bench.trainer.parallel import strategy_class
-from gpt2bench.trainer.summary import build_summary, publish_summary
+from gpt2bench.trainer.summary import build_summary, publish_steps, publish_summary
 
 log = logging.getLogger("gpt2bench.trainer")
 
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         payloads = parallel.gather_to_reporter(payload)
         if parallel.is_reporter:
             summary = build_summary(config, env, parallel, payloads)
+            publish_steps(payloads)
             publish_summary(summary, config.process.output)
             return 0 if summary["status"] == "succeeded" else 1
         return 0 if payload.get("status") == "succeeded" else 1

@@ -1,9 +1,10 @@
 """`gpt2bench run FILE.yaml`: the whole sweep on this machine, no cluster, with a report.
 
-Validates the file exactly as the operator does (a bad field exits 2 and runs nothing), plans it, and
-runs the sweep (`gpt2bench.local.sweep`). `spec.concurrency` is not honoured locally: runs go one at a
-time. Exit code: 0 when at least one run succeeded (failed runs are in the table with their reasons),
-1 when every run failed, 2 for a bad file or option, 130 when interrupted.
+Validates the file exactly as the operator does (a bad field exits 2 and runs nothing), checks that the
+data and pretrained weights it names are here (`gpt2bench.local.preflight`: exit 2 before any process
+starts), plans it, and runs the sweep (`gpt2bench.local.sweep`). `spec.concurrency` is not honoured
+locally: runs go one at a time. Exit code: 0 when at least one run succeeded (failed runs are in the
+table with their reasons), 1 when every run failed, 2 for a bad file or option, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench import report
+from gpt2bench.jobkinds import BACKENDS, OFFLINE_BACKEND
+from gpt2bench.local.preflight import preflight
 from gpt2bench.local.sweep import run_sweep, select_runs, with_steps
 from gpt2bench.plan import plan_runs
+from gpt2bench.report.export import RESULTS_CSV
 from gpt2bench.spec import SpecError, load_benchmark_file
 from gpt2bench.status import RESULTS_JSON, SUCCEEDED
 
@@ -47,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", "-o", help="results folder (default: results/<benchmark name>)")
     parser.add_argument("--steps", type=_positive, help="override spec.training.steps (quick tries)")
     parser.add_argument("--only", metavar="REGEX", help="run only the runs whose name matches REGEX")
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="run the jobs of this backend instead of spec.backend's (auto runs "
+                             f"{OFFLINE_BACKEND} here): trainjob (Trainer v2 TrainJobs) or pytorchjob (PyTorchJob, MPIJob)")
     return parser
 
 
@@ -65,20 +72,27 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     err = Console(stderr=True)
+
+    def refuse(lines: list[str]) -> int:
+        for line in [*lines, "nothing was run"]:
+            err.print(f"gpt2bench run: {line}", highlight=False, markup=False, soft_wrap=True)  # one line each
+        return 2
+
     try:
         benchmark = load_benchmark_file(args.file)
-        if args.steps:
-            benchmark = with_steps(benchmark, args.steps)
     except OSError as exc:
-        err.print(f"gpt2bench run: cannot read {args.file}: {exc.strerror or exc}", highlight=False)
-        return 2
+        return refuse([f"cannot read {args.file}: {exc.strerror or exc}"])
     except SpecError as exc:
-        for path, message in exc.errors:
-            where = f"--steps ({path})" if args.steps and path.startswith("spec.training") else path
-            err.print(f"gpt2bench run: {args.file}: {where or '(document)'}: {message}", highlight=False, markup=False)
-        err.print("gpt2bench run: nothing was run", highlight=False)
-        return 2
-    all_runs = plan_runs(benchmark)
+        return refuse(exc.lines())
+    if args.steps:
+        try:
+            benchmark = with_steps(benchmark, args.steps)
+        except SpecError as exc:
+            return refuse([f"--steps {args.steps} ({path}): {message}" for path, message in exc.errors])
+    problems, notes = preflight(benchmark.spec)
+    if problems:
+        return refuse([f"{args.file}: {path}: {message}" for path, message in problems])
+    all_runs = plan_runs(benchmark, args.backend)
     try:
         runs = select_runs(all_runs, args.only)
     except re.error as exc:
@@ -94,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     directory = Path(args.output or Path("results") / benchmark.name)
     console = Console()
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
     if benchmark.spec.concurrency > 1:
         console.print(
             f"note: spec.concurrency={benchmark.spec.concurrency} is for clusters; locally runs go "
@@ -117,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     doc = sweep.doc
-    report.print_table(doc.dump(), console)
-    console.print(f"results: {directory / RESULTS_JSON}, {directory / report.RESULTS_MD}", highlight=False)
+    report.print_table(doc, console)
+    console.print(f"results: {directory / RESULTS_JSON}, {directory / report.RESULTS_MD}, "
+                  f"{directory / RESULTS_CSV}", highlight=False)
     if sweep.interrupted:
         console.print("interrupted: finished runs are kept in the results", style="yellow")
         return EXIT_INTERRUPTED

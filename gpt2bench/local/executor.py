@@ -1,4 +1,5 @@
-"""Execute ONE rendered Kubeflow job (PyTorchJob v1 or MPIJob v2beta1) as local processes.
+"""Execute ONE rendered Kubeflow job (PyTorchJob v1, MPIJob v2beta1, or a Trainer v2 TrainJob: see
+gpt2bench/local/trainjob.py) as local processes.
 
 There is no separate "local" code path: the job dict that `gpt2bench.render` returns (and the operator
 creates in a cluster) is read here, and each replica that would be a pod becomes a process started with
@@ -47,6 +48,7 @@ from gpt2bench.protocol import (
     PYTORCHJOB_API,
     SUMMARY_PREFIX,
     TERMINATION_LOG_ENV,
+    TRAINJOB_API,
     WORKER_CONTAINER,
 )
 
@@ -160,7 +162,7 @@ def _argv(container: dict[str, Any], env: dict[str, str], where: str) -> list[st
     return [expand(str(word), env) for word in words]
 
 
-def _replica(
+def make_replica(
     role: str, index: int, container: dict, injected: dict, run_dir: Path, job_name: str, gpus: int
 ) -> Replica:
     name = f"{role.lower()}-{index}"
@@ -220,7 +222,7 @@ def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, master_port: int | N
             }
             container = _container(replica_specs[role]["template"], PYTORCH_CONTAINER)
             replicas.append(
-                _replica(role, index, container, injected, run_dir, job["metadata"]["name"], _gpus(container))
+                make_replica(role, index, container, injected, run_dir, job["metadata"]["name"], _gpus(container))
             )
     return replicas
 
@@ -256,17 +258,29 @@ def mpijob_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
     container = _container(replica_specs["Launcher"]["template"], LAUNCHER_CONTAINER)
     # The ranks run here, under mpirun: they need the GPUs the Worker pods would have had.
     worker_gpus = _gpus(_container(replica_specs["Worker"]["template"], WORKER_CONTAINER)) if workers else 0
-    return [_replica("Launcher", 0, container, injected, run_dir, job["metadata"]["name"], worker_gpus * workers)]
+    return [make_replica("Launcher", 0, container, injected, run_dir, job["metadata"]["name"], worker_gpus * workers)]
 
 
-def job_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
-    """The processes a rendered job becomes on this machine (not started)."""
+def job_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, dict] | None = None) -> list[Replica]:
+    """The processes a rendered job becomes on this machine (not started). `runtimes`: the Trainer v2
+    runtimes a TrainJob may name (default: the project's)."""
     kind, api = job.get("kind"), job.get("apiVersion")
     if (kind, api) == ("PyTorchJob", PYTORCHJOB_API):
         return pytorchjob_replicas(job, run_dir)
     if (kind, api) == ("MPIJob", MPIJOB_API):
         return mpijob_replicas(job, run_dir)
-    raise JobSpecError(f"cannot run {api}/{kind} locally (PyTorchJob kubeflow.org/v1 or MPIJob v2beta1 only)")
+    if (kind, api) == ("TrainJob", TRAINJOB_API):
+        from gpt2bench.local.trainjob import trainjob_replicas  # it builds on this module's replicas
+
+        return trainjob_replicas(job, run_dir, runtimes)
+    raise JobSpecError(f"cannot run {api}/{kind} locally (PyTorchJob kubeflow.org/v1, MPIJob v2beta1 or TrainJob only)")
+
+
+def job_deadline(job: dict[str, Any]) -> float | None:
+    """activeDeadlineSeconds: the v1 jobs' runPolicy's, a TrainJob's spec's."""
+    spec = job.get("spec") or {}
+    deadline = spec.get("activeDeadlineSeconds", (spec.get("runPolicy") or {}).get("activeDeadlineSeconds"))
+    return None if deadline is None else float(deadline)
 
 
 # ---------------------------------------------------------------- GPUs
@@ -421,6 +435,7 @@ def execute_job(
     poll_seconds: float = 0.25,
     grace_seconds: float = KILL_GRACE_SECONDS,
     gpus: list[str] | None = None,
+    runtimes: dict[str, dict] | None = None,
 ) -> JobOutcome:
     """Run a rendered job to completion on this machine and say how it ended.
 
@@ -430,7 +445,7 @@ def execute_job(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = _now()
-    replicas = job_replicas(job, run_dir)
+    replicas = job_replicas(job, run_dir, runtimes)
     primary = replicas[0]
     base_env = dict(os.environ if base_env is None else base_env)
 
@@ -446,7 +461,7 @@ def execute_job(
         if why:
             return finished("Failed", f"{replica.name}: {why}")
 
-    deadline_s = ((job.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+    deadline_s = job_deadline(job)
     t0 = time.monotonic()
     try:
         for replica in replicas:
@@ -462,9 +477,9 @@ def execute_job(
             if all(c == 0 for c in codes):
                 return finished("Succeeded", None)
             elapsed = time.monotonic() - t0
-            if deadline_s is not None and elapsed > float(deadline_s):
+            if deadline_s is not None and elapsed > deadline_s:
                 _stop_all(replicas, grace_seconds)
-                return finished("Failed", f"DeadlineExceeded: ran longer than activeDeadlineSeconds={deadline_s}")
+                return finished("Failed", f"DeadlineExceeded: ran longer than activeDeadlineSeconds={deadline_s:g}")
             if on_tick is not None:
                 on_tick(primary, elapsed)
             time.sleep(poll_seconds)

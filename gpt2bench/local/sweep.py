@@ -196,5 +196,5 @@ def run_sweep(
                     sweep.doc.runs[i] = local_entry(entry, phase=SKIPPED,
                                                     reason="not started: the sweep was interrupted")
     sweep.finish()
-    report.write_report(sweep.doc.dump(), directory)
+    report.write_report(sweep.doc, directory)  # adds the analysis to sweep.doc and results.json
     return sweep

@@ -1,33 +1,35 @@
 """Small wrappers over the `kubernetes` client: the few calls the operator makes.
 
-kopf watches and patches the GPT2Benchmarks; these functions create and read their children.
+kopf watches the GPT2Benchmarks and the jobs; these functions create and read their children and write
+a benchmark's status. What a job kind is (API, result pod) comes from `jobkinds`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__
-from gpt2bench.protocol import BENCHMARK_LABEL, MPIJOB_API, PYTORCHJOB_API
+from gpt2bench import jobkinds as kinds
+from gpt2bench.protocol import BENCHMARK_LABEL, TRAINJOB_API
 from gpt2bench.render import label_value
+from gpt2bench.render.runtimes import RUNTIME_KIND, RUNTIME_PLURAL
 from gpt2bench.spec import API_GROUP, API_VERSION, PLURAL
 
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
-# Which pod holds the results: the training operator labels the PyTorchJob master `job-role=master`;
-# mpi-operator sets no replica-type label on the launcher, only `job-role=launcher`.
-RESULT_ROLE = {"PyTorchJob": "master", "MPIJob": "launcher"}
-JOB_RESOURCES = {  # kind -> (group, version, plural)
-    "PyTorchJob": (*PYTORCHJOB_API.split("/"), "pytorchjobs"),
-    "MPIJob": (*MPIJOB_API.split("/"), "mpijobs"),
-}
+from . import reconcile
+from .jobkinds import JOB_KINDS, FollowedKind, missing_kind_reason, missing_runtime_reason
 
 _client: kubernetes.client.ApiClient | None = None
+# Errors worth another try later (the API server or the network, not the request): 401 too, as it is the
+# operator's credentials (e.g. a token being rotated), not the job.
+TRANSIENT_STATUS = {0, 401, 408, 429, 500, 502, 503, 504}
+TRANSIENT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 
 
 def configure(pool_size: int = 16) -> None:
@@ -57,45 +59,167 @@ def _custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(_api())
 
 
-class JobKindMissing(Exception):
-    """The API server does not serve PyTorchJob/MPIJob: the Kubeflow operator is not installed (yet)."""
+def _core() -> kubernetes.client.CoreV1Api:
+    return kubernetes.client.CoreV1Api(_api())
 
 
-def _missing(kind: str) -> JobKindMissing:
-    group, version, plural = JOB_RESOURCES[kind]
-    operator = "the Kubeflow training operator" if kind == "PyTorchJob" else "the Kubeflow MPI operator (v2)"
-    return JobKindMissing(f"{kind} ({plural}.{group}/{version}) is not served by this cluster: install {operator}")
+def transient(exc: BaseException) -> bool:
+    """An error to retry later, rather than a verdict on the request."""
+    if isinstance(exc, ApiException):
+        return exc.status in TRANSIENT_STATUS or exc.status >= 500
+    return isinstance(exc, TRANSIENT_ERRORS)
 
 
-def create_job(job: dict[str, Any]) -> bool:
-    """Create a rendered job. False when it already exists (409): the name is the run's, so it is ours."""
-    group, version, plural = JOB_RESOURCES[job["kind"]]
+def api_message(exc: ApiException) -> tuple[str, str]:
+    """(reason, message) of an API error: the server's Status when it sent one, else the HTTP reason."""
     try:
-        _custom().create_namespaced_custom_object(group, version, job["metadata"]["namespace"], plural, job)
+        status = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        status = None
+    if isinstance(status, dict) and status.get("message"):
+        return str(status.get("reason") or exc.reason or ""), str(status["message"])
+    return str(exc.reason or ""), str(exc.body or exc.reason or "")
+
+
+# --- discovery ------------------------------------------------------------------------------------
+
+
+def served_versions(group: str, plural: str) -> list[str]:
+    """The versions of `group` that serve `plural` (discovery, which every authenticated user may read)."""
+    try:
+        versions = kubernetes.client.ApisApi(_api()).get_api_versions().groups
+    except ApiException:
+        return []
+    found = []
+    for api_group in versions or []:
+        if api_group.name != group:
+            continue
+        for version in api_group.versions or []:
+            try:
+                resources = _custom().get_api_resources(group, version.version)
+            except ApiException:
+                continue
+            if any(r.name == plural for r in (resources.resources or [])):
+                found.append(version.version)
+    return found
+
+
+def served_job_kinds() -> set[str]:
+    """The job kinds this cluster serves (discovery of each kind's group/version): what `backend: auto`
+    chooses from. Raises on API errors other than 404, so kopf retries rather than choosing blind."""
+    discovery: dict[str, list[str]] = {}
+    for kind in JOB_KINDS.values():
+        if kind.api_version in discovery:
+            continue
+        try:
+            resources = _custom().get_api_resources(kind.group, kind.version)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            continue
+        discovery[kind.api_version] = [r.name for r in (resources.resources or [])] if resources else []
+    return kinds.served_job_kinds(discovery)
+
+
+def missing_reason(kind: FollowedKind) -> str:
+    """Why `kind` cannot be created here: what the cluster serves instead, and what to install."""
+    return missing_kind_reason(kind, [v for v in served_versions(kind.group, kind.plural) if v != kind.version])
+
+
+# --- jobs -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Created:
+    """The job now exists and is ours: `new` when this call created it (else it was there, ours)."""
+
+    new: bool
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The job cannot exist: the reason is the run's failure reason (`kind_missing`: the cluster does not
+    serve the job's kind, so no job of that kind can)."""
+
+    reason: str
+    kind_missing: bool = False
+
+
+def create_job(job: dict[str, Any], owner_uid: str | None) -> Created | Refused:
+    """Create a rendered job. A 409 is ours when its controller is `owner_uid` (a job created just before a
+    restart); a namesake of another owner, a kind the cluster does not serve and a job the API server
+    refuses (403, 422, ...) are Refused with the reason. Transient errors raise (ApiException, urllib3)."""
+    kind = JOB_KINDS[job["kind"]]
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    missing_runtime = _missing_runtime(job)
+    if missing_runtime:
+        return missing_runtime
+    try:
+        _custom().create_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, job)
     except ApiException as exc:
+        if transient(exc):
+            raise
         if exc.status == 409:
-            return False
-        if exc.status == 404:
-            raise _missing(job["kind"]) from None
-        raise
-    return True
+            return _existing(kind, namespace, name, owner_uid)
+        if exc.status == 404 and kind.version not in served_versions(kind.group, kind.plural):
+            return Refused(missing_reason(kind), kind_missing=True)
+        reason, message = api_message(exc)
+        return Refused(reconcile.refused_reason(name, kind.kind, exc.status, reason, message))
+    return Created(new=True)
 
 
-def list_jobs(namespace: str, benchmark: str, kinds: set[str]) -> dict[str, dict[str, Any]]:
-    """The jobs of a benchmark by name (label selector), across the job kinds its runs use."""
+def _missing_runtime(job: dict[str, Any]) -> Refused | None:
+    """A TrainJob whose ClusterTrainingRuntime is missing, refused saying what to install (None when it is
+    there, or for other kinds): Trainer's webhook would refuse it with less to go on. Without Trainer v2 at
+    all, the kind is what is missing."""
+    ref = (job.get("spec") or {}).get("runtimeRef") if job["kind"] == "TrainJob" else None
+    if not ref or ref.get("kind", RUNTIME_KIND) != RUNTIME_KIND:
+        return None
+    group, version = TRAINJOB_API.split("/")
+    try:
+        _custom().get_cluster_custom_object(group, version, RUNTIME_PLURAL, ref["name"])
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        kind = JOB_KINDS[job["kind"]]
+        if kind.version not in served_versions(kind.group, kind.plural):
+            return Refused(missing_reason(kind), kind_missing=True)
+        return Refused(missing_runtime_reason(RUNTIME_KIND, ref["name"]))
+    return None
+
+
+def _existing(kind: FollowedKind, namespace: str, name: str, owner_uid: str | None) -> Created | Refused:
+    existing = _custom().get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name)
+    if owner_uid is None or reconcile.controller_uid(existing) == owner_uid:
+        return Created(new=False)
+    return Refused(reconcile.foreign_reason(name, kind.kind, namespace, reconcile.owner_description(existing),
+                                            owner_uid))
+
+
+def list_jobs(namespace: str, benchmark: str, kinds: set[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The jobs labelled with the benchmark's name, by job name, across `kinds`; and, for each kind the
+    cluster does not serve, why (the failure reason of its runs)."""
     jobs: dict[str, dict[str, Any]] = {}
-    for kind in sorted(kinds):
-        group, version, plural = JOB_RESOURCES[kind]
+    missing: dict[str, str] = {}
+    for name in sorted(kinds):
+        kind = JOB_KINDS[name]
         try:
             listed = _custom().list_namespaced_custom_object(
-                group, version, namespace, plural, label_selector=f"{BENCHMARK_LABEL}={label_value(benchmark)}"
+                kind.group, kind.version, namespace, kind.plural,
+                label_selector=f"{BENCHMARK_LABEL}={label_value(benchmark)}",
             )
         except ApiException as exc:
             if exc.status == 404:
-                raise _missing(kind) from None
+                missing[name] = missing_reason(kind)
+                continue
             raise
-        jobs.update({item["metadata"]["name"]: item for item in listed.get("items", [])})
-    return jobs
+        for item in listed.get("items", []):
+            item.setdefault("kind", name)  # what the result pod and the conditions are read by
+            jobs[item["metadata"]["name"]] = item
+    return jobs, missing
+
+
+# --- the benchmark ------------------------------------------------------------------------------------
 
 
 def get_benchmark(namespace: str, name: str) -> dict[str, Any] | None:
@@ -108,16 +232,31 @@ def get_benchmark(namespace: str, name: str) -> dict[str, Any] | None:
         raise
 
 
-def result_pod(namespace: str, job_kind: str, job_name: str) -> dict[str, Any] | None:
-    """The job's master (PyTorchJob) or launcher (MPIJob) pod, by the labels the Kubeflow operators set."""
-    selector = f"{JOB_NAME_LABEL}={job_name},{JOB_ROLE_LABEL}={RESULT_ROLE[job_kind]}"
-    response = kubernetes.client.CoreV1Api(_api()).list_namespaced_pod(
-        namespace, label_selector=selector, _preload_content=False
-    )
-    pods = json.loads(response.data).get("items", [])
-    # several after restarts: the newest one holds the last attempt's message
-    pods.sort(key=lambda p: p.get("metadata", {}).get("creationTimestamp") or "")
-    return pods[-1] if pods else None
+def patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+    """Merge-patch the benchmark's status (lists such as `runs` and `conditions` are replaced whole)."""
+    _custom().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
+                                                     {"status": status})
+
+
+# --- pods ---------------------------------------------------------------------------------------------
+
+
+def result_pod(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's result pod (PyTorchJob master, MPIJob launcher, ...), found by the labels its controller
+    sets and chosen as the shared table says (the newest attempt)."""
+    response = _core().list_namespaced_pod(job["metadata"]["namespace"], label_selector=kinds.result_pod_selector(job),
+                                           _preload_content=False)
+    return kinds.result_pod(job, json.loads(response.data).get("items", []))
+
+
+def pod_log_tail(namespace: str, pod: str, container: str, lines: int, limit_bytes: int) -> str | None:
+    """The last `lines` lines of a container's log (at most `limit_bytes`), or None when it cannot be read."""
+    try:
+        response = _core().read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines,
+                                                   limit_bytes=limit_bytes, _preload_content=False)
+    except ApiException:
+        return None
+    return response.data.decode("utf-8", errors="replace")
 
 
 def termination_message(pod: dict[str, Any] | None, container: str | None = None) -> str | None:
@@ -135,9 +274,26 @@ def termination_message(pod: dict[str, Any] | None, container: str | None = None
 
 
 def termination_reason(pod: dict[str, Any] | None) -> str | None:
-    """`OOMKilled`, `Error (exit code 1)`...: the why when there is no message."""
+    """`OOMKilled (exit code 137)`, `Error (exit code 1)`...: how a container of the pod failed, if one did."""
     for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
         terminated = (status.get("state") or {}).get("terminated") or {}
-        if terminated:
+        if terminated and terminated.get("exitCode") != 0:
             return f"{terminated.get('reason') or 'terminated'} (exit code {terminated.get('exitCode')})"
     return None
+
+
+# --- config maps (per-step records) -------------------------------------------------------------------
+
+
+def save_configmap(config_map: dict[str, Any], owner_uid: str | None) -> bool:
+    """Create a ConfigMap; an existing one of ours counts as saved (a retry), another owner's is left alone
+    (False)."""
+    namespace, name = config_map["metadata"]["namespace"], config_map["metadata"]["name"]
+    try:
+        _core().create_namespaced_config_map(namespace, config_map)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        response = _core().read_namespaced_config_map(name, namespace, _preload_content=False)
+        return reconcile.controller_uid(json.loads(response.data)) == owner_uid
+    return True

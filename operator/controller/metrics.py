@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import kopf
 import prometheus_client
+
+from gpt2bench.status import Analysis
 
 REGISTRY = prometheus_client.CollectorRegistry(auto_describe=True)
 
@@ -35,6 +38,34 @@ JOB_CREATION_LATENCY = prometheus_client.Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
     registry=REGISTRY,
 )
+
+# One series per recommendation of a finished benchmark (labels below), value 1, for a Grafana table. Unlike
+# the counters it names benchmarks and runs: bounded by the benchmarks that exist, removed with them.
+RECOMMENDATION_INFO = prometheus_client.Gauge(
+    "gpt2bench_operator_recommendation_info",
+    "A finished GPT2Benchmark's recommended run per objective and scale (docs/analysis.md); value 1.",
+    ["namespace", "benchmark", "objective", "scale", "run", "strategy", "precision", "decision"],
+    registry=REGISTRY,
+)
+_exported: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+_exported_lock = threading.Lock()
+
+
+def export_recommendations(namespace: str, benchmark: str, analysis: Analysis | None) -> None:
+    """Replace the benchmark's recommendation series with `analysis`'s (None: remove them)."""
+    with _exported_lock:
+        for labels in _exported.pop((namespace, benchmark), []):
+            RECOMMENDATION_INFO.remove(*labels)
+        series = []
+        for rec in analysis.recommendations if analysis else []:
+            if rec.run is None:  # not measurable: nothing to name
+                continue
+            labels = (namespace, benchmark, rec.objective, rec.scale or "all scales", rec.run, rec.strategy or "",
+                      rec.precision or "", rec.decision)
+            RECOMMENDATION_INFO.labels(*labels).set(1)
+            series.append(labels)
+        if series:
+            _exported[(namespace, benchmark)] = series
 
 
 def observe_first_job(creation_timestamp: str | None) -> float | None:

@@ -13,14 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt2bench import collect
+from gpt2bench import jobkinds as kinds
 from gpt2bench.plan import Run
+from gpt2bench.report.analysis import analyze
+from gpt2bench.spec import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
+    COMPLETE,
     FAILED,
+    FAILED_CONDITION,
     FINISHED_PHASES,
     INVALID,
     PARTIALLY_SUCCEEDED,
     PENDING,
+    QUEUED,
+    QUEUED_CONDITION,
+    READY,
     RUNNING,
+    SPEC_CHANGE_IGNORED,
     SUCCEEDED,
     TERMINAL_RUN_PHASES,
     BenchmarkStatus,
@@ -30,6 +39,12 @@ from gpt2bench.status import (  # noqa: F401 (the phases are part of this module
     overall_phase,
 )
 
+# A run entry's reason in status is at most this long (the Event carries the same text): with the largest
+# sweep allowed, every run failing with the longest reason still leaves status far below etcd's limit
+# (tests/test_operator_status_size.py).
+STATUS_REASON_LIMIT = 512
+STATUS_DIGITS = 6
+
 
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -38,30 +53,41 @@ def now_rfc3339() -> str:
 # --- job conditions -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class JobState:
-    """What a Kubeflow job's conditions say: Pending (created, nothing yet), Running, Succeeded, Failed."""
-
-    phase: str
-    message: str = ""
-    reason: str = ""
+# What a job's status says for its run, for every kind (the shared table's mapping): Pending, Queued
+# (suspended: a Suspended condition, or the spec flag Kueue's webhook sets), Running, Succeeded, Failed.
+JobState = kinds.JobState
+job_state = kinds.job_state
 
 
-def job_state(job: dict[str, Any]) -> JobState:
-    """Phase from `status.conditions` as the training and MPI operators set them.
+def job_event_matters(event_type: str | None, job: dict[str, Any]) -> bool:
+    """Whether a job's watch event can change its sweep. Not the initial listing (resume and the timer pick
+    sweeps up), nor the ADDED event of a job just created, with nothing said about it yet: the operator
+    created it and recorded that already (a burst of 100 new sweeps would otherwise read each twice)."""
+    if event_type is None:
+        return False
+    if event_type == "ADDED":
+        return bool((job.get("status") or {}).get("conditions")) or kinds.suspended_in_spec(job)
+    return True
 
-    The terminal conditions win whatever their order; otherwise the newest True condition counts
-    (Created → Pending, Running/Restarting → Running, Suspended → Pending).
-    """
-    conditions = [c for c in (job.get("status") or {}).get("conditions") or [] if str(c.get("status")) == "True"]
-    by_type = {c.get("type"): c for c in conditions}
-    for terminal in (FAILED, SUCCEEDED):
-        if terminal in by_type:
-            condition = by_type[terminal]
-            return JobState(terminal, condition.get("message") or "", condition.get("reason") or "")
-    if conditions and conditions[-1].get("type") in ("Running", "Restarting"):
-        return JobState(RUNNING, conditions[-1].get("message") or "")
-    return JobState(PENDING)
+
+def controller_uid(obj: dict[str, Any]) -> str | None:
+    """The uid of the object's controller (the ownerReference with controller: true), if any."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def owned_jobs(jobs: dict[str, dict], owner_uid: str | None) -> dict[str, dict]:
+    """Only the jobs this benchmark (this uid) controls: a job of a deleted namesake is not ours."""
+    return {name: job for name, job in jobs.items() if owner_uid is None or controller_uid(job) == owner_uid}
+
+
+def owner_description(job: dict[str, Any]) -> str:
+    """`GPT2Benchmark x (uid ...)`, or `no owner`: who a job we did not create belongs to."""
+    refs = (job.get("metadata") or {}).get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    return f"{ref.get('kind')} {ref.get('name')} (uid {ref.get('uid')})" if ref else "no owner"
 
 
 # --- status -------------------------------------------------------------------------------------
@@ -69,7 +95,7 @@ def job_state(job: dict[str, Any]) -> JobState:
 
 def initial_status(runs: list[Run], generation: int | None, now: str) -> BenchmarkStatus:
     """The status a new sweep starts with: every run Pending, nothing started."""
-    return BenchmarkStatus(
+    status = BenchmarkStatus(
         phase=RUNNING,
         message=f"{len(runs)} runs planned",
         observed_generation=generation,
@@ -78,9 +104,12 @@ def initial_status(runs: list[Run], generation: int | None, now: str) -> Benchma
         runs_succeeded=0,
         runs_failed=0,
         start_time=now,
+        backend=runs[0].backend if runs else None,
         runs=[collect.run_entry(run, phase=PENDING) for run in runs],
-        conditions=[condition("Ready", "False", "Running", f"0/{len(runs)} runs done", now)],
+        conditions=[],
     )
+    status.conditions = sweep_conditions([], RUNNING, status.message, status.runs, generation, now)
+    return status
 
 
 def invalid_status(errors: list[tuple[str, str]], generation: int | None, now: str) -> BenchmarkStatus:
@@ -92,24 +121,66 @@ def invalid_status(errors: list[tuple[str, str]], generation: int | None, now: s
         runs_total=0,
         runs_done=0,
         runs=[],
-        conditions=[condition("Ready", "False", "InvalidSpec", message, now)],
+        conditions=sweep_conditions([], INVALID, message, [], generation, now),
     )
 
 
-def condition(type_: str, status: str, reason: str, message: str, now: str) -> Condition:
-    return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=now)
+def failed_to_start_status(reason: str, generation: int | None, now: str) -> BenchmarkStatus:
+    """The operator itself could not start the sweep (after its retries): a phase, and why."""
+    message = collect.clean_reason(f"the operator could not start the sweep: {reason}")
+    return BenchmarkStatus(phase=FAILED, message=message, observed_generation=generation, runs=[],
+                           conditions=sweep_conditions([], FAILED, message, [], generation, now))
+
+
+def condition(type_: str, status: str, reason: str, message: str, now: str,
+              generation: int | None = None) -> Condition:
+    return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=now,
+                     observed_generation=generation)
 
 
 def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
-    """Replace the condition of the same type, keeping lastTransitionTime when the status is unchanged."""
-    result = []
+    """Replace the condition of the same type, keeping lastTransitionTime when the status is unchanged
+    (`meta.SetStatusCondition`'s rule); the list keeps its order, new types are appended."""
+    result, replaced = [], False
     for old in conditions or []:
         if old.type == new.type:
             if old.status == new.status:
                 new = new.model_copy(update={"last_transition_time": old.last_transition_time})
-            continue
-        result.append(old)
-    return result + [new]
+            result.append(new)
+            replaced = True
+        else:
+            result.append(old)
+    return result if replaced else result + [new]
+
+
+def sweep_conditions(existing: list[Condition], phase: str, message: str, runs: list[RunStatus],
+                     generation: int | None, now: str) -> list[Condition]:
+    """Ready, Complete, Failed and Queued for this phase, as batch Jobs have them.
+
+    - Ready: True once there are results to read (Succeeded or PartiallySucceeded), reason the phase;
+    - Complete: True when every run finished and at least one has results (`kubectl wait
+      --for=condition=Complete`);
+    - Failed: True when no run succeeded, or the spec is invalid (reason NoRunSucceeded / InvalidSpec);
+    - Queued: True while a run's job is suspended (Kueue has not admitted it yet).
+    """
+    results = phase in (SUCCEEDED, PARTIALLY_SUCCEEDED)
+    failed = phase in (FAILED, INVALID)
+    why = "InvalidSpec" if phase == INVALID else phase
+    queued = [r.name for r in runs if r.phase == QUEUED]
+    queued_message = (f"job suspended, waiting for its queue: {', '.join(queued)}" if queued
+                      else "no run is waiting for its queue")
+    wanted = [
+        (READY, results, why),
+        (COMPLETE, results, why),
+        (FAILED_CONDITION, failed, "NoRunSucceeded" if phase == FAILED else why),
+        (QUEUED_CONDITION, bool(queued), "JobSuspended" if queued else "NotQueued"),
+    ]
+    conditions = list(existing or [])
+    for type_, true, reason, in wanted:
+        text = queued_message if type_ == QUEUED_CONDITION else message
+        conditions = set_condition(conditions, condition(type_, "True" if true else "False", reason, text, now,
+                                                         generation))
+    return conditions
 
 
 # --- one reconcile step -------------------------------------------------------------------------
@@ -126,10 +197,10 @@ class Finished:
 
 @dataclass
 class Observation:
-    started: list[str] = field(default_factory=list)  # Pending in status, job exists: now Running
+    started: list[str] = field(default_factory=list)  # job exists, not suspended: now Running
+    queued: list[str] = field(default_factory=list)  # job exists, suspended: now Queued
     finished: list[Finished] = field(default_factory=list)
-    vanished: list[str] = field(default_factory=list)  # Running in status, job gone
-    unexplained: set[str] = field(default_factory=set)  # finished without a condition message
+    vanished: list[str] = field(default_factory=list)  # Running/Queued in status, job gone
 
 
 def observe(runs: list[RunStatus], jobs: dict[str, dict]) -> Observation:
@@ -140,23 +211,24 @@ def observe(runs: list[RunStatus], jobs: dict[str, dict]) -> Observation:
             continue
         job = jobs.get(run.job_name)
         if job is None:
-            if run.phase == RUNNING:
+            if run.phase in (RUNNING, QUEUED):
                 seen.vanished.append(run.name)
             continue
         state = job_state(job)
         if state.phase in TERMINAL_RUN_PHASES:
-            seen.finished.append(Finished(run.name, state.phase == SUCCEEDED, state.message or state.reason))
-            if not state.message:
-                seen.unexplained.add(run.name)
-        elif run.phase == PENDING:
+            seen.finished.append(Finished(run.name, state.phase == SUCCEEDED, state.describe()))
+        elif state.phase == QUEUED and run.phase != QUEUED:
+            seen.queued.append(run.name)
+        elif state.phase != QUEUED and run.phase != RUNNING:
             seen.started.append(run.name)
     return seen
 
 
 def runs_to_start(runs: list[RunStatus], jobs: dict[str, dict], concurrency: int) -> list[str]:
-    """Pending runs without a job, in plan order, while fewer than `concurrency` are active."""
+    """Pending runs without a job, in plan order, while fewer than `concurrency` are active (a queued
+    run holds its place: its job exists)."""
     active = sum(1 for r in runs if r.phase not in TERMINAL_RUN_PHASES and r.job_name in jobs)
-    active += sum(1 for r in runs if r.phase == RUNNING and r.job_name not in jobs)  # being re-read
+    active += sum(1 for r in runs if r.phase in (RUNNING, QUEUED) and r.job_name not in jobs)  # being re-read
     chosen = []
     for run in runs:
         if active + len(chosen) >= concurrency:
@@ -170,35 +242,74 @@ def mark_running(entry: RunStatus, now: str) -> RunStatus:
     return entry.model_copy(update={"phase": RUNNING, "start_time": entry.start_time or now})
 
 
+def mark_queued(entry: RunStatus, now: str) -> RunStatus:
+    return entry.model_copy(update={"phase": QUEUED, "start_time": entry.start_time or now})
+
+
 def finish_entry(run: Run, entry: RunStatus, finished: Finished, termination_message: str | None,
                  now: str) -> RunStatus:
     """The results entry of a finished run (collect decides Succeeded/Failed and the reason)."""
-    return collect.collect_run(
+    return compact(collect.collect_run(
         run,
         job_succeeded=finished.job_succeeded,
         termination_message=termination_message,
         job_reason=finished.job_message or ("job failed" if not finished.job_succeeded else None),
         start_time=entry.start_time or now,
         completion_time=now,
-    )
+    ))
 
 
-def vanished_entry(run: Run, entry: RunStatus, now: str) -> RunStatus:
-    return collect.run_entry(run, phase=FAILED, reason=f"job {entry.job_name} was deleted before it finished",
-                             start_time=entry.start_time, completion_time=now)
+def failed_entry(run: Run, entry: RunStatus, reason: str, now: str) -> RunStatus:
+    """A run that failed without running: its job was refused, its kind is not served, its name is taken."""
+    return compact(collect.run_entry(run, phase=FAILED, reason=reason, start_time=entry.start_time or now,
+                                     completion_time=now))
 
 
-def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str) -> BenchmarkStatus:
-    """The status fields these runs decide: counts, best, overall phase, Ready condition, completionTime."""
+def vanished_entry(run: Run, entry: RunStatus, now: str, ttl_seconds: int | None = None) -> RunStatus:
+    reason = f"job {entry.job_name} was deleted before its results were read"
+    if ttl_seconds is not None:
+        reason += (f" (runPolicy.ttlSecondsAfterFinished is {ttl_seconds} s: if the operator was away longer "
+                   f"than that, the finished job went before it could read it)")
+    return failed_entry(run, entry, reason, now)
+
+
+def refused_reason(job_name: str, kind: str, code: int, reason: str, message: str) -> str:
+    return f"the API server refused {kind} {job_name}: {code} {reason}: {message}"
+
+
+def foreign_reason(job_name: str, kind: str, namespace: str, owner: str, uid: str | None) -> str:
+    return (f"a {kind} named {job_name} already exists in {namespace} and belongs to {owner}, not to this "
+            f"GPT2Benchmark (uid {uid}): its results would not be this run's. Delete that job, or give this "
+            f"benchmark another name")
+
+
+def compact(entry: RunStatus) -> RunStatus:
+    """A run entry as status keeps it: a reason of at most STATUS_REASON_LIMIT characters, figures to
+    STATUS_DIGITS significant digits (a benchmark's noise is in the second or third)."""
+    if entry.reason and len(entry.reason) > STATUS_REASON_LIMIT:
+        entry = entry.model_copy(update={"reason": entry.reason[: STATUS_REASON_LIMIT - 3] + "..."})
+    if entry.results is not None:
+        rounded = {name: float(f"{value:.{STATUS_DIGITS}g}")
+                   for name, value in entry.results.model_dump().items() if isinstance(value, float)}
+        entry = entry.model_copy(update={"results": entry.results.model_copy(update=rounded)})
+    return entry
+
+
+def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
+              spec: GPT2BenchmarkSpec | None = None) -> BenchmarkStatus:
+    """The status fields these runs decide: counts, best, overall phase, conditions, completionTime, and,
+    once every run is done, the analysis (recommendations, scaling, findings; `spec` gives the prices)."""
     done = sum(r.phase in TERMINAL_RUN_PHASES for r in runs)
     succeeded = sum(r.phase == SUCCEEDED for r in runs)
     phase = overall_phase(runs)
     active = [r.name for r in runs if r.phase == RUNNING]
+    queued = [r.name for r in runs if r.phase == QUEUED]
     if phase == RUNNING:
         message = f"{done}/{len(runs)} runs done" + (f"; running {', '.join(active)}" if active else "")
+        message += f"; queued {', '.join(queued)} (job suspended)" if queued else ""
     else:
         message = f"{succeeded}/{len(runs)} runs succeeded"
-    ready = condition("Ready", "True" if phase in FINISHED_PHASES else "False", phase, message, now)
+    generation = status.observed_generation
     return BenchmarkStatus(
         phase=phase,
         message=message,
@@ -208,16 +319,21 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str) -> Bench
         runs_succeeded=succeeded,
         runs_failed=done - succeeded,
         best=best_run(runs),
-        conditions=set_condition(status.conditions or [], ready),
+        analysis=None if phase == RUNNING else analyze(runs, _camel(spec)),
+        conditions=sweep_conditions(status.conditions or [], phase, message, runs, generation, now),
         completion_time=now if phase != RUNNING and not status.completion_time else None,
     )
+
+
+def _camel(spec: GPT2BenchmarkSpec | None) -> dict[str, Any] | None:
+    return spec.model_dump(by_alias=True, exclude_none=True, mode="json") if spec else None
 
 
 def spec_ignored_condition(generation: int, observed: int | None, now: str) -> Condition:
     """A started sweep keeps the spec it started with: say so, and how to run the new one."""
     message = (f"spec changed (generation {generation}) after the sweep started; the sweep keeps running with "
                f"generation {observed}'s spec. Create a new GPT2Benchmark to run the changed one.")
-    return condition("SpecChangeIgnored", "True", "SweepAlreadyStarted", message, now)
+    return condition(SPEC_CHANGE_IGNORED, "True", "SweepAlreadyStarted", message, now, generation)
 
 
 def transitions(old_runs: list[RunStatus], new_runs: list[RunStatus]) -> list[tuple[RunStatus, str]]:

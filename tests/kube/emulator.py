@@ -15,7 +15,12 @@ Added here, as a real API server does it:
   background garbage collection of dependents by `ownerReferences[].uid`;
 - CRDs: creating one registers its resource for discovery; custom resources are pruned or, with
   `fieldValidation=Strict`, rejected for unknown fields, and validated against `openAPIV3Schema`;
-- `GET /api/v1/namespaces` (kmock's URL parser fails on it), `Table` output for `kubectl get`.
+- every object's labels validated as ObjectMeta (422 naming the value, as the API server answers);
+- `GET /api/v1/namespaces` (kmock's URL parser fails on it), `Table` output for `kubectl get`;
+- pod logs (`pods/NAME/log`, `tailLines`, `limitBytes`), from what the test double says a container printed;
+- mutating admission: functions in `admission` may change an object before it is validated and stored
+  (the test plays Kueue's webhook with one);
+- orphaning deletion removes the owner's reference from its dependents, as the garbage collector does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import copy
 import datetime
 import json
 import random
+import re
 import string
 import time
 import uuid
@@ -41,6 +47,7 @@ BUILTINS = {
     "v1/namespaces": dict(kind="Namespace", singular="namespace", namespaced=False, subresources={"status"}),
     "v1/pods": dict(kind="Pod", singular="pod", namespaced=True, subresources={"status"}, shortnames={"po"}),
     "v1/events": dict(kind="Event", singular="event", namespaced=True, shortnames={"ev"}),
+    "v1/configmaps": dict(kind="ConfigMap", singular="configmap", namespaced=True, shortnames={"cm"}),
     "apiextensions.k8s.io/v1/customresourcedefinitions": dict(
         kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False,
         subresources={"status"}, shortnames={"crd", "crds"},
@@ -63,7 +70,9 @@ OPENAPI_V3 = {
                                               "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"),
     "api/v1": _patch_op("", "v1", "Namespace", "/api/v1/namespaces/{name}"),
 }
-HISTORY_LIMIT = 20_000  # watch events kept for resuming; older resourceVersions get 410 Gone
+ORPHAN_FINALIZER = "orphan"  # deletion with propagationPolicy Orphan, until the GC has orphaned the dependents
+HISTORY_LIMIT = 20_000
+_POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")  # watch events kept for resuming; older resourceVersions get 410 Gone
 
 
 def _now() -> str:
@@ -80,6 +89,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _crd_versions: dict[kmock.resource, dict] = attrs.field(factory=dict, init=False)
     _history: dict[kmock.resource, list[tuple[int, dict]]] = attrs.field(factory=dict, init=False)
     created_at: dict[tuple, float] = attrs.field(factory=dict, init=False)  # key → time.time(), for benchmarks
+    # (namespace, pod, container) → what the container printed: served at pods/NAME/log
+    pod_logs: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
+    # mutating admission: fn(resource, object) may change the object being created (e.g. Kueue's webhook)
+    admission: list[Any] = attrs.field(factory=list, init=False)
+    # (User-Agent, group, resource, verb) of the requests served past kmock (which records the others)
+    outside_requests: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
     _builtin_reactions: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -93,6 +108,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         path = raw.path.rstrip("/")
+        if path in ("/api", "/apis") and raw.path != path:  # the Python client asks for `/apis/`
+            raw = raw.clone(rel_url=raw.rel_url.with_path(path))
         if path == "/api/v1/namespaces":  # kmock's path parser raises on this one
             return await self._serve_namespaces(raw)
         if path == "/openapi/v3":
@@ -102,6 +119,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
                                               "paths": OPENAPI_V3[path.removeprefix("/openapi/v3/")]})
         if path.startswith("/openapi/"):
             return aiohttp.web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        log = _POD_LOG.match(path)
+        if log and raw.method == "GET":  # text, not JSON: served here, past kmock's (sticky) response headers
+            self.outside_requests.append((raw.headers.get("User-Agent", ""), "", "pods/log", "get"))
+            try:
+                text = await self._pod_log(*log.groups(), raw.query)
+            except ApiError as exc:
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                  "code": exc.code, "reason": exc.reason, "message": exc.message},
+                                                 status=exc.code)
+            return aiohttp.web.Response(body=text, content_type="text/plain")
+        if raw.path != path and path in ("/api", "/apis"):  # the client asks for `/apis/`; kmock knows `/apis`
+            raw = raw.clone(rel_url=raw.rel_url.with_path(path))
         return await super().__call__(raw)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -209,6 +238,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             obj.setdefault("kind", info.kind)
             if "status" in info.subresources:
                 obj.pop("status", None)  # status comes only through /status
+            for mutate in self.admission:
+                mutate(request.resource, obj)
+            semantics.validate_metadata(obj)
             obj = self._check_schema(request, obj)
             meta = obj["metadata"]
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1, resourceVersion=self._next_rv())
@@ -260,6 +292,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta["deletionTimestamp"] = old["metadata"]["deletionTimestamp"]
         if new == old:
             return old  # a no-op write changes nothing and wakes no watcher, as in a real API server
+        semantics.validate_metadata(new)
         new = self._check_schema(request, new)
         strip = ("metadata", "status")
         if {k: v for k, v in new.items() if k not in strip} != {k: v for k, v in old.items() if k not in strip}:
@@ -267,8 +300,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         new["metadata"]["resourceVersion"] = self._next_rv()
         self._store(key, new)
         await self._emit(request.resource, "MODIFIED", new)
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
-            await self._remove(key)
+        finalizers = new["metadata"].get("finalizers") or []
+        if new["metadata"].get("deletionTimestamp") and finalizers in ([], [ORPHAN_FINALIZER]):
+            await self._remove(key, orphan=finalizers == [ORPHAN_FINALIZER])
         return new
 
     async def _serve_delete(self, request: kmock.Request) -> dict:
@@ -281,6 +315,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj = self._current(key)
         if obj["metadata"].get("finalizers"):
             if not obj["metadata"].get("deletionTimestamp"):
+                if orphan:  # the API server records the policy as the garbage collector's `orphan` finalizer
+                    obj["metadata"]["finalizers"] = [*obj["metadata"]["finalizers"], ORPHAN_FINALIZER]
                 obj["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0,
                                        resourceVersion=self._next_rv())
                 self._store(key, obj)
@@ -293,12 +329,23 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj["metadata"]["resourceVersion"] = self._next_rv()
         self.objects[key].delete()
         await self._emit(key[0], "DELETED", obj)
-        if not orphan:  # background garbage collection of dependents
-            uid = obj["metadata"].get("uid")
-            for other_key, other in list(self.objects.items()):
-                if not other.deleted and any(ref.get("uid") == uid for ref in
-                                             other.raw.get("metadata", {}).get("ownerReferences") or []):
-                    await self._delete(other_key)
+        uid = obj["metadata"].get("uid")
+        for other_key, other in list(self.objects.items()):
+            if other.deleted:
+                continue
+            refs = other.raw.get("metadata", {}).get("ownerReferences") or []
+            if not any(ref.get("uid") == uid for ref in refs):
+                continue
+            if not orphan:  # background garbage collection of dependents
+                await self._delete(other_key)
+            else:  # orphaned: the dependent stays, without its reference to the owner
+                kept = copy.deepcopy(other.raw)
+                kept["metadata"]["ownerReferences"] = [ref for ref in refs if ref.get("uid") != uid]
+                if not kept["metadata"]["ownerReferences"]:
+                    del kept["metadata"]["ownerReferences"]
+                kept["metadata"]["resourceVersion"] = self._next_rv()
+                self._store(other_key, kept)
+                await self._emit(other_key[0], "MODIFIED", kept)
         return obj
 
     # --- reads --------------------------------------------------------------------------------------
@@ -325,6 +372,23 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.subresource not in (None, "status"):
             raise ApiError(404, "NotFound", f"subresource {request.subresource!r} is not served")
         return tables.maybe_table(request, [obj], self._crd_versions.get(request.resource), single=True)
+
+    async def _pod_log(self, namespace: str, name: str, query: Any) -> bytes:
+        """A container's log as the kubelet serves it: the last `tailLines` lines, then at most `limitBytes`."""
+        key = (kmock.resource("v1/pods"), namespace, name)
+        async with self._lock:
+            pod = self._current(key)
+        containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+        container = query.get("container") or (containers[0] if len(containers) == 1 else None)
+        if container not in containers:
+            raise ApiError(400, "BadRequest", f"a container name must be specified for pod {name}, "
+                                              f"choose one of: {containers}")
+        text = self.pod_logs.get((namespace, name, container), "")
+        if query.get("tailLines"):
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-int(query["tailLines"]):]) if int(query["tailLines"]) else ""
+        data = text.encode()
+        return data[: int(query["limitBytes"])] if query.get("limitBytes") else data
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         info = self._info(request.resource)

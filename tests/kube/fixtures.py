@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,6 +43,23 @@ def operator_env(cluster: EmulatedCluster, poll_seconds: float = 0.3, metrics_po
         "GPT2BENCH_OPERATOR_POLL_SECONDS": str(poll_seconds),
         "GPT2BENCH_OPERATOR_METRICS_PORT": str(metrics_port),
     }
+
+
+@contextlib.contextmanager
+def kopf_operator(cluster: EmulatedCluster, poll_seconds: float = 0.3, timeout: float = 60,
+                  verbose: bool = True) -> Iterator[Any]:
+    """The real operator (kopf's KopfRunner, in this process) against `cluster`; on exit it must have
+    stopped cleanly, without an exception."""
+    from unittest import mock
+
+    from kopf.testing import KopfRunner
+
+    args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers"]
+    with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=poll_seconds)):
+        with KopfRunner(args + (["--verbose"] if verbose else []), timeout=timeout) as runner:
+            yield runner
+    assert runner.exception is None, runner.output[-3000:]
+    assert runner.exit_code == 0
 
 
 def wait_for(check: Callable[[], T], timeout: float = 30, interval: float = 0.1, what: str = "") -> T:
@@ -108,3 +126,36 @@ class Benchmarks:
 
 def env_for_subprocess(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+
+
+VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
+OPERATOR_AGENTS = ("kopf/", "gpt2bench-operator/")
+
+
+def operator_calls(cluster: EmulatedCluster) -> set[tuple[str, str, str]]:
+    """(API group, resource[/subresource], verb) of every request kopf and the operator's client made, plus
+    what a real API server would also check: creating an object whose ownerReference sets
+    blockOwnerDeletion needs `update` on the owner's `finalizers` (OwnerReferencesPermissionEnforcement).
+    Discovery is left out: a non-resource URL every authenticated user may read."""
+
+    def calls(emulator):
+        seen = set()
+        for r in emulator._requests:  # kmock keeps every request it served
+            if r.resource is None or r.resource.plural is None or not r.headers.get("User-Agent", "").startswith(
+                    OPERATOR_AGENTS):
+                continue
+            verb = "update" if r.method == "PUT" else VERBS[r.action.name]
+            plural = f"{r.resource.plural}/{r.subresource}" if r.subresource else r.resource.plural
+            seen.add((r.resource.group, plural, verb))
+            if verb == "create" and isinstance(r.data, dict):
+                for ref in (r.data.get("metadata") or {}).get("ownerReferences") or []:
+                    if ref.get("blockOwnerDeletion"):
+                        group = ref["apiVersion"].rsplit("/", 1)[0] if "/" in ref["apiVersion"] else ""
+                        owner = next(res.plural for res, info in emulator.resources.items()
+                                     if info.kind == ref["kind"] and res.group == group)
+                        seen.add((group, f"{owner}/finalizers", "update"))
+        seen |= {(group, resource, verb) for agent, group, resource, verb in emulator.outside_requests
+                 if agent.startswith(OPERATOR_AGENTS)}
+        return seen
+
+    return cluster.call(calls)

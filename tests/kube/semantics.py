@@ -1,14 +1,25 @@
 """API-server semantics kmock 0.8 lacks, as pure functions: patches, selectors, CRD schemas.
 
 The emulator (`tests/kube/emulator.py`) calls these; they know nothing about HTTP.
+
+Custom resources are checked as k8s.io/apiextensions-apiserver does, in its order: unknown fields pruned
+(or refused under `fieldValidation=Strict`), nulls of non-nullable fields pruned or defaulted, then the
+OpenAPI schema, `x-kubernetes-list-type` set/map uniqueness and the CEL rules of
+`x-kubernetes-validations` (evaluated with cel-python, a CEL implementation from the spec's authors'
+conformance tests). Not emulated: defaulting of absent fields (rules must not rely on it), CEL cost
+limits, transition rules (`oldSelf`), and CEL rules on an object whose schema check already failed.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
+import celpy
 import jsonpatch
 import jsonschema
 
@@ -114,6 +125,43 @@ def matches_fields(obj: dict, selector: str | None) -> bool:
     return True
 
 
+# --- object metadata ------------------------------------------------------------------------------
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_NAME = _LABEL_VALUE
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE_RULE = ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+                     "'.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  "
+                     "or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+
+
+def label_errors(labels: dict[str, Any]) -> list[str]:
+    """ObjectMeta label validation, which the API server applies to every object, custom ones included
+    (apimachinery validation.IsQualifiedName / IsValidLabelValue)."""
+    errors = []
+    for key, value in (labels or {}).items():
+        prefix, _, name = key.rpartition("/")
+        if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))) or not name or len(name) > 63 \
+                or not _LABEL_NAME.match(name):
+            errors.append(f'metadata.labels: Invalid value: "{key}": name part must consist of alphanumeric '
+                          f"characters, '-', '_' or '.', and must start and end with an alphanumeric character")
+        if not isinstance(value, str):
+            errors.append(f'metadata.labels.{key}: Invalid value: {value!r}: must be a string')
+        elif len(value) > 63:
+            errors.append(f'metadata.labels: Invalid value: "{value}": must be no more than 63 characters')
+        elif not _LABEL_VALUE.match(value):
+            errors.append(f'metadata.labels: Invalid value: "{value}": {_LABEL_VALUE_RULE}')
+    return errors
+
+
+def validate_metadata(obj: dict) -> None:
+    """Raise ApiError(422) as the API server does for an object whose metadata is invalid."""
+    errors = label_errors((obj.get("metadata") or {}).get("labels") or {})
+    if errors:
+        name = (obj.get("metadata") or {}).get("name")
+        raise ApiError(422, "Invalid", f'{obj.get("kind")} "{name}" is invalid: ' + ", ".join(errors))
+
+
 # --- CRD schemas --------------------------------------------------------------------------------
 
 
@@ -173,8 +221,95 @@ def _validator(schema: dict) -> jsonschema.Draft7Validator:
     return cached[1]
 
 
+def prune_nulls(value: Any, schema: Any) -> None:
+    """Drop a null whose schema is not nullable, or put the default in its place (in place), as the API
+    server's PruneNonNullableNullsWithoutDefaults and defaulting do before validating."""
+    if isinstance(value, dict) and isinstance(schema, dict):
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
+        for key in list(value):
+            sub = (schema.get("properties") or {}).get(key, extra)
+            if value[key] is None and isinstance(sub, dict) and not sub.get("nullable"):
+                if sub.get("default") is not None:
+                    value[key] = copy.deepcopy(sub["default"])
+                else:
+                    del value[key]
+            else:
+                prune_nulls(value[key], sub)
+    elif isinstance(value, list) and isinstance(schema, dict):
+        for item in value:
+            prune_nulls(item, schema.get("items"))
+
+
+def _nodes(value: Any, schema: Any, path: str) -> Iterator[tuple[Any, dict, str]]:
+    """Every (value, its schema, its path) of an object, as the API server names paths (`a.b[0][key]`)."""
+    if not isinstance(schema, dict):
+        return
+    yield value, schema, path
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if key in properties:
+                yield from _nodes(item, properties[key], f"{path}.{key}" if path else key)
+            elif isinstance(extra, dict):
+                yield from _nodes(item, extra, f"{path}[{key}]")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _nodes(item, schema.get("items"), f"{path}[{i}]")
+
+
+def list_type_errors(value: Any, schema: dict) -> list[str]:
+    """Duplicates in `x-kubernetes-list-type: set` lists and `map` lists (by their map keys)."""
+    causes = []
+    for node, node_schema, path in _nodes(value, schema, ""):
+        list_type = node_schema.get("x-kubernetes-list-type")
+        if not isinstance(node, list) or list_type not in ("set", "map"):
+            continue
+        keys = node_schema.get("x-kubernetes-list-map-keys") or []
+        seen: list[Any] = []
+        for i, item in enumerate(node):
+            key = item if list_type == "set" else [item.get(k) for k in keys] if isinstance(item, dict) else item
+            if key in seen:
+                causes.append(f"{path}[{i}]: Duplicate value: {json.dumps(item, sort_keys=True)}")
+            seen.append(key)
+    return causes
+
+
+@functools.cache
+def _cel_program(rule: str) -> celpy.Runner:
+    environment = celpy.Environment()
+    return environment.program(environment.compile(rule))
+
+
+def cel_errors(value: Any, schema: dict) -> list[str]:
+    """Every failed `x-kubernetes-validations` rule, as the API server reports it:
+    `spec.training: Invalid value: "object": warmupSteps must be less than steps`."""
+    causes = []
+    for node, node_schema, path in _nodes(value, schema, ""):
+        for validation in node_schema.get("x-kubernetes-validations") or []:
+            if "oldSelf" in validation["rule"]:
+                continue  # a transition rule: the API server checks it on update only (a gap here, see above)
+            kind = node_schema.get("type") or type(node).__name__
+            try:
+                result = _cel_program(validation["rule"]).evaluate({"self": celpy.json_to_cel(node)})
+            except celpy.CELEvalError as exc:
+                causes.append(f"{path}: Invalid value: \"{kind}\": rule evaluation failed: {exc.args[0]}")
+                continue
+            if result is not True and result != celpy.celtypes.BoolType(True):
+                message = validation.get("message") or f"failed rule: {validation['rule']}"
+                causes.append(f"{path}: Invalid value: \"{kind}\": {message}")
+    return causes
+
+
+def _short(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message without a long value in it (`[{...}, ...] is too long` → `<value> is too long`)."""
+    shown = repr(error.instance)
+    return error.message.replace(shown, "<value>") if len(shown) > 80 else error.message
+
+
 def validate_custom_resource(obj: dict, crd_version: dict, strict: bool) -> dict:
-    """Prune (or, with `fieldValidation=Strict`, reject) unknown fields, then check the schema.
+    """Prune (or, with `fieldValidation=Strict`, reject) unknown fields, prune nulls, then check the schema,
+    list types and CEL rules.
 
     Returns the object as it would be stored. Raises ApiError(422) naming the bad fields, as the API
     server does (`spec.sweep.concurrency: Invalid value: ...`).
@@ -186,13 +321,18 @@ def validate_custom_resource(obj: dict, crd_version: dict, strict: bool) -> dict
     if unknown and strict:
         fields = ", ".join(f"unknown field \"{u.lstrip('.')}\"" for u in unknown)
         raise ApiError(422, "Invalid", f"strict decoding error: {fields}")
+    prune_nulls(pruned, schema)
     stored = {**{k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}, **pruned}
     checked = {k: v for k, v in stored.items() if k not in ("apiVersion", "kind", "metadata")}
     errors = sorted(_validator(schema).iter_errors(checked), key=lambda e: list(e.absolute_path))
-    if errors:
-        causes = [
-            f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: Invalid value: {e.message}" for e in errors
-        ]
+    causes = [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: Invalid value: {_short(e)}" for e in errors]
+    if not causes:
+        body_schema = {**schema, "properties": {k: v for k, v in (schema.get("properties") or {}).items()
+                                                if k not in ("apiVersion", "kind", "metadata")}}
+        # a root rule sees metadata.name and generateName only (apiextensions-apiserver's CEL root object)
+        metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k in ("name", "generateName")}
+        causes = list_type_errors(checked, body_schema) + cel_errors({**checked, "metadata": metadata}, body_schema)
+    if causes:
         raise ApiError(422, "Invalid", f"{obj.get('kind')} {obj.get('metadata', {}).get('name')!r} is invalid: "
                        + "; ".join(causes))
     return stored

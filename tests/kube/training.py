@@ -1,8 +1,14 @@
-"""The test plays the Kubeflow training operator / mpi-operator, through the real `kubernetes` client.
+"""The test plays the Kubeflow training operator / mpi-operator (and Kueue), through the real `kubernetes`
+client, as upstream behaves (/work/notes/upstream-controllers.md §8-§10):
 
-What they do that the gpt2bench operator depends on: job `status.conditions` (Created, Running,
-Succeeded/Failed) and the result pod — labelled `training.kubeflow.org/job-name` and `job-role`
-(`master` for PyTorchJob, `launcher` for MPIJob) — whose container terminates with a message.
+- job `status.conditions` with upstream's types, reasons and messages (`<Kind><Reason>`): Created, Running,
+  Succeeded/Failed (which flip Running to False), Suspended/Resumed; mpi-operator adds Running=False when
+  it suspends. Each condition carries `lastUpdateTime` and `lastTransitionTime` (not metav1.Condition);
+- the result pod — labelled `training.kubeflow.org/job-name` and `job-role` (`master` for PyTorchJob,
+  `launcher` for MPIJob; mpi-operator sets no replica-type on the launcher) — whose container terminates
+  with a message, and whose log (served by the emulator) ends with what the trainer printed;
+- Kueue: a mutating webhook that suspends a job carrying the queue label (`spec.runPolicy.suspend: true`),
+  and the admission that unsuspends it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import kubernetes
 
 GROUPS = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
 ROLES = {"PyTorchJob": ("master", "Master", "pytorch"), "MPIJob": ("launcher", "Launcher", "launcher")}
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 def _now() -> str:
@@ -31,22 +38,89 @@ def trainer_summary(run: str, tokens_per_second: float, **extra: Any) -> dict[st
     }  # fmt: skip
 
 
+def messages(job: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Condition type -> (reason, message) as the job's upstream controller words them."""
+    name, ns, kind = job["metadata"]["name"], job["metadata"]["namespace"], job["kind"]
+    if kind == "PyTorchJob":  # training-operator pkg/util/status.go, pytorchjob_controller.go (with a Master)
+        return {
+            "Created": ("PyTorchJobCreated", f"PyTorchJob {name} is created."),
+            "Running": ("PyTorchJobRunning", f"PyTorchJob {name} is running."),
+            "Succeeded": ("PyTorchJobSucceeded", f"PyTorchJob {name} is successfully completed."),
+            "Failed": ("PyTorchJobFailed", f"PyTorchJob {name} is failed because 1 Master replica(s) failed."),
+            "Suspended": ("PyTorchJobSuspended", f"PyTorchJob {name} is suspended."),
+            "Resumed": ("PyTorchJobResumed", f"PyTorchJob {name} is resumed."),
+        }
+    return {  # mpi-operator pkg/controller/mpi_job_controller_status.go
+        "Created": ("MPIJobCreated", f"MPIJob {ns}/{name} is created."),
+        "Running": ("MPIJobRunning", f"MPIJob {ns}/{name} is running."),
+        "Succeeded": ("MPIJobSucceeded", f"MPIJob {ns}/{name} successfully completed."),
+        "Failed": ("MPIJobFailed", f"MPIJob {ns}/{name} has failed"),
+        "Suspended": ("MPIJobSuspended", "MPIJob suspended"),
+        "Resumed": ("MPIJobResumed", "MPIJob resumed"),
+        "RunningSuspended": ("MPIJobSuspended", f"MPIJob {ns}/{name} is suspended."),
+    }
+
+
+def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
+                  ) -> list[dict[str, Any]]:
+    """Upstream's setCondition: replace the same type (transition time kept when the status holds);
+    Running and Restarting replace each other; Succeeded/Failed turn Running False."""
+    now = _now()
+    new = {"type": type_, "status": status, "reason": reason, "message": message, "lastUpdateTime": now,
+           "lastTransitionTime": now}
+    result = []
+    for old in conditions:
+        if old["type"] == type_ and old["status"] == status:
+            new["lastTransitionTime"] = old.get("lastTransitionTime", now)
+        if old["type"] == type_ or (type_ in ("Running", "Restarting") and old["type"] in ("Running", "Restarting")):
+            continue
+        if type_ in ("Succeeded", "Failed") and status == "True" and old["type"] == "Running":
+            old = {**old, "status": "False", "lastUpdateTime": now, "lastTransitionTime": now}
+        result.append(old)
+    return result + [new]
+
+
+def kueue_webhook(resource: Any, obj: dict[str, Any]) -> None:
+    """Kueue's mutating webhook for Kubeflow jobs (kueue pkg/controller/jobs/kubeflow/.../kubeflowjob_controller.go,
+    mpijob_controller.go): a job with a queue label is created suspended, until its workload is admitted."""
+    if obj.get("kind") in GROUPS and KUEUE_QUEUE_LABEL in ((obj.get("metadata") or {}).get("labels") or {}):
+        obj.setdefault("spec", {}).setdefault("runPolicy", {})["suspend"] = True
+
+
 class TrainingOperator:
-    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str = "default"):
+    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str = "default", cluster: Any = None):
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.namespace = namespace
+        self.cluster = cluster  # the EmulatedCluster, to say what containers printed (their logs)
 
     def jobs(self, benchmark: str | None = None) -> list[dict[str, Any]]:
         selector = f"gpt2bench.io/benchmark={benchmark}" if benchmark else None
         items: list[dict[str, Any]] = []
         for group, version, plural in GROUPS.values():
-            listed = self.custom.list_namespaced_custom_object(group, version, self.namespace, plural,
-                                                               label_selector=selector)
+            try:
+                listed = self.custom.list_namespaced_custom_object(group, version, self.namespace, plural,
+                                                                   label_selector=selector)
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 404:  # the kind is not served here
+                    continue
+                raise
             items += listed["items"]
         return sorted(items, key=lambda j: j["metadata"]["creationTimestamp"] + j["metadata"]["resourceVersion"])
 
-    def _set_conditions(self, job: dict[str, Any], conditions: list[dict[str, Any]]) -> None:
+    def get(self, job: dict[str, Any]) -> dict[str, Any]:
+        group, version, plural = GROUPS[job["kind"]]
+        return self.custom.get_namespaced_custom_object(group, version, self.namespace, plural,
+                                                        job["metadata"]["name"])
+
+    def _condition(self, job: dict[str, Any], *changes: tuple[str, str, str]) -> None:
+        """Apply (type, status, wording key) changes as the controller does, then write status."""
+        current = self.get(job)
+        conditions = list((current.get("status") or {}).get("conditions") or [])
+        words = messages(current)
+        for type_, status, key in changes:
+            reason, message = words[key]
+            conditions = set_condition(conditions, type_, status, reason, message)
         group, version, plural = GROUPS[job["kind"]]
         self.custom.patch_namespaced_custom_object_status(
             group, version, self.namespace, plural, job["metadata"]["name"], {"status": {"conditions": conditions}}
@@ -54,30 +128,50 @@ class TrainingOperator:
 
     def start(self, job: dict[str, Any]) -> None:
         """Created → Running, as the operators report it once the pods run."""
-        t = _now()
-        self._set_conditions(job, [
-            {"type": "Created", "status": "True", "reason": "JobCreated", "lastTransitionTime": t},
-            {"type": "Running", "status": "True", "reason": "JobRunning", "lastTransitionTime": t},
-        ])  # fmt: skip
+        self._condition(job, ("Created", "True", "Created"), ("Running", "True", "Running"))
+
+    def suspend(self, job: dict[str, Any]) -> None:
+        """The controller sees runPolicy.suspend: Suspended=True (mpi-operator also Running=False, even if it
+        never ran; the training operator only when it was running)."""
+        current = self.get(job)
+        assert (current["spec"].get("runPolicy") or {}).get("suspend") is True, "only a suspended job is"
+        changes = [("Created", "True", "Created"), ("Suspended", "True", "Suspended")]
+        was_running = any(c["type"] == "Running" and c["status"] == "True"
+                          for c in (current.get("status") or {}).get("conditions") or [])
+        if job["kind"] == "MPIJob":
+            changes.append(("Running", "False", "RunningSuspended"))
+        elif was_running:
+            changes.append(("Running", "False", "Suspended"))
+        self._condition(job, *changes)
+
+    def admit(self, job: dict[str, Any]) -> None:
+        """Kueue admits the workload (runPolicy.suspend → false); the controller says Resumed, then Running."""
+        group, version, plural = GROUPS[job["kind"]]
+        self.custom.patch_namespaced_custom_object(group, version, self.namespace, plural, job["metadata"]["name"],
+                                                   {"spec": {"runPolicy": {"suspend": False}}})
+        self._condition(job, ("Suspended", "False", "Resumed"), ("Running", "True", "Running"))
 
     def finish(self, job: dict[str, Any], *, succeeded: bool, message: str | None,
-               condition_message: str = "", exit_code: int | None = None) -> None:
-        """The result pod terminates with `message`, then the job gets its terminal condition."""
-        self._result_pod(job, message, exit_code if exit_code is not None else (0 if succeeded else 1))
-        t = _now()
+               condition_message: str | None = None, exit_code: int | None = None, log: str = "") -> None:
+        """The result pod terminates with `message` (its log: `log`), then the job gets its terminal condition
+        (worded as upstream does, unless `condition_message` says otherwise; "" means none)."""
+        self._result_pod(job, message, exit_code if exit_code is not None else (0 if succeeded else 1), log)
         final = "Succeeded" if succeeded else "Failed"
-        self._set_conditions(job, [
-            {"type": "Created", "status": "True", "reason": "JobCreated", "lastTransitionTime": t},
-            {"type": "Running", "status": "False", "reason": "JobRunning", "lastTransitionTime": t},
-            {"type": final, "status": "True", "reason": f"Job{final}", "message": condition_message,
-             "lastTransitionTime": t},
-        ])  # fmt: skip
+        if condition_message is None:
+            self._condition(job, ("Created", "True", "Created"), (final, "True", final))
+            return
+        current = self.get(job)
+        conditions = set_condition(list((current.get("status") or {}).get("conditions") or []), final, "True",
+                                   messages(current)[final][0], condition_message)
+        group, version, plural = GROUPS[job["kind"]]
+        self.custom.patch_namespaced_custom_object_status(
+            group, version, self.namespace, plural, job["metadata"]["name"], {"status": {"conditions": conditions}})
 
-    def succeed(self, job: dict[str, Any], tokens_per_second: float) -> None:
+    def succeed(self, job: dict[str, Any], tokens_per_second: float, log: str = "") -> None:
         summary = trainer_summary(job["metadata"]["name"], tokens_per_second)
-        self.finish(job, succeeded=True, message=json.dumps(summary))
+        self.finish(job, succeeded=True, message=json.dumps(summary), log=log)
 
-    def _result_pod(self, job: dict[str, Any], message: str | None, exit_code: int) -> None:
+    def _result_pod(self, job: dict[str, Any], message: str | None, exit_code: int, log: str) -> None:
         name = job["metadata"]["name"]
         role, replica, container = ROLES[job["kind"]]
         labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": role,
@@ -92,6 +186,9 @@ class TrainingOperator:
                 "uid": job["metadata"]["uid"], "controller": True}]},
             "spec": {"containers": [{"name": container, "image": "gpt2bench"}]},
         })  # fmt: skip
+        if log and self.cluster is not None:
+            key = (self.namespace, pod_name, container)
+            self.cluster.call(lambda emulator: emulator.pod_logs.__setitem__(key, log))
         reason = {0: "Completed", 137: "OOMKilled"}.get(exit_code, "Error")
         terminated = {"exitCode": exit_code, "reason": reason,
                       "startedAt": _now(), "finishedAt": _now()}

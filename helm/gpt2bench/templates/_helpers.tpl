@@ -93,3 +93,15 @@ Operator image reference; the tag defaults to the chart's appVersion.
 {{- define "gpt2bench.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
+
+{{/*
+Trainer images by device type, for the runs whose GPT2Benchmark names none.
+*/}}
+{{- define "gpt2bench.trainerImage.cpu" -}}
+{{- printf "%s:%s" .Values.trainerImage.repository (.Values.trainerImage.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "gpt2bench.trainerImage.gpu" -}}
+{{- $cpu := .Values.trainerImage.tag | default .Chart.AppVersion }}
+{{- printf "%s:%s" .Values.trainerImage.repository (.Values.trainerImage.gpuTag | default (printf "%s-cuda" $cpu)) }}
+{{- end }}

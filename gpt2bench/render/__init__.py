@@ -1,0 +1,51 @@
+"""Render each planned run as the Kubeflow job it becomes. Pure functions: the operator creates what they
+return, the local runner executes it, and `gpt2bench render FILE.yaml` prints it.
+
+The job kind follows the run's resolved backend (gpt2bench.jobkinds, docs/backends.md):
+- `pytorchjob`: PyTorchJob (kubeflow.org/v1) for every torch strategy; `mpijob`: MPIJob
+  (kubeflow.org/v2beta1) for horovod;
+- `trainjob`: a Trainer v2 TrainJob for every strategy, on the project's runtimes (`runtimes`);
+- `pods`: what their pods share (labels, env, volumes, ports, resources, scheduling, run policy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from gpt2bench.plan import Run, plan_runs
+from gpt2bench.render.mpijob import render_mpijob
+from gpt2bench.render.pods import label_value
+from gpt2bench.render.pytorchjob import render_pytorchjob
+from gpt2bench.render.trainjob import render_trainjob
+from gpt2bench.spec import Benchmark
+
+__all__ = ["dump_jobs", "label_value", "render_all", "render_job"]
+
+
+def render_job(benchmark: Benchmark, run: Run, backend: str | None = None) -> dict[str, Any]:
+    """The run's job; `backend` (resolved: trainjob | pytorchjob) overrides the one it was planned with."""
+    if backend is not None:
+        run = run.for_backend(backend)
+    if run.job_kind == "TrainJob":
+        return render_trainjob(benchmark, run)
+    if run.job_kind == "MPIJob":
+        return render_mpijob(benchmark, run)
+    return render_pytorchjob(benchmark, run)
+
+
+def render_all(benchmark: Benchmark, backend: str | None = None) -> list[dict[str, Any]]:
+    return [render_job(benchmark, run) for run in plan_runs(benchmark, backend)]
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Print repeated structures in full: `&id001` anchors confuse readers and some GitOps tools."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_jobs(jobs: list[dict[str, Any]]) -> str:
+    """Jobs as a multi-document YAML stream."""
+    return yaml.dump_all(jobs, Dumper=_NoAliasDumper, sort_keys=False, explicit_start=True)

@@ -1,0 +1,77 @@
+"""`gpt2bench render FILE.yaml`: print the Kubeflow jobs a GPT2Benchmark becomes (dry run, GitOps).
+
+The first line says which backend the jobs are for and why; `--backend` picks one offline. An `auto`
+backend needs the API server to resolve (the operator asks it, TrainJob preferred); rendered offline
+it gives the v1 jobs (gpt2bench.jobkinds.OFFLINE_BACKEND). Settings the chosen backend cannot apply
+are named on stderr.
+
+`gpt2bench render --runtimes [--image IMAGE]` prints the project's Trainer v2 runtimes instead (what
+TrainJobs point at; install them once per cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpt2bench.jobkinds import AUTO, BACKENDS, OFFLINE_BACKEND, TRAINJOB
+from gpt2bench.kubesyntax import dns1123_label_problem
+from gpt2bench.plan import resolved_backend
+from gpt2bench.render import dump_jobs, render_all
+from gpt2bench.render.runtimes import project_runtimes
+from gpt2bench.render.trainjob import trainjob_caveats
+from gpt2bench.spec import DEFAULT_IMAGE, SpecError, load_benchmark_file
+
+
+def backend_line(requested: str, flag: str | None, resolved: str) -> str:
+    """The YAML comment that heads the output: which backend, chosen by whom."""
+    if flag:
+        return f"# backend: {resolved} (--backend)"
+    if requested != AUTO:
+        return f"# backend: {resolved} (spec.backend)"
+    return (f"# backend: {resolved} (spec.backend is auto, which needs the API server: the operator prefers "
+            f"TrainJob where served; offline it renders {OFFLINE_BACKEND}; choose with --backend)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpt2bench render", description="Print the Kubeflow jobs a GPT2Benchmark YAML becomes.")
+    parser.add_argument("file", nargs="?", help="GPT2Benchmark YAML")
+    parser.add_argument("-n", "--namespace", help="namespace of the jobs (default: the resource's, else default)")
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="jobs for this backend instead of spec.backend: trainjob (Kubeflow Trainer v2 TrainJobs) "
+                             f"or pytorchjob (PyTorchJob, MPIJob); spec.backend auto renders {OFFLINE_BACKEND} "
+                             "offline (docs/backends.md)")
+    parser.add_argument("--runtimes", action="store_true",
+                        help="print the project's ClusterTrainingRuntimes (for the trainjob backend) instead")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"--runtimes: their image (default {DEFAULT_IMAGE})")
+    args = parser.parse_args(argv)
+    if args.runtimes:
+        sys.stdout.write(dump_jobs(list(project_runtimes(args.image).values())))
+        return 0
+    if args.file is None:
+        parser.error("give a GPT2Benchmark FILE (or --runtimes)")
+    try:
+        benchmark = load_benchmark_file(args.file)
+    except OSError as exc:
+        print(f"gpt2bench render: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except SpecError as exc:
+        for line in exc.lines():
+            print(f"gpt2bench render: {line}", file=sys.stderr)
+        return 2
+    if args.namespace:
+        if problem := dns1123_label_problem(args.namespace):
+            print(f"gpt2bench render: --namespace: {problem}", file=sys.stderr)
+            return 2
+        benchmark = benchmark.model_copy(update={"namespace": args.namespace})
+    backend = resolved_backend(benchmark, args.backend)
+    if backend == TRAINJOB:
+        for caveat in trainjob_caveats(benchmark):
+            print(f"gpt2bench render: note: {caveat}", file=sys.stderr)
+    sys.stdout.write(backend_line(benchmark.spec.backend, args.backend, backend) + "\n")
+    sys.stdout.write(dump_jobs(render_all(benchmark, backend)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""A run as an MPIJob (kubeflow.org/v2beta1, mpi-operator): a Launcher running mpirun, sshd Workers.
+
+Non-root, as mpi-operator's `examples/v2beta1/pi` runs: mpi-operator mounts the job's key pair at
+`sshAuthMountPath` (the image user's ~/.ssh), the Workers run `sshd -De -f ~/.sshd_config` as that user on
+port 2222 (the image's config: `Port 2222`, its PidFile and HostKey in the home folder), and mpirun reaches
+them there (`plm_rsh_args -p 2222`; mpi-operator's own `-o ConnectionAttempts=10` is kept).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt2bench.plan import Run
+from gpt2bench.protocol import LAUNCHER_CONTAINER, MPIJOB_API, OUTPUT_ENV, SSH_PORT, TRAINER_HOME, WORKER_CONTAINER
+from gpt2bench.render.pods import container_env, job_metadata, pod_template, restart_policy, run_policy
+from gpt2bench.spec import Benchmark
+
+SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
+SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{TRAINER_HOME}/.sshd_config"]
+# mpirun's ssh options: the command line wins over the OMPI_MCA_plm_rsh_args mpi-operator injects, so its
+# ConnectionAttempts is repeated here.
+RSH_ARGS = f"-p {SSH_PORT} -o ConnectionAttempts=10"
+# Forwarded from the launcher to every rank (an unset one only draws a warning from mpirun).
+MPI_FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", OUTPUT_ENV)
+
+
+def mpirun_command(run: Run) -> list[str]:
+    """The launcher's command: mpirun over the hostfile mpi-operator mounts, wrapped by `gpt2bench launch`."""
+    forward = [arg for name in MPI_FORWARDED_ENV for arg in ("-x", name)]
+    return [
+        "gpt2bench", "launch", "--",
+        "mpirun", "-np", str(run.world_size), "-mca", "plm_rsh_args", RSH_ARGS,
+        "-bind-to", "none", "-map-by", "slot", *forward,
+        "gpt2bench", "train", *run.trainer_args(),
+    ]  # fmt: skip
+
+
+def render_mpijob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
+    launcher = pod_template(
+        benchmark,
+        run,
+        {"name": LAUNCHER_CONTAINER, "command": mpirun_command(run), "env": container_env()},
+        gpus=0,
+        serves_metrics=False,
+    )
+    launcher["spec"]["containers"][0].pop("resources", None)  # mpirun alone needs little; no GPU
+    worker = pod_template(
+        benchmark,
+        run,
+        {
+            "name": WORKER_CONTAINER,
+            "command": SSHD_COMMAND,
+            "env": container_env(),
+            "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
+            # Ready once sshd listens: the launcher waits for Ready workers (WaitForWorkersReady).
+            "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "initialDelaySeconds": 1, "periodSeconds": 2},
+        },
+        gpus=run.devices_per_node,
+        serves_metrics=True,
+    )
+    restart = restart_policy(benchmark)
+    return {
+        "apiVersion": MPIJOB_API,
+        "kind": "MPIJob",
+        "metadata": job_metadata(benchmark, run),
+        "spec": {
+            "slotsPerWorker": run.procs_per_node,
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
+            "runPolicy": run_policy(benchmark, min_available=run.nodes + 1),
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": restart, "template": launcher},
+                "Worker": {"replicas": run.nodes, "restartPolicy": restart, "template": worker},
+            },
+        },
+    }

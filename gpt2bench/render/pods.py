@@ -1,0 +1,184 @@
+"""What every rendered pod shares: labels, the trainer container's env, volumes, ports, resources,
+scheduling, security, and the run policy of the Kubeflow job around it.
+
+Every pod meets the Pod Security Standards' "restricted" profile: it runs as the image's non-root user
+with the runtime's default seccomp profile, every container drops all capabilities and cannot escalate
+privileges, and no service-account token is mounted (the trainer never talks to the API server).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from gpt2bench.plan import Run
+from gpt2bench.protocol import (
+    BENCHMARK_LABEL,
+    COMPONENT_LABEL,
+    KUEUE_QUEUE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    OUTPUT_DIR,
+    OUTPUT_ENV,
+    PRECISION_LABEL,
+    RUN_LABEL,
+    STRATEGY_LABEL,
+    TRAINER_UID,
+)
+from gpt2bench.spec import Benchmark
+
+
+def label_value(text: str) -> str:
+    """Label values are <= 63 chars; long ones keep a prefix and a hash of the whole."""
+    if len(text) <= 63:
+        return text
+    return f"{text[:54].rstrip('-._')}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def job_labels(benchmark: Benchmark, run: Run) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "gpt2bench",
+        COMPONENT_LABEL: "run",
+        MANAGED_BY_LABEL: MANAGED_BY,
+        BENCHMARK_LABEL: label_value(benchmark.name),
+        RUN_LABEL: run.name,
+        STRATEGY_LABEL: run.strategy.name,
+        PRECISION_LABEL: run.precision,
+    }
+
+
+def job_metadata(benchmark: Benchmark, run: Run) -> dict[str, Any]:
+    labels = job_labels(benchmark, run)
+    if benchmark.spec.scheduling.kueue_queue:
+        labels[KUEUE_QUEUE_LABEL] = benchmark.spec.scheduling.kueue_queue
+    # No ownerReferences: ownership is the operator's (kopf.adopt); a rendered job for GitOps has no owner.
+    return {"name": run.name, "namespace": benchmark.namespace, "labels": labels}
+
+
+def run_policy(benchmark: Benchmark, min_available: int) -> dict[str, Any]:
+    spec = benchmark.spec
+    policy: dict[str, Any] = {
+        "backoffLimit": spec.run_policy.backoff_limit,
+        # Keep finished pods (their termination message holds the results); stop stragglers.
+        "cleanPodPolicy": "Running",
+    }
+    if spec.run_policy.active_deadline_seconds is not None:
+        policy["activeDeadlineSeconds"] = spec.run_policy.active_deadline_seconds
+    if spec.run_policy.ttl_seconds_after_finished is not None:
+        policy["ttlSecondsAfterFinished"] = spec.run_policy.ttl_seconds_after_finished
+    scheduling = spec.scheduling
+    if scheduling.gang or scheduling.queue:
+        gang: dict[str, Any] = {"minAvailable": min_available}
+        if scheduling.queue:
+            gang["queue"] = scheduling.queue
+        if scheduling.priority_class_name:
+            gang["priorityClass"] = scheduling.priority_class_name
+        policy["schedulingPolicy"] = gang
+    return policy
+
+
+def container_resources(benchmark: Benchmark, gpus: int) -> dict[str, Any]:
+    requests = dict(benchmark.spec.resources.requests)
+    limits = dict(benchmark.spec.resources.limits)
+    if gpus:
+        # Extended resources: requests must equal limits; set both.
+        requests["nvidia.com/gpu"] = gpus
+        limits["nvidia.com/gpu"] = gpus
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def container_env(extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+    env = {OUTPUT_ENV: OUTPUT_DIR, "PYTHONUNBUFFERED": "1", **(extra or {})}
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def pod_volumes(gpus: int) -> tuple[list[dict], list[dict]]:
+    volumes = [{"name": "output", "emptyDir": {}}]
+    mounts = [{"name": "output", "mountPath": OUTPUT_DIR}]
+    if gpus:  # NCCL needs more shared memory than the container default of 64 MiB
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def metrics_ports(port: int, processes: int) -> list[dict[str, Any]]:
+    """Named ports of a pod's trainer processes: local rank r serves on port + r (named for PodMonitors)."""
+    last = min(port + processes - 1, 65535)
+    return [
+        {"name": "metrics" if p == port else f"metrics-{p - port}", "containerPort": p, "protocol": "TCP"}
+        for p in range(port, last + 1)
+    ]
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Pod level of "restricted": non-root (the image's user, numerically, so the kubelet can check it
+    before start), RuntimeDefault seccomp; fsGroup makes mounted volumes writable by that user."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "runAsGroup": TRAINER_UID,
+        "fsGroup": TRAINER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """Container level of "restricted": no privilege escalation, every capability dropped."""
+    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_template(
+    benchmark: Benchmark, run: Run, container: dict[str, Any], *, gpus: int, serves_metrics: bool
+) -> dict[str, Any]:
+    spec = benchmark.spec
+    labels = {**spec.metrics.pod_labels, **job_labels(benchmark, run)}
+    annotations = dict(spec.metrics.pod_annotations)
+    volumes, mounts = pod_volumes(gpus)
+    container = {
+        "name": container["name"],
+        "image": spec.trainer_image(gpus=run.devices_per_node > 0),
+        "imagePullPolicy": spec.image_pull_policy,
+        "securityContext": container_security_context(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": mounts,
+        **container,
+    }
+    if serves_metrics:
+        container.setdefault("ports", []).extend(metrics_ports(spec.metrics.port, run.procs_per_node))
+        if spec.metrics.scrape_annotations:
+            annotations.update(
+                {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(spec.metrics.port),
+                    "prometheus.io/path": "/metrics",
+                }
+            )
+    resources = container_resources(benchmark, gpus)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "securityContext": pod_security_context(),
+        "automountServiceAccountToken": False,
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    metadata: dict[str, Any] = {"labels": labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": pod_spec}
+
+
+def restart_policy(benchmark: Benchmark) -> str:
+    # backoffLimit counts container restarts; with none allowed, a failed pod fails the job at once.
+    return "OnFailure" if benchmark.spec.run_policy.backoff_limit else "Never"

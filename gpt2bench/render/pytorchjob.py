@@ -1,0 +1,42 @@
+"""A run as a PyTorchJob (kubeflow.org/v1): Master (node rank 0) + Workers, each running torchrun."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gpt2bench.plan import Run
+from gpt2bench.protocol import PYTORCH_CONTAINER, PYTORCHJOB_API
+from gpt2bench.render.pods import container_env, job_metadata, pod_template, restart_policy, run_policy
+from gpt2bench.spec import Benchmark
+
+# The training operator's default rendezvous port; named so that it never guesses.
+PYTORCHJOB_PORT = 23456
+
+
+def render_pytorchjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
+    # "--" ends torchrun's own options: without it argparse's prefix matching takes the trainer's
+    # `--run NAME` for torchrun's `--run-path` and fails as ambiguous.
+    command = ["torchrun", "--no-python", "--", "gpt2bench", "train", *run.trainer_args()]
+    container = {
+        "name": PYTORCH_CONTAINER,
+        "command": command,
+        "env": container_env(),
+        "ports": [{"name": "pytorchjob-port", "containerPort": PYTORCHJOB_PORT, "protocol": "TCP"}],
+    }
+    template = pod_template(benchmark, run, container, gpus=run.devices_per_node, serves_metrics=True)
+    replica = {"restartPolicy": restart_policy(benchmark), "template": template}
+    replicas = {"Master": {"replicas": 1, **copy.deepcopy(replica)}}
+    if run.nodes > 1:
+        replicas["Worker"] = {"replicas": run.nodes - 1, **copy.deepcopy(replica)}
+    return {
+        "apiVersion": PYTORCHJOB_API,
+        "kind": "PyTorchJob",
+        "metadata": job_metadata(benchmark, run),
+        "spec": {
+            # Without it the operator's WORLD_SIZE counts pods, not processes.
+            "nprocPerNode": str(run.procs_per_node),
+            "runPolicy": run_policy(benchmark, min_available=run.nodes),
+            "pytorchReplicaSpecs": replicas,
+        },
+    }

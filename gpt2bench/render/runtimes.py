@@ -1,0 +1,184 @@
+"""The project's own Kubeflow Trainer v2 runtimes: what every rendered TrainJob points at.
+
+Two ClusterTrainingRuntimes (cluster-scoped, so every namespace's TrainJobs can use them):
+
+- `gpt2bench-torch` (every strategy but horovod): `mlPolicy.torch`, one replicated job `node` whose Job
+  template carries `trainer.kubeflow.org/trainjob-ancestor-step: trainer`, so the TrainJob's image,
+  command, env and resources land in its container `node`, and the torch plugin injects PET_* there
+  (TR torch.go). Like upstream's `torch-distributed`, plus what upstream leaves out and a TrainJob
+  cannot patch: restartPolicy Never with backoffLimit 0 (a failed trainer fails the run at once, the
+  spec's default), the termination-message policy the collector relies on, the `metrics` port, and
+  Pod Security "restricted".
+- `gpt2bench-mpi` (horovod): `mlPolicy.mpi` with OpenMPI and a non-root sshd on port 2222, shaped like
+  upstream's `deepspeed-distributed`: sshd `node`s, then the `launcher` (the trainer ancestor, container
+  also named `node`, as the MPI plugin only touches containers of that name) once they are Ready.
+  `runLauncherAsNode: true`, as upstream: only then do the `node` pods get `resourcesPerNode` (their
+  GPUs) and `trainer.env` (TR trainingruntime.go L199-237, builder.go L142-155); the plugin then makes
+  max(numNodes - 1, 1) `node` pods and lists the launcher in the hostfile too.
+
+The image is ours (the one Dockerfile: gpt2bench, torchrun, mpirun, sshd with
+/home/gpt2bench/.sshd_config on port 2222). These builders are the data the Helm chart and manifests/
+ship (issue 10, phase 2); tests validate them against the upstream CRDs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB
+from gpt2bench.protocol import SSH_PORT, TRAINJOB_API, TRAINJOB_CONTAINER
+from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
+from gpt2bench.render.pods import container_security_context, pod_security_context
+from gpt2bench.spec import DEFAULT_IMAGE, MetricsSpec
+
+TORCH_RUNTIME = "gpt2bench-torch"
+MPI_RUNTIME = "gpt2bench-mpi"
+RUNTIME_KIND = "ClusterTrainingRuntime"
+RUNTIME_PLURAL = "clustertrainingruntimes"
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # TR constants.go L36-41
+FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"  # how upstream's runtimes say what they run
+RUNTIME_IMAGE_PULL_POLICY = "IfNotPresent"
+RUNTIME_METRICS_PORT = MetricsSpec.model_fields["port"].default  # the trainer's default, 9400
+# Non-root sshd, as in the Dockerfile (and mpi-operator's base image, which Trainer's runtimes reuse).
+# (SSH_PORT, SSH_AUTH_MOUNT_PATH and SSHD_COMMAND are the MPIJob's: gpt2bench.protocol, render/mpijob.py.)
+
+
+def _container(image: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": TRAINJOB_CONTAINER,
+        "image": image,
+        "imagePullPolicy": RUNTIME_IMAGE_PULL_POLICY,
+        **extra,
+        # The collector reads the summary from the termination message, or the log tail when it is empty.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(),
+    }
+
+
+def _metrics_port() -> dict[str, Any]:
+    # A PodMonitor scrapes the port named `metrics` (local rank 0's); ports cannot be patched per TrainJob.
+    return {"name": "metrics", "containerPort": RUNTIME_METRICS_PORT, "protocol": "TCP"}
+
+
+def _replicated_job(name: str, container: dict[str, Any], *, trainer: bool, **extra: Any) -> dict[str, Any]:
+    template: dict[str, Any] = {
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": pod_security_context(),
+                    "automountServiceAccountToken": False,  # a runtimePatch cannot say it: the runtime does
+                    "containers": [container],
+                }
+            },
+        }
+    }
+    if trainer:
+        template["metadata"] = {"labels": {ANCESTOR_LABEL: "trainer"}}
+    return {"name": name, **extra, "template": template}
+
+
+def _runtime(name: str, framework: str, ml_policy: dict[str, Any], jobset_spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": TRAINJOB_API,
+        "kind": RUNTIME_KIND,
+        "metadata": {
+            "name": name,
+            "labels": {
+                FRAMEWORK_LABEL: framework,
+                "app.kubernetes.io/name": "gpt2bench",
+                "app.kubernetes.io/component": "training-runtime",
+            },
+        },
+        "spec": {"mlPolicy": ml_policy, "template": {"spec": jobset_spec}},
+    }
+
+
+def torch_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+    """`gpt2bench-torch`: the trainer's image/command come from each TrainJob; `image` is a placeholder
+    the Trainer replaces (builder.go L113-141)."""
+    node = _replicated_job(NODE_JOB, _container(image, ports=[_metrics_port()]), trainer=True)
+    return _runtime(TORCH_RUNTIME, "torch", {"numNodes": 1, "torch": {}}, {"replicatedJobs": [node]})
+
+
+def mpi_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+    """`gpt2bench-mpi`: `image` runs the sshd `node` pods, where horovod's ranks run; a TrainJob cannot
+    change it, so it must be the image the TrainJobs name (runtime_problems checks)."""
+    sshd = _container(
+        image,
+        command=SSHD_COMMAND[:1],
+        args=SSHD_COMMAND[1:],
+        ports=[{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}, _metrics_port()],
+        readinessProbe={"tcpSocket": {"port": SSH_PORT}, "initialDelaySeconds": 1, "periodSeconds": 2},
+    )
+    nodes = _replicated_job(NODE_JOB, sshd, trainer=False)
+    launcher = _replicated_job(
+        LAUNCHER_JOB, _container(image, ports=[_metrics_port()]), trainer=True,
+        dependsOn=[{"name": NODE_JOB, "status": "Ready"}],  # mpirun needs every sshd listening
+    )  # fmt: skip
+    policy = {
+        "numNodes": 1,
+        "mpi": {
+            "numProcPerNode": 1,
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
+            "runLauncherAsNode": True,
+        },
+    }
+    jobset = {
+        # Ranks resolve every host in the hostfile, the launcher's own too, before any pod is Ready.
+        "network": {"publishNotReadyAddresses": True},
+        # Done when mpirun is; the sshd `node` Job is then deleted by JobSet (JS jobset_controller.go L162-176).
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": [LAUNCHER_JOB]},
+        "replicatedJobs": [nodes, launcher],
+    }
+    return _runtime(MPI_RUNTIME, "horovod", policy, jobset)
+
+
+def project_runtimes(image: str = DEFAULT_IMAGE) -> dict[str, dict[str, Any]]:
+    """Every runtime the project ships, by name."""
+    return {runtime["metadata"]["name"]: runtime for runtime in (torch_runtime(image), mpi_runtime(image))}
+
+
+def replicated_job_containers(runtime: dict[str, Any]) -> dict[str, set[str]]:
+    """The runtime's replicated jobs and the containers each has (what a runtimePatch may name)."""
+    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    return {
+        job["name"]: {c["name"] for c in job["template"]["spec"]["template"]["spec"].get("containers", [])}
+        for job in jobs
+    }
+
+
+def runtime_problems(trainjob: dict[str, Any], runtime: dict[str, Any]) -> list[str]:
+    """Why `trainjob` would not work on `runtime` (the installed one, as read from the API): what the
+    Trainer's webhook rejects (TR jobset.go L172-209: patched replicated jobs and containers must exist
+    in the runtime) and, for MPI, an sshd image other than the trainer's (the ranks run in it)."""
+    problems = []
+    ref = trainjob["spec"]["runtimeRef"]
+    if ref["name"] != runtime["metadata"]["name"]:
+        problems.append(f"runtime {runtime['metadata']['name']!r} is not the TrainJob's {ref['name']!r}")
+    containers = replicated_job_containers(runtime)
+    for patch in trainjob["spec"].get("runtimePatches") or []:
+        for job in ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec", {}).get(
+            "replicatedJobs", []
+        ):
+            if job["name"] not in containers:
+                problems.append(f"runtime {ref['name']} has no replicated job {job['name']!r}")
+                continue
+            pod = ((job.get("template") or {}).get("spec") or {}).get("template", {}).get("spec") or {}
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                if container["name"] not in containers[job["name"]]:
+                    problems.append(f"runtime {ref['name']} job {job['name']} has no container {container['name']!r}")
+    if "mpi" in runtime["spec"].get("mlPolicy", {}):
+        image = trainjob["spec"].get("trainer", {}).get("image")
+        for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+            labels = (job["template"].get("metadata") or {}).get("labels") or {}
+            for container in job["template"]["spec"]["template"]["spec"]["containers"]:
+                if labels.get(ANCESTOR_LABEL) != "trainer" and image and container.get("image") != image:
+                    problems.append(
+                        f"runtime {ref['name']} runs its {job['name']!r} pods (where the ranks run) from image "
+                        f"{container.get('image')!r}, not the TrainJob's {image!r}"
+                    )
+    return problems
+

@@ -1,0 +1,167 @@
+"""A run as a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) on the project's runtimes.
+
+What goes where (Trainer v2.3.0; notes §1.3):
+- `spec.trainer`: image, command, env (our pods' env), numNodes, numProcPerNode, resourcesPerNode.
+  The Trainer puts them into the container `node` of the runtime's trainer job; the torch plugin adds
+  PET_NNODES/NPROC_PER_NODE/NODE_RANK/MASTER_ADDR/MASTER_PORT, which `torchrun` reads (the plugin does
+  not wrap the command, so ours calls torchrun). The MPI plugin writes the hostfile and the OMPI_MCA_*
+  env of the launcher, whose `gpt2bench launch -- mpirun ...` keeps the summary.
+- `spec.runtimePatches` (one, manager `gpt2bench.io/render`): per replicated job, what our pods share
+  (render/pods.py's pod template): labels, annotations, volumes and mounts, nodeSelector, tolerations,
+  securityContext. Patches cannot set env on `node` (webhook), ports, resources or priorityClassName.
+- metadata: the run's labels (and Kueue's queue label, which Kueue reads from the TrainJob); the
+  annotation naming the replicated job whose pod 0 holds the results (gpt2bench.jobkinds).
+- `spec.activeDeadlineSeconds`: the run's deadline.
+
+What a TrainJob cannot carry is reported by `trainjob_caveats`, not silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB, trainjob_pods
+from gpt2bench.plan import Run
+from gpt2bench.protocol import RESULT_REPLICATED_JOB_ANNOTATION, TRAINJOB_API, TRAINJOB_CONTAINER
+from gpt2bench.render.mpijob import mpirun_command
+from gpt2bench.render.pods import (
+    container_env,
+    container_resources,
+    container_security_context,
+    job_labels,
+    job_metadata,
+    pod_security_context,
+    pod_template,
+)
+from gpt2bench.render.runtimes import (
+    MPI_RUNTIME,
+    RUNTIME_IMAGE_PULL_POLICY,
+    RUNTIME_KIND,
+    RUNTIME_METRICS_PORT,
+    TORCH_RUNTIME,
+)
+from gpt2bench.spec import DEFAULT_IMAGE, Benchmark
+
+PATCH_MANAGER = "gpt2bench.io/render"  # a runtimePatch's manager must be a domain-prefixed path (webhook)
+# What a runtimePatch may set on a pod and on a container (the TrainJob CRD's PodSpecPatch/ContainerPatch).
+POD_PATCH_FIELDS = ("serviceAccountName", "volumes", "initContainers", "imagePullSecrets", "securityContext",
+                    "nodeSelector", "affinity", "tolerations", "schedulingGates", "terminationGracePeriodSeconds")
+CONTAINER_PATCH_FIELDS = ("volumeMounts", "securityContext")
+# What the project's runtimes set on every pod themselves (render/runtimes.py), where a patch could not.
+POD_SET_BY_RUNTIME = ("automountServiceAccountToken",)  # env too, but not on `node` (webhook)
+# Pod-template fields the TrainJob carries elsewhere: trainer.image/command/env/resourcesPerNode, or the
+# runtime (image pull and termination-message policies, ports).
+CARRIED_ELSEWHERE = {"name", "image", "imagePullPolicy", "command", "args", "env", "resources", "ports",
+                     "terminationMessagePolicy"}  # fmt: skip
+
+
+def torchrun_command(run: Run) -> list[str]:
+    # torchrun reads the PET_* the torch plugin injects; "--" keeps `--run` from matching `--run-path`.
+    return ["torchrun", "--no-python", "--", "gpt2bench", "train", *run.trainer_args()]
+
+
+def mpi_launcher_command(run: Run) -> list[str]:
+    """mpirun as in the MPIJob (render/mpijob.py), which reaches the non-root sshd on port 2222 with
+    `-mca plm_rsh_args` on the command line: Open MPI ranks that above the MPI plugin's own
+    OMPI_MCA_plm_rsh_args (`-o ConnectionAttempts=10`, kept in ours)."""
+    return mpirun_command(run)
+
+
+def pod_patch(template: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A pod template (render/pods.py) as a runtimePatch's pod template, and the fields it had that a
+    patch cannot set and nothing else carries (for caveats). The restricted security contexts are
+    added where the template has none."""
+    spec, (container,) = template["spec"], template["spec"]["containers"]
+    patch_spec = {key: spec[key] for key in POD_PATCH_FIELDS if key in spec}
+    patch_spec.setdefault("securityContext", pod_security_context())
+    container_patch = {key: container[key] for key in CONTAINER_PATCH_FIELDS if key in container}
+    container_patch.setdefault("securityContext", container_security_context())
+    patch_spec["containers"] = [{"name": TRAINJOB_CONTAINER, **container_patch}]
+    dropped = [f"pod.{key}" for key in spec if key not in POD_PATCH_FIELDS + POD_SET_BY_RUNTIME and key != "containers"]
+    dropped += [f"container.{key}" for key in container if key not in CONTAINER_PATCH_FIELDS + tuple(CARRIED_ELSEWHERE)]
+    return {"metadata": template["metadata"], "spec": patch_spec}, dropped
+
+
+def runtime_patch(benchmark: Benchmark, run: Run) -> dict[str, Any]:
+    replicated_jobs = []
+    for name in trainjob_pods(run.strategy.name, run.nodes):
+        container = {"name": TRAINJOB_CONTAINER, "env": container_env()}
+        template = pod_template(benchmark, run, container, gpus=run.devices_per_node, serves_metrics=True)
+        pod, _ = pod_patch(template)
+        replicated_jobs.append({"name": name, "template": {"spec": {"template": pod}}})
+    return {
+        "manager": PATCH_MANAGER,
+        "trainingRuntimeSpec": {
+            "template": {
+                "metadata": {"labels": job_labels(benchmark, run)},  # onto the JobSet (TR trainingruntime.go L144-161)
+                "spec": {"replicatedJobs": replicated_jobs},
+            }
+        },
+    }
+
+
+def render_trainjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
+    spec = benchmark.spec
+    horovod = run.strategy.name == "horovod"
+    trainer: dict[str, Any] = {
+        "image": spec.trainer_image(gpus=run.devices_per_node > 0),
+        "command": mpi_launcher_command(run) if horovod else torchrun_command(run),
+        "env": container_env(),
+        "numNodes": run.nodes,
+        # torch: PET_NPROC_PER_NODE (never "auto": the CPU count of a request would be guessed);
+        # MPI: slots per host in the hostfile.
+        "numProcPerNode": run.procs_per_node,
+    }
+    resources = container_resources(benchmark, run.devices_per_node)
+    if resources:
+        trainer["resourcesPerNode"] = resources
+    metadata = job_metadata(benchmark, run)
+    metadata["name"] = run.job_name  # shorter than the run's name where JobSet's pod names need room
+    metadata["annotations"] = {RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if horovod else NODE_JOB}
+    job_spec: dict[str, Any] = {
+        "runtimeRef": {
+            "apiGroup": TRAINJOB_API.split("/")[0],
+            "kind": RUNTIME_KIND,
+            "name": MPI_RUNTIME if horovod else TORCH_RUNTIME,
+        },
+        "trainer": trainer,
+        "runtimePatches": [runtime_patch(benchmark, run)],
+    }
+    if spec.run_policy.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = spec.run_policy.active_deadline_seconds
+    return {"apiVersion": TRAINJOB_API, "kind": "TrainJob", "metadata": metadata, "spec": job_spec}
+
+
+def trainjob_caveats(benchmark: Benchmark) -> list[str]:
+    """`field: why` for each spec setting a TrainJob on the project's runtimes does not apply. Runs still
+    go (none of these changes what is measured); `gpt2bench render` prints them, and the operator is
+    meant to show them on the resource."""
+    spec = benchmark.spec
+    caveats = []
+    if spec.run_policy.backoff_limit:
+        caveats.append(f"spec.runPolicy.backoffLimit: {spec.run_policy.backoff_limit} is not applied: the runtimes' "
+                       "Jobs have backoffLimit 0 and a TrainJob cannot change it, so a failed pod fails its run")
+    if spec.run_policy.ttl_seconds_after_finished is not None:
+        caveats.append("spec.runPolicy.ttlSecondsAfterFinished is not applied: a TrainJob has no TTL; finished "
+                       "TrainJobs stay until their GPT2Benchmark (their owner) is deleted")
+    if spec.scheduling.gang or spec.scheduling.queue:
+        caveats.append("spec.scheduling.gang/queue is not applied: Trainer v2 gang-schedules through a runtime's "
+                       "podGroupPolicy; with TrainJobs use Kueue (spec.scheduling.kueueQueue), which admits all "
+                       "of a job's pods at once")
+    if spec.scheduling.priority_class_name:
+        caveats.append("spec.scheduling.priorityClassName is not applied: a TrainJob cannot set its pods' "
+                       "priorityClassName (Kueue's kueue.x-k8s.io/priority-class label is the Trainer v2 way)")
+    if spec.metrics.port != RUNTIME_METRICS_PORT:
+        caveats.append(f"spec.metrics.port: the trainers serve {spec.metrics.port} (the pods' prometheus.io/port "
+                       f"says so), but the runtimes' container port `metrics`, which PodMonitors scrape, is "
+                       f"{RUNTIME_METRICS_PORT}")
+    if spec.image_pull_policy != RUNTIME_IMAGE_PULL_POLICY:
+        caveats.append(f"spec.imagePullPolicy: {spec.image_pull_policy} is not applied: the runtimes set "
+                       f"{RUNTIME_IMAGE_PULL_POLICY}")
+    horovod_images = {spec.trainer_image(gpus=scale.devices_per_node > 0) for scale in spec.sweep.scales
+                       if any(s.name == "horovod" for s in spec.sweep.strategies)} - {DEFAULT_IMAGE}
+    if horovod_images:
+        caveats.append(f"spec.image: horovod's ranks run in the {MPI_RUNTIME} runtime's sshd pods, whose image "
+                       f"is the runtime's, not {', '.join(sorted(horovod_images))}: install the runtime with "
+                       f"that image")
+    return caveats

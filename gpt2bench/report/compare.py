@@ -1,0 +1,140 @@
+"""`gpt2bench compare A B`: two results folders side by side (two clusters, two GPU types, before and after a
+driver upgrade). Configurations are matched by strategy, precision and scale (run names carry the benchmark's
+name, so they differ); B ÷ A says how B compares, and whether the difference is beyond the repeats' spread.
+
+    gpt2bench compare results/a100 results/h100 [--output compare.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpt2bench.files import write_atomic
+from gpt2bench.report.analysis import analyze
+from gpt2bench.report.cli import DocumentError, load_folder
+from gpt2bench.report.markdown import VERDICTS, value_text
+from gpt2bench.report.measures import (
+    Configuration,
+    Metric,
+    Stat,
+    configurations,
+    hardware,
+    peak_memory,
+    tokens_per_second,
+    tokens_per_second_per_device,
+)
+from gpt2bench.report.table import MIB, NO_VALUE, fmt_stat, markdown_table
+from gpt2bench.status import Analysis, Recommendation, ResultsDocument
+
+# header, figure, format, scale
+FIGURES: list[tuple[str, Metric, str, float]] = [
+    ("tokens/s", tokens_per_second, ",.0f", 1.0),
+    ("per device", tokens_per_second_per_device, ",.0f", 1.0),
+    ("peak mem (MiB)", peak_memory, ",.1f", 1 / MIB),
+]
+
+
+def beyond_noise(a: Stat, b: Stat) -> str:
+    """The report's noise rule: a difference counts when it exceeds the sum of the two spreads."""
+    if a.spread is None or b.spread is None:
+        return "spread unknown"
+    return "yes" if abs(a.mean - b.mean) > a.spread + b.spread else "no (within spread)"
+
+
+def _key(config: Configuration) -> tuple[str, str, str]:
+    return config.strategy, config.precision, config.scale.label
+
+
+def figures_markdown(a: list[Configuration], b: list[Configuration]) -> str:
+    theirs = {_key(c): c for c in b}
+    headers = ["configuration", "scale"]
+    for header, *_ in FIGURES:
+        headers += [f"{header} A", f"{header} B", "B ÷ A"]
+    headers.append("tokens/s beyond noise")
+    rows = []
+    for mine in (c for c in a if _key(c) in theirs):
+        other = theirs[_key(mine)]
+        row = [mine.label, mine.scale.label]
+        for _, metric, spec, scale in FIGURES:
+            x, y = mine.stat(metric), other.stat(metric)
+            ratio = f"{y.mean / x.mean:.2f}" if x and y and x.mean else NO_VALUE
+            row += [fmt_stat(x, spec, scale), fmt_stat(y, spec, scale), ratio]
+        x, y = mine.stat(tokens_per_second), other.stat(tokens_per_second)
+        row.append(beyond_noise(x, y) if x and y else NO_VALUE)
+        rows.append(row)
+    text = markdown_table(headers, rows, {"configuration", "scale", "tokens/s beyond noise"})
+    for side, configs, others in (("A", a, {_key(c) for c in b}), ("B", b, {_key(c) for c in a})):
+        alone = [f"{c.label} {c.scale.label}" for c in configs if _key(c) not in others]
+        if alone:
+            text += f"\nOnly in {side}: {', '.join(alone)}.\n"
+    return text
+
+
+def _pick(rec: Recommendation | None) -> str:
+    if rec is None:
+        return NO_VALUE
+    if rec.strategy is None:
+        return f"not measurable: {rec.note}"
+    decision = {"clear": "clear", "no-clear-winner": "no clear winner", "spread-unknown": "spread unknown",
+                "only-candidate": "only candidate"}.get(rec.decision, rec.decision)
+    return f"{rec.strategy}-{rec.precision} {value_text(rec.value, rec.unit)} ({decision})"
+
+
+def recommendations_markdown(a: Analysis, b: Analysis) -> str:
+    keyed = [{(r.objective, r.scale): r for r in side.recommendations} for side in (a, b)]
+    keys = list(dict.fromkeys([*keyed[0], *keyed[1]]))
+    rows = [[scale or "all scales", objective, _pick(keyed[0].get((objective, scale))),
+             _pick(keyed[1].get((objective, scale)))] for objective, scale in keys]
+    return markdown_table(["scale", "objective", "A", "B"], rows, {"scale", "objective", "A", "B"})
+
+
+def findings_markdown(a: Analysis, b: Analysis) -> str:
+    theirs = {f.id: f for f in b.findings}
+    rows = []
+    for mine in a.findings:
+        other = theirs.get(mine.id)
+        rows.append([mine.claim, f"**{VERDICTS[mine.verdict]}**: {mine.measured}",
+                     f"**{VERDICTS[other.verdict]}**: {other.measured}" if other else NO_VALUE])
+    return markdown_table(["claim", "A", "B"], rows, {"claim", "A", "B"})
+
+
+def compare_markdown(a: ResultsDocument, b: ResultsDocument, a_label: str, b_label: str) -> str:
+    analyses = [doc.analysis or analyze(doc.runs, doc.spec) for doc in (a, b)]
+    lines = [f"# Compare A `{a_label}` with B `{b_label}`", ""]
+    for side, doc, label in (("A", a, a_label), ("B", b, b_label)):
+        lines.append(f"- {side}: `{label}`: benchmark `{doc.benchmark or '?'}`, phase {doc.phase}, on "
+                     f"{hardware(doc.runs)}" + (f", finished {doc.completion_time}" if doc.completion_time else ""))
+    lines += ["", "## Figures (configurations in both; mean ± sample std over repeats)", "",
+              figures_markdown(configurations(a.runs), configurations(b.runs)),
+              "## Recommendations", "", recommendations_markdown(*analyses),
+              "## The papers' findings", "", findings_markdown(*analyses)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpt2bench compare",
+        description="Put two benchmarks' results side by side: two results folders (from `gpt2bench run`, or "
+        "`gpt2bench report --cluster NAME --output DIR`).")
+    parser.add_argument("a", metavar="A", help="results folder A (holds results.json)")
+    parser.add_argument("b", metavar="B", help="results folder B")
+    parser.add_argument("--output", "-o", metavar="FILE", help="also write the comparison to FILE (markdown)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    docs = []
+    for side, folder in (("A", args.a), ("B", args.b)):
+        try:
+            docs.append(load_folder(Path(folder)))
+        except DocumentError as exc:
+            print(f"gpt2bench compare: {side}: {exc}", file=sys.stderr)
+            return 2
+    text = compare_markdown(docs[0], docs[1], args.a, args.b)
+    sys.stdout.write(text)
+    if args.output:
+        write_atomic(args.output, text)
+    return 0

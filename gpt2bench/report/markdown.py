@@ -1,0 +1,154 @@
+"""results.md: the recommendation first, then the scaling efficiencies, the papers' findings, the runs, the
+plots. Reads a `ResultsDocument` whose `analysis` is set (`analysis.analyze`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpt2bench.report.measures import configurations, hardware
+from gpt2bench.report.table import (
+    MIB,
+    NO_VALUE,
+    configurations_markdown,
+    fmt,
+    markdown_table,
+    repeated,
+    results_table_markdown,
+)
+from gpt2bench.status import Analysis, Recommendation, ResultsDocument
+
+OBJECTIVE_ORDER = ("fastest", "leanest", "cheapest", "scalable")
+VERDICTS = {"holds": "holds", "does-not-hold": "does not hold", "inconclusive": "inconclusive (within noise)",
+            "not-measurable": "not measurable with this sweep"}
+
+
+def value_text(value: float | None, unit: str | None) -> str:
+    if value is None:
+        return NO_VALUE
+    if unit == "bytes":
+        return f"{fmt(value, ',.1f', 1 / MIB)} MiB"
+    if unit == "tokens/s":
+        return f"{fmt(value, ',.0f')} tokens/s"
+    if unit == "ratio":
+        return f"{fmt(value, '.2f')} efficiency"
+    return f"{value:.4g} {unit or ''}".rstrip()
+
+
+def decision_text(rec: Recommendation) -> str:
+    margin = NO_VALUE if rec.margin is None else f"{rec.margin:.1%}"
+    spread = NO_VALUE if rec.combined_spread is None else f"{rec.combined_spread:.1%}"
+    if rec.decision == "clear":
+        return f"clear: margin {margin} > spread {spread}"
+    if rec.decision == "no-clear-winner":
+        return f"no clear winner: margin {margin} within spread {spread}; tied: {', '.join(rec.tied or [])}"
+    if rec.decision == "spread-unknown":
+        return "single measurement, spread unknown"
+    if rec.decision == "only-candidate":
+        return "only candidate"
+    return f"not measurable: {rec.note}"
+
+
+def headline(analysis: Analysis) -> str:
+    rec = analysis.recommended
+    if rec is None:
+        return "No recommendation: no run succeeded."
+    ahead = f", {rec.margin:.1%} ahead of {rec.runner_up}" if rec.runner_up and rec.margin is not None else ""
+    return (f"**Recommended at the largest scale measured ({rec.scale}): {rec.run}** ({rec.strategy}, "
+            f"{rec.precision}): fastest, {value_text(rec.value, rec.unit)}{ahead}; {decision_text(rec)}.")
+
+
+def _ordered(recs: list[Recommendation]) -> list[Recommendation]:
+    scale_order = list(dict.fromkeys(r.scale for r in recs if r.scale is not None)) + [None]
+    return sorted(recs, key=lambda r: (scale_order.index(r.scale), OBJECTIVE_ORDER.index(r.objective)))
+
+
+def recommendations_markdown(analysis: Analysis) -> str:
+    rows = [[rec.scale or "all scales", rec.objective, rec.run or NO_VALUE, value_text(rec.value, rec.unit),
+             f"{rec.runner_up} ({value_text(rec.runner_up_value, rec.unit)})" if rec.runner_up else NO_VALUE,
+             NO_VALUE if rec.margin is None else f"{rec.margin:.1%}", decision_text(rec)]
+            for rec in _ordered(analysis.recommendations)]
+    headers = ["scale", "objective", "recommended", "value", "runner-up", "margin", "decision"]
+    lines = [markdown_table(headers, rows, {"scale", "objective", "recommended", "runner-up", "decision"})]
+    excluded = {rec.scale or "all scales": rec.excluded for rec in analysis.recommendations if rec.excluded}
+    lines += [f"Not compared at {scale} (did not succeed): {', '.join(names)}.\n" for scale, names in excluded.items()]
+    return "\n".join(lines)
+
+
+def recommendation_lines(analysis: Analysis) -> list[str]:
+    """The terminal's short form: the headline, then one line per recommendation."""
+    lines = [headline(analysis).replace("**", "")]
+    for rec in _ordered(analysis.recommendations):
+        lines.append(f"  {rec.scale or 'all scales'} {rec.objective}: {rec.run or NO_VALUE} "
+                     f"{value_text(rec.value, rec.unit)} ({decision_text(rec)})")
+    return lines
+
+
+def scaling_markdown(analysis: Analysis) -> str:
+    if not analysis.scaling:
+        return "Not measurable: every strategy and precision ran at one scale only.\n"
+    rows = []
+    for row in analysis.scaling:
+        baseline = row.scale == row.baseline_scale
+        efficiency = "1 (baseline)" if baseline else fmt(row.efficiency, ".2f") + (
+            "" if row.spread is None else f" ± {row.spread:.2f}")
+        rows.append([row.strategy, row.precision, row.scale, str(row.devices),
+                     fmt(row.tokens_per_second_per_device, ",.0f"), efficiency])
+    headers = ["strategy", "precision", "scale", "devices", "tokens/s per device", "efficiency"]
+    return markdown_table(headers, rows, {"strategy", "precision", "scale"})
+
+
+def findings_markdown(analysis: Analysis) -> str:
+    rows = [[f.claim, f.source, f.measured, f"**{VERDICTS[f.verdict]}**"] for f in analysis.findings]
+    return markdown_table(["claim", "source", "measured here", "verdict"], rows,
+                          {"claim", "source", "measured here", "verdict"})
+
+
+def _spec_line(spec: dict[str, Any]) -> str:
+    model = spec.get("model") or {}
+    training = spec.get("training") or {}
+    parts = [f"model `{model.get('preset', 'tiny')}`"]
+    for key, label in (("seqLen", "seq"), ("microBatchSize", "micro-batch"), ("gradAccum", "grad-accum"),
+                       ("steps", "steps"), ("warmupSteps", "warm-up steps")):
+        if key in training:
+            parts.append(f"{label} {training[key]}")
+    parts.append(f"repeats {(spec.get('sweep') or {}).get('repeats', 1)}")
+    cost = spec.get("cost") or {}
+    prices = [f"{cost[key]} {cost.get('currency', 'USD')}/{label}" for key, label in
+              (("gpuHour", "GPU-hour"), ("nodeHour", "node-hour")) if cost.get(key) is not None]
+    if prices:
+        parts.append("prices " + ", ".join(prices))
+    return ", ".join(parts)
+
+
+def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -> str:
+    devices = {bool(r.devices_per_node) for r in doc.runs}
+    kind = "GPU figures" if devices == {True} else "CPU figures" if devices == {False} else "CPU and GPU figures"
+    lines = [f"# GPT2Benchmark `{doc.benchmark or '?'}`: results ({kind}, {hardware(doc.runs)})", ""]
+    meta = [f"phase **{doc.phase}**"]
+    meta += [f"namespace `{doc.namespace}`"] if doc.namespace else []
+    meta += [f"started {doc.start_time}"] if doc.start_time else []
+    meta += [f"finished {doc.completion_time}"] if doc.completion_time else []
+    lines += ["; ".join(meta) + ".", ""]
+    if doc.spec:
+        lines += [_spec_line(doc.spec) + ".", ""]
+    if doc.analysis:
+        lines += ["## Recommendation", "", headline(doc.analysis), "", recommendations_markdown(doc.analysis),
+                  "## Scaling efficiency", "",
+                  "Tokens/s per device ÷ the same strategy and precision at its smallest scale.", "",
+                  scaling_markdown(doc.analysis),
+                  "## The papers' findings on this hardware", "", findings_markdown(doc.analysis)]
+    lines += ["## Runs", "", results_table_markdown(doc)]
+    counts: dict[str, int] = {}
+    for run in doc.runs:
+        counts[run.phase] = counts.get(run.phase, 0) + 1
+    lines += [", ".join(f"{n} {phase}" for phase, n in counts.items()) + f" of {len(doc.runs)} runs.", ""]
+    if repeated(doc):
+        lines += ["Configurations: mean ± sample standard deviation over their succeeded repeats.", "",
+                  configurations_markdown(configurations(doc.runs))]
+    lines += [("Definitions: docs/metrics.md (tokens/s excludes warm-up steps; peak memory is the largest across "
+               "ranks) and docs/analysis.md (scale, spread, margin, cost, scaling efficiency, verdicts)."), ""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(plot).stem}]({plot})\n" for plot in plots]
+    lines += [f"_{note}_\n" for note in notes]
+    return "\n".join(lines).rstrip() + "\n"

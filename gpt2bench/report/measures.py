@@ -1,0 +1,236 @@
+"""What the analysis compares: scales, configurations (a run and its repeats), their figures with a mean and a
+spread, cost per 1 M tokens and scaling efficiency. Pure functions of the results entries; every definition
+is in docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpt2bench.status import SUCCEEDED, RunStatus
+
+Metric = Callable[[RunStatus], "float | None"]
+
+
+@dataclass(frozen=True, order=True)
+class Scale:
+    """Where a run trains: its devices (GPUs, or worker processes on CPU; parameter servers are not devices)
+    and its nodes (pods). Runs at one scale train on the same global batch. Ordered smallest first."""
+
+    devices: int
+    nodes: int
+    gpu: bool
+
+    @property
+    def label(self) -> str:
+        """`2×4 GPU`: nodes × devices per node."""
+        return f"{self.nodes}×{self.devices // max(self.nodes, 1)} {'GPU' if self.gpu else 'CPU'}"
+
+
+def run_devices(run: RunStatus) -> int:
+    """The entry's `devices`; for documents written before it existed: GPUs, else the workers of its results."""
+    if run.devices:
+        return run.devices
+    if run.devices_per_node:
+        return run.nodes * run.devices_per_node
+    if run.results and run.results.world_size:
+        return run.results.world_size
+    return run.nodes * run.processes_per_node
+
+
+def scale_of(run: RunStatus) -> Scale:
+    return Scale(run_devices(run), run.nodes, bool(run.devices_per_node))
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A figure over a configuration's succeeded repeats: the mean, and the sample standard deviation as its
+    spread (None below 2 measurements: the spread is unknown)."""
+
+    mean: float
+    spread: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Stat | None:
+        known = [float(v) for v in values if v is not None]
+        if not known:
+            return None
+        return cls(statistics.fmean(known), statistics.stdev(known) if len(known) >= 2 else None, len(known))
+
+
+def configuration_name(run: RunStatus) -> str:
+    """The name a configuration's repeats share: the run name without its `-r<k>` (plan.run_name keeps it whole)."""
+    suffix = f"-r{run.repeat}"
+    return run.name[: -len(suffix)] if run.repeat and run.name.endswith(suffix) else run.name
+
+
+@dataclass
+class Configuration:
+    """One strategy × precision × scale, with every run of it (its repeats)."""
+
+    name: str
+    strategy: str
+    precision: str
+    scale: Scale
+    runs: list[RunStatus] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy}-{self.precision}"
+
+    @property
+    def succeeded(self) -> list[RunStatus]:
+        return [run for run in self.runs if run.phase == SUCCEEDED and run.results is not None]
+
+    @property
+    def not_succeeded(self) -> list[RunStatus]:
+        return [run for run in self.runs if run not in self.succeeded]
+
+    def stat(self, metric: Metric) -> Stat | None:
+        return Stat.of(metric(run) for run in self.succeeded)
+
+
+def configurations(runs: Iterable[RunStatus]) -> list[Configuration]:
+    """Runs grouped by (strategy, precision, scale), in the order their first run appears (plan order)."""
+    grouped: dict[tuple[str, str, Scale], Configuration] = {}
+    for run in runs:
+        key = (run.strategy, run.precision, scale_of(run))
+        if key not in grouped:
+            grouped[key] = Configuration(configuration_name(run), run.strategy, run.precision, key[2])
+        grouped[key].runs.append(run)
+    return list(grouped.values())
+
+
+def scales(configs: Iterable[Configuration]) -> list[Scale]:
+    return sorted({c.scale for c in configs})
+
+
+# ------------------------------------------------------------------ figures of one run
+def result(name: str) -> Metric:
+    """A figure of the run's `results` (docs/metrics.md)."""
+    return lambda run: getattr(run.results, name, None) if run.results else None
+
+
+tokens_per_second = result("tokens_per_second")
+peak_memory = result("peak_memory_bytes")
+train_seconds = result("train_seconds")
+grad_norm = result("grad_norm")
+final_loss = result("final_loss")
+
+
+def tokens_per_second_per_device(run: RunStatus) -> float | None:
+    figures = run.results
+    if figures is None:
+        return None
+    if figures.tokens_per_second_per_device is not None:
+        return figures.tokens_per_second_per_device
+    return figures.tokens_per_second / run_devices(run) if figures.tokens_per_second is not None else None
+
+
+def memory_per_rank(run: RunStatus) -> tuple[float | None, str]:
+    """The per-rank memory the FSDP claim is about: CUDA peak allocated on GPUs; on CPU the model state per
+    rank, because a CPU's peak RSS is a process-wide high-water mark dominated by the libraries."""
+    if run.devices_per_node:
+        return peak_memory(run), "peak memory"
+    figures = run.results
+    if figures is not None and figures.state_bytes is not None:
+        return figures.state_bytes, "model state"
+    return peak_memory(run), "peak RSS"
+
+
+# ------------------------------------------------------------------ cost
+@dataclass(frozen=True)
+class Prices:
+    """`spec.cost`: what one GPU and one node (pod) cost per hour."""
+
+    gpu_hour: float = 0.0
+    node_hour: float = 0.0
+    currency: str = "USD"
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any] | None) -> Prices | None:
+        cost = (spec or {}).get("cost")
+        if not isinstance(cost, dict):
+            return None
+        return cls(float(cost.get("gpuHour") or 0), float(cost.get("nodeHour") or 0),
+                   str(cost.get("currency") or "USD"))
+
+    @property
+    def unit(self) -> str:
+        return f"{self.currency} per 1M tokens"
+
+    def hourly(self, run: RunStatus) -> float | None:
+        """Price per hour of what the run holds: every GPU of its pods and every pod (the MPIJob launcher, which
+        trains nothing, is not counted). None when that is 0: the prices do not cover this run."""
+        price = self.gpu_hour * run.nodes * run.devices_per_node + self.node_hour * run.nodes
+        return price or None
+
+    def per_million_tokens(self, run: RunStatus) -> float | None:
+        """hourly price ÷ (tokens/s × 3600) × 10^6, at the measured (warm-up excluded) throughput."""
+        price, tps = self.hourly(run), tokens_per_second(run)
+        if price is None or not tps:
+            return None
+        return price / (tps * 3600) * 1e6
+
+
+# ------------------------------------------------------------------ scaling efficiency
+@dataclass(frozen=True)
+class Efficiency:
+    config: Configuration
+    baseline: Configuration
+    stat: Stat  # mean: the efficiency; spread: propagated from both configurations' spreads
+
+
+def baselines(configs: Iterable[Configuration]) -> dict[tuple[str, str], Configuration]:
+    """Per (strategy, precision): its configuration at the smallest scale with a per-device throughput."""
+    found: dict[tuple[str, str], Configuration] = {}
+    for config in configs:
+        if config.stat(tokens_per_second_per_device) is None:
+            continue
+        key = (config.strategy, config.precision)
+        if key not in found or config.scale < found[key].scale:
+            found[key] = config
+    return found
+
+
+def efficiencies(configs: list[Configuration]) -> list[Efficiency]:
+    """Scaling efficiency of every configuration whose strategy and precision also ran at a smaller scale:
+    mean tokens/s per device ÷ the baseline's mean. Spread: efficiency × (the two coefficients of variation
+    added), the first-order bound for a ratio; unknown when either side was measured once."""
+    base = baselines(configs)
+    found = []
+    for config in configs:
+        baseline = base.get((config.strategy, config.precision))
+        here = config.stat(tokens_per_second_per_device)
+        if baseline is None or baseline is config or here is None:
+            continue
+        there = baseline.stat(tokens_per_second_per_device)
+        value = here.mean / there.mean
+        spread = None
+        if here.spread is not None and there.spread is not None:
+            spread = value * (here.spread / here.mean + there.spread / there.mean)
+        found.append(Efficiency(config, baseline, Stat(value, spread, here.n)))
+    return found
+
+
+def run_efficiency(run: RunStatus, configs: list[Configuration]) -> float | None:
+    """One run's tokens/s per device ÷ its baseline configuration's mean (the CSV's per-run figure; their
+    mean over a configuration's repeats is the configuration's efficiency)."""
+    baseline = baselines(configs).get((run.strategy, run.precision))
+    value = tokens_per_second_per_device(run)
+    if baseline is None or baseline.scale == scale_of(run) or value is None:
+        return None
+    return value / baseline.stat(tokens_per_second_per_device).mean
+
+
+def hardware(runs: Iterable[RunStatus]) -> str:
+    """What the succeeded runs trained on, from their `deviceName`: `NVIDIA H100 80GB HBM3`, `AMD EPYC (CPU)`."""
+    names = dict.fromkeys(
+        f"{run.results.device_name}{'' if run.devices_per_node else ' (CPU)'}"
+        for run in runs if run.phase == SUCCEEDED and run.results and run.results.device_name
+    )
+    return " / ".join(names) or "device not reported"

@@ -1,0 +1,142 @@
+"""The one validation of a GPT2Benchmark, shared by `gpt2bench render`, `run`, `report` and the operator.
+
+- `load_benchmark_file(path)`: a file as `render` and `run` read it (file-level safety: gpt2bench.documents);
+- `load_benchmark(document)`: a whole resource as `kubectl apply` sends it: apiVersion, kind, metadata
+  (names, labels, annotations as the API server checks them), spec, and its size;
+- `validate_spec(spec)`: the spec alone, as the operator gets it from the API server;
+- `results_spec(document)`: the spec of a results document, for `gpt2bench report`.
+
+Each raises `SpecError` listing every problem as (field path as written, message). The models and their
+rules are in gpt2bench.spec, which re-exports these names. Rules and where each is enforced:
+docs/validation.md.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from gpt2bench import documents, kubesyntax
+from gpt2bench.fielderrors import field_errors, field_path
+from gpt2bench.kubesyntax import shown
+from gpt2bench.spec import API_GROUP, API_VERSION, KIND, Benchmark, GPT2BenchmarkSpec
+from gpt2bench.spectypes import SpecModel
+
+# A GPT2Benchmark without its status, as compact JSON. `kubectl apply` copies the object into an annotation
+# and the operator keeps two more copies of its spec in annotations; the API server allows 256 KiB of
+# annotations per object, so three copies of 64 KiB leave room for the user's own.
+MAX_OBJECT_BYTES = 64 * 1024
+
+
+class SpecError(ValueError):
+    """A GPT2Benchmark that cannot run: `errors` is a list of (field path, message), `source` the file."""
+
+    def __init__(self, errors: list[tuple[str, str]], source: str | None = None):
+        self.errors = errors
+        self.source = source
+        super().__init__("; ".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        """One line per error: `FILE: field: message` (without the parts that are not known)."""
+        return [": ".join(part for part in (self.source, path, message) if part) for path, message in self.errors]
+
+
+def _json_size(value: Any) -> int | None:
+    """Bytes of `value` as compact JSON (as the API server stores it); None when it is no JSON data."""
+    try:
+        return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+    except (ValueError, TypeError, RecursionError):
+        return None
+
+
+def _too_large(value: Any, what: str) -> str | None:
+    size = _json_size(value)
+    if size is None:
+        return "is not JSON data (a cyclic or too deeply nested structure)"
+    if size > MAX_OBJECT_BYTES:
+        return (f"{what} takes {size} bytes as JSON, more than {MAX_OBJECT_BYTES}: kubectl apply and the operator "
+                "keep copies of it in annotations, which the API server limits to 256 KiB; split the sweep into "
+                "several GPT2Benchmarks")
+    return None
+
+
+def validate_spec(spec: Any) -> GPT2BenchmarkSpec:
+    """Validate a resource's `spec` mapping; raise SpecError naming every bad field."""
+    if not isinstance(spec, dict):
+        raise SpecError([("spec", f"must be a mapping, got {shown(spec)}")])
+    if problem := _too_large(spec, "the spec"):
+        raise SpecError([("spec", problem)])
+    try:
+        return GPT2BenchmarkSpec.model_validate(spec, by_alias=True, by_name=False)
+    except ValidationError as exc:
+        raise SpecError(field_errors(exc, ("spec",), _FIELD_NAMES)) from None
+
+
+def _field_names(model: type[BaseModel]) -> set[str]:
+    """Every camelCase field name of the spec's models (for "did you mean" hints)."""
+    names: set[str] = set()
+    for info in model.model_fields.values():
+        names.add(info.alias or "")
+        for inner in typing.get_args(info.annotation) + (info.annotation,):
+            for candidate in (inner, *typing.get_args(inner)):
+                if isinstance(candidate, type) and issubclass(candidate, SpecModel) and candidate is not model:
+                    names |= _field_names(candidate)
+    return names
+
+
+_FIELD_NAMES = _field_names(GPT2BenchmarkSpec)
+_TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+def load_benchmark(document: Any) -> Benchmark:
+    """Validate a full resource (apiVersion, kind, metadata, spec) as the API server and the operator would."""
+    if not isinstance(document, dict):
+        raise SpecError([("", f"a GPT2Benchmark must be a YAML mapping, got {shown(document)}")])
+    if problem := _too_large({k: v for k, v in document.items() if k != "status"}, "the GPT2Benchmark"):
+        raise SpecError([("", problem)])
+    errors = [(field_path((key,)), "unknown field") for key in document if key not in _TOP_LEVEL]
+    if document.get("apiVersion") != f"{API_GROUP}/{API_VERSION}":
+        errors.append(("apiVersion", f"must be {API_GROUP}/{API_VERSION}, got {shown(document.get('apiVersion'))}"))
+    if document.get("kind") != KIND:
+        errors.append(("kind", f"must be {KIND}, got {shown(document.get('kind'))}"))
+    metadata = document.get("metadata")
+    errors += [(field_path(loc), problem) for loc, problem in kubesyntax.object_meta_errors(metadata)]
+    metadata = metadata if isinstance(metadata, dict) else {}
+    spec = None
+    if document.get("spec") is None:
+        errors.append(("spec", "is required"))
+    else:
+        try:
+            spec = validate_spec(document["spec"])
+        except SpecError as exc:
+            errors += exc.errors
+    if errors or spec is None:
+        raise SpecError(errors)
+    return Benchmark(name=metadata["name"], namespace=metadata.get("namespace") or "default",
+                     uid=metadata.get("uid"), spec=spec)
+
+
+def load_benchmark_file(path: str) -> Benchmark:
+    """Read one GPT2Benchmark from a YAML file. Raises OSError (unreadable) or SpecError naming the file."""
+    try:
+        document = documents.read_document(path)
+    except documents.DocumentError as exc:
+        raise SpecError([("", str(exc))], source=path) from None
+    if document is None:
+        raise SpecError([("", "empty file: expected one GPT2Benchmark (apiVersion, kind, metadata, spec)")],
+                        source=path)
+    try:
+        return load_benchmark(document)
+    except SpecError as exc:
+        raise SpecError(exc.errors, source=path) from None
+
+
+def results_spec(document: Mapping[str, Any]) -> GPT2BenchmarkSpec | None:
+    """The spec a results document (results.json, or a GPT2Benchmark read back by `report --cluster`) was run
+    with, checked by the same validation as a GPT2Benchmark's; None when it records none. Raises SpecError."""
+    spec = document.get("spec") if isinstance(document, Mapping) else None
+    return validate_spec(spec) if spec else None

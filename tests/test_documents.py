@@ -1,0 +1,147 @@
+"""File-level safety: whatever a file holds, `render` and `run` exit 2 with one line per problem naming the
+file (and the field where there is one): no traceback, no hang, no unbounded memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpt2bench import documents
+from gpt2bench.local import cli as run_cli
+from gpt2bench.render.cli import main as render_main
+from gpt2bench.spec import SpecError, load_benchmark_file
+
+VALID = b"apiVersion: gpt2bench.io/v1alpha1\nkind: GPT2Benchmark\nmetadata: {name: ok}\nspec:\n" \
+        b"  sweep: {strategies: [{name: ddp}]}\n"
+
+
+def alias_bomb(levels: int = 9) -> bytes:
+    """The "billion laughs": each level nine aliases of the one before; 9 levels expand to 9**9 strings."""
+    text = VALID.decode() + '  a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n'
+    for level in range(1, levels):
+        text += f"  a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 9) + "]\n"
+    return text.encode()
+
+
+# (id, file content, what the one-line message says)
+BAD_FILES = [
+    ("empty", b"", "empty file: expected one GPT2Benchmark"),
+    ("only-comments", b"# nothing here\n", "empty file"),
+    ("not-utf8", b"spec: \xff\xfe\n", "not UTF-8 text: byte 0xff at offset 6"),
+    ("utf16", "apiVersion: x\n".encode("utf-16"), "not UTF-8 text"),
+    ("control-character", b"spec: \x00\n", "control characters are not allowed"),
+    ("invalid-yaml", b"spec: [unclosed\n", "not valid YAML: line 2, column 1"),
+    ("tab-indentation", b"spec:\n\tsweep: {}\n", "not valid YAML"),
+    ("two-documents", VALID + b"---\n" + VALID, "a second YAML document"),
+    ("undefined-alias", VALID + b"  concurrency: *nowhere\n", "found undefined alias *nowhere"),
+    ("recursive-alias", VALID + b"  loop: &loop [1, *loop]\n", "recursive alias"),
+    ("alias-bomb", alias_bomb(), "excessive aliasing"),
+    ("deep-nesting", b"spec: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested more than 100 levels deep"),
+    ("deep-through-aliases", VALID + b"  a: &a " + b"[" * 60 + b"]" * 60 + b"\n  b: &b [" + b"*a, " * 2
+     + b"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[*a]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
+     "nested more than 100 levels deep (aliases included)"),
+    ("duplicate-key", VALID + b"  concurrency: 1\n  concurrency: 2\n", "key 'concurrency' is given twice"),
+    ("complex-key", b"? [a, b]\n: c\n", "a mapping key must be a plain value"),
+    ("python-tag", b"spec: !!python/object/apply:os.system [echo hi]\n", "YAML tag !!python/object/apply:os.system"),
+    ("local-tag", b"spec: !secret x\n", "YAML tag !secret is not allowed"),
+    ("binary-tag", b"spec: !!binary aGVsbG8=\n", "YAML tag !!binary is not allowed"),
+    ("bad-int-tag", b"spec: !!int abc\n", "not valid YAML: invalid literal"),
+    ("empty-int-tag", b"!!int ", "not valid YAML: "),  # PyYAML's constructor raises IndexError
+    ("huge-integer", b"spec: {concurrency: " + b"9" * 5000 + b"}\n", "not valid YAML: Exceeds the limit"),
+    ("not-a-mapping", b"- a\n- b\n", "a GPT2Benchmark must be a YAML mapping, got a list"),
+    ("scalar", b"hello\n", 'a GPT2Benchmark must be a YAML mapping, got "hello"'),
+    ("too-large", b"# " + b"x" * documents.MAX_FILE_BYTES + b"\n", "larger than 3145728 bytes"),
+    ("name-not-a-string", VALID.replace(b"{name: ok}", b"{name: 2024}"), "metadata.name: must be a string, got 2024"),
+    ("nan", VALID + b"  training: {lr: .nan}\n", "spec.training.lr: Input should be a finite number, got .nan"),
+]
+
+
+@pytest.mark.parametrize("content, said", [pytest.param(c, s, id=i) for i, c, s in BAD_FILES])
+def test_a_bad_file_is_one_line_per_problem_naming_the_file(tmp_path, content, said):
+    path = tmp_path / "bench.yaml"
+    path.write_bytes(content)
+    started = time.monotonic()
+    with pytest.raises(SpecError) as caught:
+        load_benchmark_file(str(path))
+    assert time.monotonic() - started < 5
+    lines = caught.value.lines()
+    assert lines and all("\n" not in line and line.startswith(f"{path}: ") for line in lines), lines
+    assert any(said in line for line in lines), lines
+
+
+@pytest.mark.parametrize("content, said", [pytest.param(c, s, id=i) for i, c, s in BAD_FILES
+                                           if i in ("not-utf8", "empty", "alias-bomb", "name-not-a-string")])
+def test_render_and_run_exit_2_without_a_traceback(tmp_path, capsys, content, said):
+    path = tmp_path / "bench.yaml"
+    path.write_bytes(content)
+    assert render_main([str(path)]) == 2
+    assert run_cli.main([str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and said in err
+    assert f"gpt2bench render: {path}: " in err and f"gpt2bench run: {path}: " in err
+    assert "gpt2bench run: nothing was run" in err and not (tmp_path / "out").exists()
+
+
+def test_the_issue_messages_read_well(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert render_main([str(empty)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"gpt2bench render: {empty}: empty file: expected one GPT2Benchmark (apiVersion, kind, metadata, " \
+                  "spec)"
+    assert ": : " not in err
+
+
+def test_a_namespace_option_that_no_api_server_takes_exits_2(tmp_path, capsys):
+    path = tmp_path / "ok.yaml"
+    path.write_bytes(VALID)
+    assert render_main([str(path), "-n", "Team_A"]) == 2
+    assert '--namespace: "Team_A" is not a DNS-1123 label' in capsys.readouterr().err
+
+
+def test_an_unreadable_path_exits_2(tmp_path, capsys):
+    assert render_main([str(tmp_path)]) == 2  # a folder
+    assert render_main([str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "Traceback" not in err
+
+
+def test_the_cli_process_prints_no_traceback_for_an_alias_bomb(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_bytes(alias_bomb(12))
+    done = subprocess.run([sys.executable, "-m", "gpt2bench", "render", str(path)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2 and "excessive aliasing" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_what_is_allowed_loads(tmp_path):
+    """Aliases in moderation, merge keys, a byte-order mark, a leading '---', timestamps as strings."""
+    content = ("\ufeff---\napiVersion: gpt2bench.io/v1alpha1\nkind: GPT2Benchmark\nmetadata:\n  name: fine\n"
+               "  annotations: {created: 2024-01-01}\nspec:\n  sweep:\n    strategies: [{name: ddp}, {name: fsdp}]\n"
+               "    scales: [&one {nodes: 1}, {<<: *one, processesPerNode: 2}]\n").encode()
+    path = tmp_path / "fine.yaml"
+    path.write_bytes(content)
+    benchmark = load_benchmark_file(str(path))
+    assert [s.procs_per_node for s in benchmark.spec.sweep.scales] == [1, 2]
+    assert documents.parse_document(content)["metadata"]["annotations"] == {"created": "2024-01-01"}
+
+
+def test_the_alias_limit_is_yaml_v2s():
+    """A document mostly made of aliases passes below 1,000 decoded nodes or 100 aliased ones, as in yaml.v2."""
+    def aliased(items: int, aliases: int) -> bytes:
+        return b"a: &a [" + b", ".join([b"1"] * items) + b"]\nb: [" + b", ".join([b"*a"] * aliases) + b"]\n"
+
+    assert len(documents.parse_document(aliased(9, 10))["b"]) == 10  # 100 aliased nodes of 115
+    assert len(documents.parse_document(aliased(20, 60))["b"]) == 60  # 1,260 aliased of 1,285: 98 %
+    with pytest.raises(documents.DocumentError, match="excessive aliasing"):
+        documents.parse_document(aliased(20, 200))  # 4,200 aliased of 4,225: more than 99 %
+
+
+def test_the_examples_are_plain_yaml():
+    for example in (Path(__file__).resolve().parents[1] / "manifests" / "examples").glob("*.yaml"):
+        assert isinstance(documents.read_document(str(example)), dict)

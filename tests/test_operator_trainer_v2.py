@@ -1,0 +1,224 @@
+"""The real kopf operator (KopfRunner) on a cluster with Kubeflow Trainer v2 only (issue 10, phase 2).
+
+The emulated API serves our CRD, the Trainer v2 and JobSet CRDs and no kubeflow.org group; the project's
+runtimes come from manifests/runtimes.yaml, as a user installs them. The test plays Trainer v2, JobSet and
+the Job controller (tests/kube/trainer_v2.py) for every TrainJob the operator creates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from kube import EmulatedCluster
+from kube.fixtures import (
+    CRD,
+    REPO,
+    Benchmarks,
+    api_client,
+    benchmark,
+    kopf_operator,
+    operator_calls,
+    wait_for,
+)
+from kube.trainer_v2 import TRAINER, TrainerV2, serve_builtins
+from kube.training import trainer_summary
+from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
+
+pytestmark = pytest.mark.timeout(180)
+SCALES = [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}, {"nodes": 2, "devicesPerNode": 0, "processesPerNode": 1}]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with EmulatedCluster(tmp_path_factory.mktemp("trainer-v2")) as emulated:
+        emulated.call(serve_builtins)
+        emulated.kubectl("apply", "-f", str(CRD))
+        for crd in TRAINER_V2_CRD_FILES.values():
+            emulated.kubectl("create", "-f", str(crd_dir() / crd))
+        emulated.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
+        yield emulated
+
+
+@pytest.fixture(scope="module")
+def operator(cluster):
+    with kopf_operator(cluster, poll_seconds=0.3) as runner:
+        yield runner
+
+
+@pytest.fixture
+def client(cluster, operator):
+    return api_client(cluster)
+
+
+@pytest.fixture
+def benchmarks(client):
+    return Benchmarks(client)
+
+
+@pytest.fixture
+def trainer(client):
+    return TrainerV2(client)
+
+
+def trainjobs(client, benchmark_name: str) -> list[dict]:
+    import kubernetes
+
+    listed = kubernetes.client.CustomObjectsApi(client).list_namespaced_custom_object(
+        *TRAINER, "default", "trainjobs", label_selector=f"gpt2bench.io/benchmark={benchmark_name}")
+    return listed["items"]
+
+
+def finished(trainjob: dict) -> bool:
+    return any(c["type"] in ("Complete", "Failed") and c["status"] == "True"
+               for c in (trainjob.get("status") or {}).get("conditions") or [])
+
+
+def play(client, trainer: TrainerV2, name: str, total: int, outcome) -> list[dict]:
+    """Reconcile and finish every TrainJob of a sweep as the operator creates them, one at a time."""
+    played: list[dict] = []
+    while len(played) < total:
+        (trainjob,) = wait_for(lambda: [t for t in trainjobs(client, name) if not finished(t)], 20,
+                               what=f"the next TrainJob of {name} (done: {len(played)})")
+        job_name = trainjob["metadata"]["name"]
+        assert trainer.reconcile(job_name) is not None, f"{job_name}: Trainer v2 could not build it"
+        outcome(trainer, trainjob)
+        played.append(trainjob)
+    return played
+
+
+def test_auto_sweeps_as_trainjobs_with_a_failure_and_horovod_every_result_in_status(cluster, client, benchmarks,
+                                                                                   trainer):
+    strategies = [{"name": "single"}, {"name": "ddp"}, {"name": "horovod"}]
+    benchmarks.create(benchmark("tv2", strategies, sweep={"strategies": strategies, "precisions": ["fp32"],
+                                                            "scales": SCALES}))
+    total = wait_for(lambda: benchmarks.status("tv2").get("runsTotal"), what="runsTotal")
+    assert benchmarks.status("tv2")["backend"] == "trainjob", "auto: only Trainer v2 is served here"
+
+    def outcome(t: TrainerV2, trainjob: dict) -> None:
+        run = trainjob["metadata"]["labels"]["gpt2bench.io/run"]
+        if run.startswith("tv2-ddp-fp32-2x1"):  # the trainer's own failure, with its summary
+            t.finish(trainjob["metadata"]["name"], succeeded=False,
+                     message=json.dumps({"status": "failed", "reason": "loss is NaN at step 3"}))
+        else:
+            t.finish(trainjob["metadata"]["name"], succeeded=True, message=json.dumps(trainer_summary(run, 50.0)))
+
+    played = play(client, trainer, "tv2", total, outcome)
+    status = wait_for(lambda: (s := benchmarks.status("tv2")).get("phase") == "PartiallySucceeded" and s,
+                      what="PartiallySucceeded")
+    assert {t["spec"]["runtimeRef"]["name"] for t in played} == {"gpt2bench-torch", "gpt2bench-mpi"}
+    by_run = {r["name"]: r for r in status["runs"]}
+    assert len(by_run) == total and {r["jobKind"] for r in by_run.values()} == {"TrainJob"}
+    assert sorted(r["jobName"] for r in by_run.values()) == sorted(t["metadata"]["name"] for t in played)
+    failed = by_run["tv2-ddp-fp32-2x1"]
+    assert (failed["phase"], failed["reason"]) == ("Failed", "loss is NaN at step 3")
+    succeeded = [r for r in by_run.values() if r["phase"] == "Succeeded"]
+    assert len(succeeded) == total - 1 and all(r["results"]["tokensPerSecond"] == 50.0 for r in succeeded)
+    assert {r["strategy"] for r in succeeded} >= {"horovod"}, "read from the MPI launcher's termination message"
+    header, row = (line.split() for line in cluster.kubectl("get", "gpt2benchmarks", "tv2", "-o", "wide").stdout.splitlines())
+    assert dict(zip(header, row, strict=False))["BACKEND"] == "trainjob"
+
+
+def test_a_trainjob_failing_without_a_summary_keeps_the_containers_and_jobsets_reasons(client, benchmarks, trainer):
+    benchmarks.create(benchmark("tv2oom", [{"name": "single"}]))
+    play(client, trainer, "tv2oom", 1,
+         lambda t, tj: t.finish(tj["metadata"]["name"], succeeded=False, message=None, exit_code=137))
+    status = wait_for(lambda: (s := benchmarks.status("tv2oom")).get("phase") == "Failed" and s, what="Failed")
+    (run,) = status["runs"]
+    assert run["reason"] == ("OOMKilled (exit code 137); FailedJobs: jobset failed due to one or more job failures "
+                             f"(first failed job: {run['jobName']}-node-0)")
+
+
+def test_a_queued_trainjob_queues_its_run_until_admitted(client, benchmarks, trainer):
+    """Kueue's webhook suspends a TrainJob it queues (spec.suspend); the run is Queued until resumed."""
+    import kubernetes
+
+    custom = kubernetes.client.CustomObjectsApi(client)
+    benchmarks.create(benchmark("tv2q", [{"name": "single"}]))
+    (trainjob,) = wait_for(lambda: trainjobs(client, "tv2q"), what="the TrainJob")
+    name = trainjob["metadata"]["name"]
+    custom.patch_namespaced_custom_object(*TRAINER, "default", "trainjobs", name, {"spec": {"suspend": True}})
+    trainer.reconcile(name)
+    run = wait_for(lambda: (r := benchmarks.status("tv2q")["runs"][0])["phase"] == "Queued" and r, what="Queued")
+    assert run["jobName"] == name
+    custom.patch_namespaced_custom_object(*TRAINER, "default", "trainjobs", name, {"spec": {"suspend": False}})
+    trainer.resume(name)
+    wait_for(lambda: benchmarks.status("tv2q")["runs"][0]["phase"] == "Running", what="Running")
+    trainer.finish(name, succeeded=True, message=json.dumps(trainer_summary(run["name"], 9.0)))
+    wait_for(lambda: benchmarks.status("tv2q").get("phase") == "Succeeded", what="Succeeded")
+
+
+def test_a_missing_runtime_fails_its_runs_saying_what_to_install(cluster, client, benchmarks):
+    cluster.kubectl("delete", "clustertrainingruntime", "gpt2bench-mpi")
+    try:
+        benchmarks.create(benchmark("tv2nort", [{"name": "horovod"}]))
+        status = wait_for(lambda: (s := benchmarks.status("tv2nort")).get("phase") == "Failed" and s, what="Failed")
+        assert status["runs"][0]["reason"].startswith("ClusterTrainingRuntime gpt2bench-mpi is not installed")
+        assert "manifests/runtimes.yaml" in status["runs"][0]["reason"]
+        assert trainjobs(client, "tv2nort") == []
+    finally:
+        cluster.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
+
+
+def test_per_step_curves_of_trainjob_runs_outlive_the_pods_and_the_cluster_report_draws_them(
+        cluster, client, benchmarks, tmp_path):
+    """The steps line is read from the result pod's container `node` (torch rank 0; MPI's launcher)."""
+    from gpt2bench.trainer.summary import steps_line
+
+    trainer = TrainerV2(client, cluster=cluster)
+    benchmarks.create(benchmark("tv2curves", [{"name": "single"}, {"name": "horovod"}]))
+
+    def outcome(t: TrainerV2, trainjob: dict) -> None:
+        run = trainjob["metadata"]["labels"]["gpt2bench.io/run"]
+        records = [{"step": s, "warmup": s <= 1, "loss": 10.0 - s / 10, "grad_norm": 2.0 - s / 100, "lr": 3e-4,
+                    "step_seconds": 0.2, "tokens_per_second": 1000.0} for s in range(1, 41)]
+        log = "".join(f"rank0 INFO step {s} loss 9.0\n" for s in range(1, 41)) + steps_line(records) + "\n"
+        mpi = trainjob["spec"]["runtimeRef"]["name"] == "gpt2bench-mpi"  # mpirun tags its ranks' lines
+        t.finish(trainjob["metadata"]["name"], succeeded=True, message=json.dumps(trainer_summary(run, 10.0)),
+                 log=("[1,0]<stdout>:" if mpi else "") + log)
+
+    play(client, trainer, "tv2curves", 2, outcome)
+    status = wait_for(lambda: (s := benchmarks.status("tv2curves")).get("phase") == "Succeeded" and s,
+                      what="Succeeded")
+    uid = benchmarks.get("tv2curves")["metadata"]["uid"]
+    for run in status["runs"]:
+        cm = wait_for(lambda run=run: _config_map(benchmarks, f"{run['name']}-steps"), what="the steps ConfigMap")
+        assert [o["uid"] for o in cm["metadata"]["ownerReferences"]] == [uid], "deleted with its benchmark"
+        lines = [json.loads(line) for line in cm["data"]["steps.jsonl"].splitlines()]
+        assert [r["step"] for r in lines] == list(range(1, 41)) and lines[0]["warmup"] is True
+    for run in status["runs"]:  # the pods (and their logs) go; the curves stay
+        for pod in trainer.pods(f"jobset.sigs.k8s.io/jobset-name={run['jobName']}"):
+            benchmarks.core.delete_namespaced_pod(pod["metadata"]["name"], "default")
+    out = tmp_path / "report"
+    report = subprocess.run([sys.executable, "-m", "gpt2bench", "report", "--cluster", "tv2curves", "-n", "default",
+                             "--output", str(out), "--quiet"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
+    assert report.returncode == 0, report.stderr
+    assert (out / "loss.png").stat().st_size > 1000
+
+
+def _config_map(benchmarks: Benchmarks, name: str) -> dict | None:
+    import kubernetes
+
+    try:
+        response = benchmarks.core.read_namespaced_config_map(name, "default", _preload_content=False)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return json.loads(response.data)
+
+
+def test_rbac_covers_every_call_made_here(cluster, benchmarks):
+    """The Trainer v2 paths checked against the roles bound to the operator in manifests/operator.yaml."""
+    from test_operator_manifests import allowed, cluster_role_rules
+
+    made = operator_calls(cluster)
+    assert {("trainer.kubeflow.org", "trainjobs", "create"), ("trainer.kubeflow.org", "trainjobs", "watch"),
+            ("trainer.kubeflow.org", "clustertrainingruntimes", "get"), ("", "configmaps", "create"),
+            ("", "pods/log", "get")} <= made
+    assert not [call for call in made if call[0] in ("jobset.x-k8s.io", "batch")], "the Trainer's, not ours"
+    assert [call for call in sorted(made) if not allowed(cluster_role_rules(), *call)] == []
