@@ -147,6 +147,11 @@ class TrainingSpec(SpecModel):
     lr: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate.")
     seed: int = Field(1234, ge=0, le=MAX_SEED, description="Seed for weights and data order.")
     max_grad_norm: float = Field(1.0, ge=0, le=1e6, description="Clip threshold; 0 disables clipping.")
+    compile: bool | None = Field(
+        None, description="torch.compile every transformer block and the loss (compiled in warm-up). Default: on for "
+                          "GPUs, off on CPU, where compiling takes longer than a short CPU run saves.")
+    tf32: bool = Field(False, description="fp32 runs: matmuls on TF32 tensor cores, MFU against the TF32 peak "
+                                          "(no effect on CPU).")
 
     @model_validator(mode="after")
     def _warmup_below_steps(self) -> TrainingSpec:
@@ -163,6 +168,7 @@ _STRATEGY_OPTIONS = {
     "reshard_after_forward": ("fsdp",),
     "ps_servers": ("ps", "ps-sharded"),
     "ps_mode": ("ps", "ps-sharded"),
+    "ps_server_device": ("ps", "ps-sharded"),
 }
 
 
@@ -187,6 +193,9 @@ class StrategySpec(SpecModel):
     # ps, ps-sharded
     ps_servers: int | None = Field(None, ge=1, le=64, description="ps/ps-sharded: server processes.")
     ps_mode: Literal["sync", "async"] | None = Field(None, description="ps/ps-sharded: sync (default) or async.")
+    ps_server_device: Literal["gpu", "cpu"] | None = Field(
+        None, description="ps/ps-sharded: where servers keep parameters and AdamW: gpu (default when the job has "
+                          "GPUs: the node's GPUs, shared with its workers) or cpu.")
 
     @model_validator(mode="after")
     def _options_belong_to_strategy(self) -> StrategySpec:

@@ -84,13 +84,26 @@ class RunResults(StatusModel):
     tokens_per_second_per_device: float | None = Field(None, description="tokensPerSecond / devices.")
     step_time_p50_seconds: float | None = Field(None, description="Median step time, measured steps.")
     step_time_p95_seconds: float | None = Field(None, description="95th percentile step time, measured steps.")
-    peak_memory_bytes: int | None = Field(None, description="Largest peak memory of any process of the job.")
+    peak_memory_bytes: int | None = Field(
+        None, description="Largest step peak of any process in the memory the job trains in (GPU, else host).")
     train_seconds: float | None = Field(None, description="Worker 0: start of step 1 to end of the last step.")
     startup_seconds: float | None = Field(None, description="Worker 0: process start to the start of step 1.")
     final_loss: float | None = Field(None, description="Loss of the last step.")
     grad_norm: float | None = Field(None, description="Gradient norm of the last step, before clipping.")
     mfu: float | None = Field(None, description="Model FLOPs utilisation, 0-1 (absent where the peak is unknown).")
     device_name: str | None = Field(None, description="What worker 0 trained on: the GPU's or the CPU's model name.")
+    peak_flops_precision: str | None = Field(
+        None, description="Which peak MFU is against: the precision of the run's matmuls (fp32, tf32, bf16, fp16).")
+    compile_seconds: float | None = Field(None, description="Seconds torch.compile spent compiling (0: not compiled).")
+    skipped_steps: int | None = Field(None, description="fp16 steps whose update the loss scaler skipped.")
+    peak_device_memory_bytes: int | None = Field(
+        None, description="Largest GPU memory peak (CUDA max allocated) of any process during the steps.")
+    peak_host_memory_bytes: int | None = Field(
+        None, description="Largest host memory peak (RSS high-water mark) of any process during the steps.")
+    setup_peak_device_memory_bytes: int | None = Field(
+        None, description="Largest GPU memory peak of any process during set-up (before step 1).")
+    setup_peak_host_memory_bytes: int | None = Field(
+        None, description="Largest host memory peak of any process during set-up (before step 1).")
     state_bytes: int | None = Field(
         None, description="Largest model state (parameters, gradients, optimizer state) resident in one process.")
 

@@ -89,6 +89,12 @@ def token_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("token-cache")
 
 
+@pytest.fixture(scope="session")
+def inductor_cache(tmp_path_factory) -> Path:
+    """One torch.compile (inductor) cache for the whole session: each run's TMPDIR would otherwise start cold."""
+    return tmp_path_factory.mktemp("inductor-cache")
+
+
 class TrainerProcess:
     """A trainer started in the background (`start_trainer`); `wait()` gives the TrainerRun."""
 
@@ -112,7 +118,7 @@ class TrainerProcess:
 
 
 @pytest.fixture
-def start_trainer(tmp_path, token_cache) -> Callable[..., TrainerProcess]:
+def start_trainer(tmp_path, token_cache, inductor_cache) -> Callable[..., TrainerProcess]:
     """Start the real trainer in the background. Arguments:
     args: trainer flags (after `gpt2bench train`);
     nproc: 1 = one plain process, N > 1 = torchrun with N local processes;
@@ -121,7 +127,8 @@ def start_trainer(tmp_path, token_cache) -> Callable[..., TrainerProcess]:
     env: extra environment; expect_rc: exit code wait() asserts (None: any);
     tiny: prepend TINY_ARGS (a small, fast, real configuration; later flags override it).
     Every run gets its own folder under tmp_path: output/ (unless --output is given), tmp/ (TMPDIR)
-    and termination-log ($GPT2BENCH_TERMINATION_LOG); the token cache is shared by the session."""
+    and termination-log ($GPT2BENCH_TERMINATION_LOG); the token and torch.compile caches are shared by the
+    session."""
     counter = iter(range(1000))
 
     def start(args: list[str] = (), *, nproc: int = 1, launcher: list[str] | None = None,
@@ -140,6 +147,7 @@ def start_trainer(tmp_path, token_cache) -> Callable[..., TrainerProcess]:
         termination_log = workdir / "termination-log"
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmpdir),
                     "GPT2BENCH_CACHE_DIR": str(token_cache), "GPT2BENCH_TERMINATION_LOG": str(termination_log),
+                    "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
                     "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
         return TrainerProcess(argv, full_env, workdir, output, termination_log, expect_rc)
 

@@ -46,6 +46,13 @@ SUMMARY = {
     "grad_norm": 1.25,
     "mfu": 0.01,
     "device_name": "NVIDIA H100 80GB HBM3",
+    "peak_flops_precision": "bf16",
+    "compile_seconds": 41.5,
+    "skipped_steps": 0,
+    "peak_device_memory_bytes": 123456789,
+    "peak_host_memory_bytes": 2345678901,
+    "setup_peak_device_memory_bytes": 600000000,
+    "setup_peak_host_memory_bytes": 2000000000,
     "state_bytes": 83_886_080,
     "losses": [9.0, 8.0],  # extra keys are not results
 }
@@ -221,8 +228,11 @@ def test_a_real_trainer_summary_line(runs, run_schema):
     logs = "2026-11-22 00:18:50,704 rank0 INFO step 12 loss 10.2301\n" + REAL_LINE + "\n"
     entry = _collect_run(runs[0], job_succeeded=True, termination_message=logs, **TIMES)
     assert entry["phase"] == "Succeeded"
-    # null figures left out; the line is older than deviceName and stateBytes
-    assert set(entry["results"]) == set(RESULT_FIELDS) - {"mfu", "deviceName", "stateBytes"}
+    # null/absent figures left out: the line is older than deviceName and stateBytes, the device/host and
+    # set-up memory split, compile seconds and skipped steps
+    absent = {"mfu", "deviceName", "stateBytes", "peakFlopsPrecision", "compileSeconds", "skippedSteps",
+              "peakDeviceMemoryBytes", "peakHostMemoryBytes", "setupPeakDeviceMemoryBytes", "setupPeakHostMemoryBytes"}
+    assert set(entry["results"]) == set(RESULT_FIELDS) - absent
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
     run_schema.validate(entry)
 

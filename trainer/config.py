@@ -58,8 +58,13 @@ class ProcessOptions(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where workers train")
     peak_flops: float | None = Field(None, gt=0, description="device peak FLOP/s for MFU (overrides the GPU table)")
     timeout_seconds: float = Field(300.0, gt=0, description="process-group timeout: a dead peer ends the job")
+    log_every: int = Field(10, ge=1, description="read the steps' figures back, log and export them every N steps "
+                                                 "and at the last (the loop's only host sync; a non-finite loss is "
+                                                 "seen there)")
     fail_at_step: int | None = Field(None, ge=1, description="test hook: the first worker raises at this step")
     nan_at_step: int | None = Field(None, ge=1, description="test hook: the loss becomes NaN at this step")
+    slow_worker_seconds: float | None = Field(None, gt=0, description="test hook: the last worker sleeps this long "
+                                                                      "in every step")
 
 
 class TrainConfig(BaseModel):
@@ -68,7 +73,8 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     strategy: StrategySpec = StrategySpec(name="single")
-    precision: Precision = Field("fp32", description="fp32 | fp16 (autocast + GradScaler) | bf16 (autocast)")
+    precision: Precision = Field("fp32", description="fp32 | fp16 (autocast + GradScaler) | bf16 (autocast); "
+                                                      "the recipes: docs/strategies.md")
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
     training: TrainingSpec = TrainingSpec()

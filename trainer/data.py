@@ -5,9 +5,13 @@ Sources (`--data`):
 - a `.txt` file (one document), a `.jsonl` file (one document per line, field `text`), or a folder of them;
 - `hf:<dataset>[:<split>[:<column>]]`: a Hugging Face dataset (needs `datasets` and a network).
 
+- a `.bin` file: GPT-2 token ids already tokenized, raw uint16 (nanoGPT's `prepare.py` format).
+
 Documents are joined with the end-of-text token and cut into non-overlapping blocks of
-`seq_len + 1` tokens (inputs = block[:-1], targets = block[1:]). The tokenized corpus is cached on
-disk (`$GPT2BENCH_CACHE_DIR`, else `~/.cache/gpt2bench`) under a hash of what produced it.
+`seq_len + 1` tokens (inputs = block[:-1], targets = block[1:]). The tokenized corpus is stored on
+disk (`$GPT2BENCH_CACHE_DIR`, else `~/.cache/gpt2bench`) under a hash of what produced it, as raw uint16
+(2 bytes a token, written as it is tokenized), and every process memory-maps it: a batch reads its own
+rows and nothing else is copied, so a 9-billion-token corpus costs page cache, not 72 GB of int64 per process.
 
 Order: one permutation of the blocks per epoch, drawn from `--seed`. Each optimizer step takes the
 next `world_size × grad_accum × batch` blocks of that stream; worker r's micro-step m takes the
@@ -23,13 +27,14 @@ import fcntl
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gpt2bench.trainer.model import EOS_TOKEN_ID, load_tokenizer, tokenizer_dir
+from gpt2bench.trainer.model import EOS_TOKEN_ID, VOCAB_SIZE, load_tokenizer, tokenizer_dir
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 
@@ -45,7 +50,7 @@ def _local_files(path: Path) -> list[Path]:
             raise ValueError(f"--data {path}: folder holds no .txt or .jsonl files")
         return files
     if path.suffix not in TEXT_SUFFIXES:
-        raise ValueError(f"--data {path}: expected a .txt or .jsonl file, a folder, 'sotu' or 'hf:NAME'")
+        raise ValueError(f"--data {path}: expected a .txt, .jsonl or .bin file, a folder, 'sotu' or 'hf:NAME'")
     return [path]
 
 
@@ -91,56 +96,80 @@ def _sources(data: str) -> tuple[Iterator[str], str]:
     return _read_local(files), json.dumps(stamp)
 
 
-def _tokenize(documents: Iterator[str], max_documents: int | None) -> np.ndarray:
+def _tokenize_to(path: Path, documents: Iterator[str], max_documents: int | None) -> int:
+    """Tokenize documents into `path` as raw uint16, 64 documents at a time; returns the token count."""
     tokenizer = load_tokenizer()
-    ids: list[np.ndarray] = []
-    batch: list[str] = []
+    count, batch = 0, []
+    with open(path, "wb") as out:
+        def flush() -> int:
+            written = 0
+            for doc in tokenizer(batch)["input_ids"]:
+                ids = np.asarray(doc + [EOS_TOKEN_ID], dtype=np.uint16)
+                out.write(ids.tobytes())
+                written += ids.size
+            batch.clear()
+            return written
 
-    def flush():
-        for doc in tokenizer(batch)["input_ids"]:
-            ids.append(np.asarray(doc + [EOS_TOKEN_ID], dtype=np.uint16))
-        batch.clear()
-
-    for count, doc in enumerate(documents):
-        if max_documents is not None and count >= max_documents:
-            break
-        batch.append(doc)
-        if len(batch) == 64:
-            flush()
-    flush()
-    if not ids:
+        for number, doc in enumerate(documents):
+            if max_documents is not None and number >= max_documents:
+                break
+            batch.append(doc)
+            if len(batch) == 64:
+                count += flush()
+        count += flush()
+    if not count:
         raise ValueError("--data: the source holds no documents")
-    return np.concatenate(ids)
+    return count
 
 
-def load_tokens(data: str, max_documents: int | None) -> np.ndarray:
-    """The whole tokenized corpus (uint16), from the disk cache when present.
+def token_file(path: Path) -> np.memmap:
+    """A raw uint16 token file, memory-mapped read-only; a file that cannot hold GPT-2 ids is refused."""
+    size = path.stat().st_size
+    if size < 2 or size % 2:
+        raise ValueError(f"--data {path}: a .bin token file holds uint16 GPT-2 token ids ({size} bytes is not that)")
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    sample = tokens[: 1 << 20]
+    if int(sample.max()) >= VOCAB_SIZE:
+        raise ValueError(f"--data {path}: token id {int(sample.max())} is not a GPT-2 token (vocabulary {VOCAB_SIZE})")
+    return tokens
 
-    One process per cache entry tokenizes (a file lock); the others wait and read its result.
+
+def load_tokens(data: str, max_documents: int | None) -> np.memmap:
+    """The whole tokenized corpus, memory-mapped uint16, tokenized into the disk cache the first time.
+
+    One process per cache entry tokenizes (a file lock); the others wait and map its result.
     """
+    if data.endswith(".bin"):
+        return token_file(Path(data))
     documents, fingerprint = _sources(data)
     vocab = (tokenizer_dir() / "vocab.json").stat().st_size
     key = hashlib.sha256(f"{fingerprint}|{max_documents}|{vocab}".encode()).hexdigest()[:20]
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"tokens-{key}.npy"
+    path = folder / f"tokens-{key}.bin"
     with open(folder / f"tokens-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not path.exists():
-                tokens = _tokenize(documents, max_documents)
-                tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-                np.save(tmp, tokens)
-                os.replace(tmp, path)
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                try:
+                    _tokenize_to(tmp, documents, max_documents)
+                    os.replace(tmp, path)
+                finally:
+                    tmp.unlink(missing_ok=True)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     with contextlib.suppress(AttributeError):
         documents.close()  # type: ignore[union-attr]
-    return np.load(path, mmap_mode="r")
+    return np.memmap(path, dtype=np.uint16, mode="r")
 
 
 class ShardedBatches:
-    """Deterministic per-worker batches of token blocks; see the module docstring for the order."""
+    """Deterministic per-worker batches of token blocks; see the module docstring for the order.
+
+    `tokens` stays what it is (a uint16 memory map): a micro-batch gathers its `batch` rows and converts only
+    those to int64.
+    """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch: int, grad_accum: int, rank: int,
                  world_size: int, seed: int):
@@ -152,7 +181,7 @@ class ShardedBatches:
                 f"--data: the corpus has {n_blocks} blocks of {block} tokens, fewer than one global step needs "
                 f"({per_step}); use more documents or a smaller --seq-len/--micro-batch-size"
             )
-        self.blocks = torch.from_numpy(np.asarray(tokens[: n_blocks * block], dtype=np.int64)).view(n_blocks, block)
+        self.blocks = tokens[: n_blocks * block].reshape(n_blocks, block)  # a view of the map, no copy
         self.batch, self.grad_accum, self.rank, self.world_size, self.seed = batch, grad_accum, rank, world_size, seed
         self._epoch, self._order = -1, torch.empty(0, dtype=torch.long)
 
@@ -160,7 +189,7 @@ class ShardedBatches:
     def n_blocks(self) -> int:
         return self.blocks.shape[0]
 
-    def _indices(self, start: int, count: int) -> torch.Tensor:
+    def _indices(self, start: int, count: int) -> list[int]:
         out = []
         for position in range(start, start + count):
             epoch, offset = divmod(position, self.n_blocks)
@@ -168,10 +197,47 @@ class ShardedBatches:
                 generator = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
                 self._epoch, self._order = epoch, torch.randperm(self.n_blocks, generator=generator)
             out.append(int(self._order[offset]))
-        return torch.tensor(out, dtype=torch.long)
+        return out
 
     def micro_batch(self, step: int, micro_step: int) -> torch.Tensor:
-        """(batch, seq_len + 1) token ids for this worker at optimizer step `step` (0-based)."""
+        """(batch, seq_len + 1) int64 token ids for this worker at optimizer step `step` (0-based)."""
         per_step = self.batch * self.grad_accum * self.world_size
         start = step * per_step + (micro_step * self.world_size + self.rank) * self.batch
-        return self.blocks[self._indices(start, self.batch)]
+        rows = self.blocks[self._indices(start, self.batch)]  # fancy indexing copies these rows only
+        return torch.from_numpy(rows.astype(np.int64))
+
+
+class BatchLoader:
+    """This worker's micro-batches on its device, each prepared while the previous micro-step computes.
+
+    `get(step, micro)` returns the batch prefetched for that position (or loads it); `prefetch_after(step,
+    micro)` prepares the next position's batch: gather its rows from the memory map, copy them into pinned
+    host memory, and start an asynchronous host-to-device copy. Called right after a micro-step's backward
+    has been queued, this host work overlaps the GPU's. On CPU the same calls run with no pinning and no copy.
+    `seconds` accumulates the host time spent here (the step's data-loading time).
+    """
+
+    def __init__(self, batches: ShardedBatches, device: torch.device):
+        self.batches, self.device = batches, device
+        self.pin = device.type == "cuda"
+        self._ahead: tuple[tuple[int, int], torch.Tensor] | None = None
+        self.seconds = 0.0
+
+    def _load(self, step: int, micro: int) -> torch.Tensor:
+        host = self.batches.micro_batch(step, micro)
+        if self.pin:  # pinned pages let the copy below run asynchronously; torch's caching host
+            host = host.pin_memory()  # allocator does not reuse them before that copy has completed
+        return host.to(self.device, non_blocking=True)
+
+    def get(self, step: int, micro: int) -> torch.Tensor:
+        started = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
+        batch = ahead[1] if ahead is not None and ahead[0] == (step, micro) else self._load(step, micro)
+        self.seconds += time.perf_counter() - started
+        return batch
+
+    def prefetch_after(self, step: int, micro: int) -> None:
+        started = time.perf_counter()
+        position = (step, micro + 1) if micro + 1 < self.batches.grad_accum else (step + 1, 0)
+        self._ahead = (position, self._load(*position))
+        self.seconds += time.perf_counter() - started

@@ -1,120 +1,198 @@
-"""Per-step figures of one worker: the step record, `steps.jsonl`, and peak memory.
+"""Per-step figures of one worker: the step record, `steps.jsonl`, Prometheus, read back lazily.
 
 Definitions of every number: docs/metrics.md. In short (torchtitan's conventions):
-- step time: wall time of one optimizer step on worker 0 (grad-accum micro-steps, sync, update),
-  measured after a device synchronise; tokens/s global = tokens of all workers in the step / step time;
-  per device = global / devices;
-- loss: mean over workers of each worker's mean micro-step loss; grad norm: global L2 after sync,
-  before clipping; peak memory per rank: CUDA max allocated/reserved (reset every step), else peak RSS;
-- MFU = flops_per_token x tokens/s per device / peak FLOP/s, only where the peak is known.
-Warm-up steps are recorded in steps.jsonl (`warmup: true`) and left out of every summary figure
-(`gpt2bench.trainer.summary`). Prometheus export: `gpt2bench.trainer.exporter`.
+- step time: the time between two marks on the device's timeline (`devices.StepClock`: CUDA events, or the
+  host clock on CPU) around one optimizer step; tokens/s global = tokens of all workers in the step / step
+  time; per device = global / devices; MFU = flops_per_token x tokens/s per device / peak FLOP/s;
+- loss: mean over workers of each worker's mean micro-step loss; grad norm: global L2 after sync, before
+  clipping; skipped: the fp16 loss scaler skipped the update;
+- memory: peaks of the step (device: CUDA allocator; host: RSS high-water mark), reset at each step start.
 
-The one `.item()` per step (a device sync) happens in `MetricsProcessor.record`, after the step.
+Nothing here waits for the device during a step. A step leaves its marks and its loss / grad-norm tensors
+pending; `flush()` (at log steps, outside the timed steps) reads the times of every pending step, reduces
+their losses over workers in one collective and brings losses and norms to the host in one transfer. Each
+figure is still the exact figure of its own step.
 """
 
 from __future__ import annotations
 
 import json
-import resource
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpt2bench.protocol import STEPS_FILE
+from gpt2bench.trainer.devices import PeakMemory, StepClock
 from gpt2bench.trainer.exporter import PrometheusExporter
 from gpt2bench.trainer.summary import finite
 
 
-class PeakMemory:
-    """Peak memory of this process: CUDA allocator peaks (reset each read) or peak RSS on CPU."""
+class CompileWatch:
+    """Seconds torch.compile spends compiling (dynamo tracing, inductor, lazily compiled backward graphs),
+    from torch's own compile start/end callbacks. `seconds` only grows."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started: float | None = None
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:  # a torch without dynamo: nothing is ever compiled
+            return
+        callback_handler.register_start_callback(self._start)
+        callback_handler.register_end_callback(self._end)
 
-    def read_and_reset(self) -> dict[str, int]:
-        if self.device.type == "cuda":
-            figures = {
-                "peak_memory_bytes": int(torch.cuda.max_memory_allocated(self.device)),
-                "peak_memory_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
-            }
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return figures
-        # Linux reports ru_maxrss in KiB; it is a high-water mark, it cannot be reset
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return {"peak_memory_bytes": rss, "peak_memory_reserved_bytes": rss}
+    def _start(self, _args=None) -> None:
+        self._started = time.perf_counter()
 
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def _end(self, _args=None) -> None:
+        if self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+
+@dataclass
+class _Pending:
+    """A finished step whose figures are still on the device."""
+
+    step: int
+    start: Any
+    end: Any
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    skipped: torch.Tensor | bool
+    lr: float
+    data_seconds: float
+    compile_seconds: float
+    memory: dict[str, int | None]
 
 
 class MetricsProcessor:
-    """Owns the per-step counters of one worker; worker 0 writes steps.jsonl.
+    """Owns the per-step figures of one worker; worker 0 writes steps.jsonl.
 
-    `tokens_per_step` is the GLOBAL token count of one optimizer step; `devices` the number of
-    devices over which it is spread (workers × devices per worker).
+    `tokens_per_step` is the token count of one optimizer step: GLOBAL (all workers) for synchronous
+    strategies, this worker's own for async ps (each worker's step is its own update); `devices` the number
+    of devices the step's tokens are spread over.
     """
 
     def __init__(self, *, config, rank: int, tokens_per_step: int, devices: int, device: torch.device,
-                 flops_per_token: float, peak_flops: float | None, exporter: PrometheusExporter | None = None):
+                 flops_per_token: float, peak_flops: float | None, exporter: PrometheusExporter | None = None,
+                 compile_watch: CompileWatch | None = None):
         self.config, self.rank = config, rank
         self.tokens_per_step, self.devices = tokens_per_step, devices
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
-        self.memory = PeakMemory(device)
+        self.clock, self.memory = StepClock(device), PeakMemory(device)
+        self.compile_watch = compile_watch
         self.exporter = exporter
         self.records: list[dict[str, Any]] = []
+        self.step_end_times: list[float] = []  # wall clock (time.time) at each step's end mark
+        self._pending: list[_Pending] = []
+        self._step_compile_start = 0.0
+        self.setup_memory: dict[str, int | None] = {}
         self.mfu_above_one = False
-        self.peak_memory_bytes = 0
-        self.peak_memory_reserved_bytes = 0
         self._steps_file = None
         if rank == 0:
             out = Path(config.process.output)
             out.mkdir(parents=True, exist_ok=True)
             self._steps_file = open(out / STEPS_FILE, "w", buffering=1)  # noqa: SIM115 (open all run)
 
-    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
-               started: float, data_seconds: float) -> dict[str, Any]:
-        """Close step `step` (1-based) that began at perf_counter `started`; returns its record."""
-        self.memory.synchronize()  # honest timing: the device has finished the step
-        step_seconds = time.perf_counter() - started
-        # the one host sync of the step: both scalars in one transfer
-        loss_value, norm_value = torch.stack([loss.detach().float().cpu(), grad_norm.detach().float().cpu()]).tolist()
-        memory = self.memory.read_and_reset()
-        self.peak_memory_bytes = max(self.peak_memory_bytes, memory["peak_memory_bytes"])
-        self.peak_memory_reserved_bytes = max(self.peak_memory_reserved_bytes, memory["peak_memory_reserved_bytes"])
+    # ------------------------------------------------------------------ during the steps (no device sync)
+    def end_setup(self) -> None:
+        """The set-up phase ends (model built, wrapped, data mapped): keep its memory peaks apart."""
+        if not self.setup_memory:
+            self.setup_memory = self.memory.read()
+
+    def start_step(self):
+        """Reset the memory peaks, mark the step's start; returns the mark for `end_step`."""
+        self.end_setup()
+        self.memory.reset()
+        self._step_compile_start = self._compile_seconds()
+        return self.clock.mark()
+
+    def end_step(self, step: int, start, loss: torch.Tensor, grad_norm: torch.Tensor, skipped: torch.Tensor | bool,
+                 lr: float, data_seconds: float) -> None:
+        """Mark the end of step `step` (1-based) and keep its figures pending until the next flush."""
+        end = self.clock.mark()
+        self.step_end_times.append(time.time())
+        self._pending.append(_Pending(step, start, end, loss.detach(), grad_norm.detach(), skipped, lr, data_seconds,
+                                      self._compile_seconds() - self._step_compile_start, self.memory.read()))
+
+    def _compile_seconds(self) -> float:
+        return self.compile_watch.seconds if self.compile_watch else 0.0
+
+    # ------------------------------------------------------------------ at log steps
+    def flush(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> list[dict[str, Any]]:
+        """The pending steps' records, in order. `reduce` makes per-worker losses global (the strategy's
+        `mean_over_workers`): one collective for all pending steps, on every worker at the same steps."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return []
+        device = pending[0].loss.device
+        losses = reduce(torch.stack([p.loss.float().reshape(()).to(device) for p in pending]))
+        norms = torch.stack([p.grad_norm.float().reshape(()).to(device) for p in pending])
+        skipped = torch.stack([torch.as_tensor(p.skipped, dtype=torch.float32).reshape(()).to(device) for p in pending])
+        losses, norms, skipped = torch.stack([losses.to(device), norms, skipped]).cpu().tolist()  # one transfer
+        records = [self._record(p, loss, norm, bool(skip)) for p, loss, norm, skip in zip(pending, losses, norms, skipped)]
+        for record in records:
+            if self._steps_file:
+                self._steps_file.write(json.dumps(finite(record), allow_nan=False) + "\n")
+            if self.exporter:
+                self.exporter.observe(record)
+        self.records.extend(records)
+        return records
+
+    def _record(self, pending: _Pending, loss: float, grad_norm: float, skipped: bool) -> dict[str, Any]:
+        step_seconds = self.clock.seconds(pending.start, pending.end)
         tps = self.tokens_per_step / step_seconds
-        record = {
-            "step": step,
-            "warmup": step <= self.config.training.warmup_steps,
-            "loss": loss_value,
-            "grad_norm": norm_value,
-            "lr": lr,
+        memory = pending.memory
+        on_device = memory["device_bytes"] is not None
+        return {
+            "step": pending.step,
+            "warmup": pending.step <= self.config.training.warmup_steps,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "skipped": skipped,
+            "lr": pending.lr,
             "step_seconds": step_seconds,
-            "data_loading_seconds": data_seconds,
+            "data_loading_seconds": pending.data_seconds,
+            "compile_seconds": pending.compile_seconds,
             "tokens": self.tokens_per_step,
             "tokens_per_second": tps,
             "tokens_per_second_per_device": tps / self.devices,
-            "mfu": self._mfu(tps / self.devices),
-            **memory,
+            "mfu": self.mfu(tps / self.devices),
+            "peak_memory_bytes": memory["device_bytes"] if on_device else memory["host_bytes"],
+            "peak_memory_reserved_bytes": memory["device_reserved_bytes"] if on_device else memory["host_bytes"],
+            "host_peak_memory_bytes": memory["host_bytes"],
         }
-        self.records.append(record)
-        if self._steps_file:
-            self._steps_file.write(json.dumps(finite(record), allow_nan=False) + "\n")
-        if self.exporter:
-            self.exporter.observe(record)
-        return record
 
-    def _mfu(self, tokens_per_second_per_device: float) -> float | None:
-        if not self.peak_flops:
+    def mfu(self, tokens_per_second_per_device: float | None) -> float | None:
+        if not self.peak_flops or tokens_per_second_per_device is None:
             return None
         mfu = self.flops_per_token * tokens_per_second_per_device / self.peak_flops
         if mfu > 1:  # physically impossible: the peak (table or --peak-flops) is wrong for this device
             self.mfu_above_one = True
             return None
         return mfu
+
+    # ------------------------------------------------------------------ at the end
+    def memory_payload(self) -> dict[str, int | None]:
+        """This worker's set-up peaks and the max of its step peaks, by kind (the payload's memory figures)."""
+        def most(key: str) -> int | None:
+            values = [r[key] for r in self.records if r.get(key) is not None]
+            return max(values) if values else None
+
+        on_device = self.setup_memory.get("device_bytes") is not None
+        return {
+            "device_peak_bytes": most("peak_memory_bytes") if on_device else None,
+            "device_reserved_peak_bytes": most("peak_memory_reserved_bytes") if on_device else None,
+            "host_peak_bytes": most("host_peak_memory_bytes"),
+            "setup_device_peak_bytes": self.setup_memory.get("device_bytes"),
+            "setup_host_peak_bytes": self.setup_memory.get("host_bytes"),
+            "host_peak_since_start": self.memory.host_since_start,
+        }
 
     def close(self) -> None:
         if self._steps_file:

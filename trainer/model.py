@@ -1,13 +1,23 @@
-"""GPT-2 from Hugging Face transformers: presets, overrides, FLOPs per token, the tokenizer.
+"""GPT-2 from Hugging Face transformers on its fast path: presets, the tokenizer, FLOPs per token.
 
-Dropout is 0 in every preset (as in nanoGPT's pretraining configs): a benchmark compares strategies,
+The fast path, the same for every preset and for pretrained checkpoints (nanoGPT's choices, on HF's model):
+- attention through `scaled_dot_product_attention` (`attn_implementation="sdpa"`: flash attention on GPUs,
+  `is_causal` with no mask tensor);
+- GELU as one kernel: GPT-2's `gelu_new` is the tanh approximation written out in Python (several kernels);
+  `gelu_pytorch_tanh` is the same function in one (`F.gelu(approximate="tanh")`);
+- the vocabulary padded to a multiple of 64 (50,257 -> 50,304 rows) so the embedding and output matmuls get
+  tensor-core-friendly shapes. The padding rows are zeros, are never looked up (no token id reaches them) and
+  are never targets: the loss reads the first `vocab_size` logits only (`gpt2bench.trainer.loss`), so they get
+  no gradient and the model computes what the unpadded one computes. Pretrained checkpoints are padded on load.
+
+Dropout is 0 in every preset and in loaded checkpoints (as in nanoGPT's pretraining configs): a benchmark
+compares strategies,
 and dropout would make each rank draw different masks, so equal-batch runs could not be compared
 step by step.
 """
 
 from __future__ import annotations
 
-import platform
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +29,7 @@ from gpt2bench.trainer.config import TrainConfig
 
 VOCAB_SIZE = 50257
 EOS_TOKEN_ID = 50256
+VOCAB_MULTIPLE = 64  # padded rows: 50,304 for GPT-2's 50,257 tokens
 
 
 def tokenizer_dir() -> Path:
@@ -39,90 +50,94 @@ def load_tokenizer() -> GPT2TokenizerFast:
 
 
 def gpt2_config(config: TrainConfig) -> GPT2Config:
+    """The unpadded GPT2Config of a preset (build_model pads the vocabulary after initialising)."""
     n_layer, n_head, n_embd = PRESETS[config.model.preset]
-    return GPT2Config(
+    gpt2 = GPT2Config(
         vocab_size=VOCAB_SIZE,
         n_layer=config.model.n_layer or n_layer,
         n_head=config.model.n_head or n_head,
         n_embd=config.model.n_embd or n_embd,
         n_positions=config.model.n_positions or max(1024, config.training.seq_len),
+        activation_function="gelu_pytorch_tanh",
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         bos_token_id=EOS_TOKEN_ID,
         eos_token_id=EOS_TOKEN_ID,
     )
+    gpt2._attn_implementation = "sdpa"
+    return gpt2
 
 
 def build_model(config: TrainConfig) -> GPT2LMHeadModel:
-    """The model on CPU in fp32, seeded by --seed so every rank builds identical weights."""
+    """The model on CPU in fp32, on the fast path, seeded by --seed so every rank builds identical weights.
+
+    Weights are initialised at the real vocabulary size and padded afterwards, so a preset starts from the same
+    weights (and draws the same random numbers) whether or not the vocabulary is padded.
+    """
     torch.manual_seed(config.training.seed)
     if config.model.pretrained:
-        try:
-            model = GPT2LMHeadModel.from_pretrained(config.model.pretrained)
-        except OSError as exc:
-            raise RuntimeError(f"--pretrained {config.model.pretrained!r}: cannot load ({exc})") from exc
+        model = _load_pretrained(config.model.pretrained)
     else:
         model = GPT2LMHeadModel(gpt2_config(config))
     if config.training.seq_len > model.config.n_positions:
         raise RuntimeError(
             f"--seq-len {config.training.seq_len} exceeds the model's n_positions {model.config.n_positions}")
+    pad_vocabulary(model)
     return model.float().train()
 
 
+def _load_pretrained(source: str) -> GPT2LMHeadModel:
+    try:
+        checkpoint = GPT2Config.from_pretrained(source)
+        if checkpoint.activation_function == "gelu_new":  # the same function, in one kernel
+            checkpoint.activation_function = "gelu_pytorch_tanh"
+        checkpoint.resid_pdrop = checkpoint.embd_pdrop = checkpoint.attn_pdrop = 0.0  # as every preset
+        return GPT2LMHeadModel.from_pretrained(source, config=checkpoint, attn_implementation="sdpa")
+    except OSError as exc:
+        raise RuntimeError(f"--pretrained {source!r}: cannot load ({exc})") from exc
+
+
+def pad_vocabulary(model: GPT2LMHeadModel, multiple: int = VOCAB_MULTIPLE) -> None:
+    """Pad the tied token embedding / output layer with zero rows to a multiple of `multiple`, in place.
+
+    `model.config.vocab_size` keeps the real size (what the tokenizer produces, what the loss reads);
+    `model.config.padded_vocab_size` is the number of rows.
+    """
+    old = model.transformer.wte.weight
+    vocab, width = old.shape
+    padded = -(-vocab // multiple) * multiple
+    model.config.padded_vocab_size = padded
+    if padded == vocab:
+        return
+    embedding = torch.nn.Embedding(padded, width, dtype=old.dtype, device=old.device)
+    with torch.no_grad():
+        embedding.weight[:vocab] = old
+        embedding.weight[vocab:] = 0
+    model.transformer.wte = embedding
+    model.lm_head.weight = embedding.weight  # tied, as GPT-2's output layer is
+    model.lm_head.out_features = padded
+
+
+def vocab_sizes(model: torch.nn.Module) -> tuple[int, int]:
+    """(real vocabulary, padded rows) of a model built by build_model."""
+    config = model.config
+    return config.vocab_size, getattr(config, "padded_vocab_size", config.vocab_size)
+
+
 def count_params(model: torch.nn.Module) -> int:
-    """Distinct parameters (tied wte/lm_head counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    """Distinct parameters (tied wte/lm_head counted once), the vocabulary's padding rows left out."""
+    vocab, padded = vocab_sizes(model)
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return total - (padded - vocab) * model.config.n_embd
 
 
 def flops_per_token(model_config: GPT2Config, seq_len: int, n_params: int) -> float:
     """Training FLOPs per token: 6N + 12·L·d·T (PaLM appendix B, as nanoGPT's estimate_mfu).
 
-    N excludes the position embeddings (they are a lookup, not a matmul); the tied token
-    embedding counts once, for the output projection.
+    N (`count_params`) excludes the position embeddings (a lookup, not a matmul) and the vocabulary's
+    padding rows (work the GPU does but that computes nothing: MFU counts useful FLOPs only); the tied
+    token embedding counts once, for the output projection.
     """
     n = n_params - model_config.n_positions * model_config.n_embd
     return 6.0 * n + 12.0 * model_config.n_layer * model_config.n_embd * seq_len
-
-
-def device_name(device: torch.device) -> str:
-    """What the figures were measured on: the GPU's name, else the CPU's model name (Linux), else 'cpu'."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def peak_flops_per_device(device: torch.device, precision: str, override: float | None) -> float | None:
-    """Dense peak FLOP/s of one device for MFU; None when unknown (CPU, unlisted GPU)."""
-    if override:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, (half, fp32) in _PEAK_FLOPS.items():
-        if key in name:
-            return fp32 if precision == "fp32" else half
-    return None
-
-
-# GPU name fragment -> (dense bf16/fp16 tensor-core peak, fp32 non-tensor peak), vendor datasheets.
-# fp32 runs use the plain fp32 peak because torch leaves TF32 matmuls off by default.
-_PEAK_FLOPS: dict[str, tuple[float, float]] = {
-    "H200": (989e12, 67e12),
-    "H100 PCIe": (756e12, 51e12),
-    "H100": (989e12, 67e12),
-    "A100": (312e12, 19.5e12),
-    "A10G": (70e12, 31.2e12),
-    "A10": (125e12, 31.2e12),
-    "L40S": (362e12, 91.6e12),
-    "L4": (121e12, 30.3e12),
-    "V100": (125e12, 15.7e12),
-    "T4": (65e12, 8.1e12),
-}

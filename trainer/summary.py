@@ -44,11 +44,8 @@ def summarize(records: list[dict[str, Any]], devices: int) -> dict[str, Any]:
     """Summary figures over the measured (non-warm-up) steps of worker 0's records."""
     measured = [r for r in records if not r["warmup"]]
     times = [r["step_seconds"] for r in measured]
-    tokens = sum(r["tokens"] for r in measured)
-    tps = tokens / sum(times) if times and sum(times) > 0 else None
-    mfus = [r["mfu"] for r in measured if r["mfu"] is not None]
+    tps = own_rate(records)
     last = records[-1] if records else {}
-    mfu = sum(mfus) / len(mfus) if mfus and len(mfus) == len(measured) else None
     return {
         "steps": len(records),
         "measured_steps": len(measured),
@@ -60,8 +57,17 @@ def summarize(records: list[dict[str, Any]], devices: int) -> dict[str, Any]:
         "final_loss": last.get("loss"),
         "first_loss": records[0]["loss"] if records else None,
         "grad_norm": last.get("grad_norm"),
-        "mfu": mfu,
+        "skipped_steps": sum(bool(r.get("skipped")) for r in records),
+        "skipped_measured_steps": sum(bool(r.get("skipped")) for r in measured),
+        "compile_seconds_in_measured_steps": sum(r.get("compile_seconds") or 0.0 for r in measured),
     }
+
+
+def own_rate(records: list[dict[str, Any]]) -> float | None:
+    """Tokens/s of a worker's records: Σ tokens / Σ step_seconds over its measured steps."""
+    measured = [r for r in records if not r["warmup"]]
+    seconds = sum(r["step_seconds"] for r in measured)
+    return sum(r["tokens"] for r in measured) / seconds if measured and seconds > 0 else None
 
 
 def compact(summary: dict[str, Any]) -> str:
@@ -71,7 +77,8 @@ def compact(summary: dict[str, Any]) -> str:
         if isinstance(small.get(key), str) and len(small[key]) > 1000:
             small[key] = small[key][:997] + "..."
     text = json.dumps(small, separators=(",", ":"), allow_nan=False, default=str)
-    for bulky in ("param_checksums", "state_bytes_per_rank", "peak_memory_bytes_per_rank", "note"):
+    for bulky in ("memory_per_rank", "param_checksums", "state_bytes_per_rank", "peak_memory_bytes_per_rank",
+                  "worker_tokens_per_second", "steps_when_first_worker_done", "note"):
         if len(text.encode()) <= COMPACT_LIMIT_BYTES:
             break
         small.pop(bulky, None)
@@ -145,6 +152,42 @@ def versions() -> dict[str, str]:
             "python": sys.version.split()[0]}
 
 
+def _max(values) -> int | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def memory_summary(payloads: list[dict[str, Any]], on_gpu: bool) -> dict[str, Any]:
+    """Peaks by kind (device / host) and phase (set-up / steps), per rank and role, and the headline figure."""
+    per_rank = [{"job_rank": p.get("job_rank"), "role": p.get("role", "worker"),
+                 "device_peak_bytes": p.get("device_peak_bytes"), "host_peak_bytes": p.get("host_peak_bytes"),
+                 "setup_device_peak_bytes": p.get("setup_device_peak_bytes"),
+                 "setup_host_peak_bytes": p.get("setup_host_peak_bytes"),
+                 "host_peak_since_start": p.get("host_peak_since_start")} for p in payloads]
+    headline = "device_peak_bytes" if on_gpu else "host_peak_bytes"
+    return {
+        "peak_memory_bytes": _max(r[headline] for r in per_rank),
+        "peak_memory_reserved_bytes": _max(p.get("device_reserved_peak_bytes" if on_gpu else "host_peak_bytes")
+                                           for p in payloads),
+        "peak_memory_kind": "cuda_max_allocated" if on_gpu else "cpu_peak_rss",
+        "peak_memory_bytes_per_rank": [r[headline] for r in per_rank],
+        "peak_device_memory_bytes": _max(r["device_peak_bytes"] for r in per_rank),
+        "peak_host_memory_bytes": _max(r["host_peak_bytes"] for r in per_rank),
+        "setup_peak_device_memory_bytes": _max(r["setup_device_peak_bytes"] for r in per_rank),
+        "setup_peak_host_memory_bytes": _max(r["setup_host_peak_bytes"] for r in per_rank),
+        "memory_per_rank": per_rank,
+    }
+
+
+def steps_when_first_done(workers: list[dict[str, Any]]) -> list[int] | None:
+    """Independent (async) workers: how many steps each had finished when the first one finished its last."""
+    ends = [w.get("step_end_times") for w in workers]
+    if not ends or any(not e for e in ends):
+        return None
+    first_done = min(e[-1] for e in ends)
+    return [sum(t <= first_done for t in e) for e in ends]
+
+
 def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, status: str = "succeeded",
                   reason: str | None = None) -> dict[str, Any]:
     """The run's summary from every process's payload (worker 0's carries the step records)."""
@@ -154,9 +197,29 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
     for payload in payloads:  # a failure anywhere fails the run
         if payload.get("status") == "failed" and status != "failed":
             status, reason = "failed", payload.get("reason")
-    peaks = [p.get("peak_memory_bytes") or 0 for p in payloads]
-    # From the workers: under ps the reporter (job rank 0) is a CPU server even when workers use GPUs.
+    # From the workers: under ps the reporter (job rank 0) is a server, maybe on the CPU while workers use GPUs.
     on_gpu = lead.get("device_type", parallel.device.type) == "cuda"
+    figures = summarize(lead.get("records") or [], devices)
+    notes = list(parallel.notes)
+    if parallel.independent_steps and workers:  # async ps: every worker's step is its own; rates add up
+        rates = [w.get("own_tokens_per_second") for w in workers]
+        figures["tokens_per_second"] = sum(rates) if all(r is not None for r in rates) else None
+        figures["tokens_per_second_per_device"] = (figures["tokens_per_second"] / devices
+                                                   if figures["tokens_per_second"] is not None else None)
+        figures["worker_tokens_per_second"] = rates
+    flops, peak = lead.get("flops_per_token"), lead.get("peak_flops")
+    tps_device = figures["tokens_per_second_per_device"]
+    mfu = flops * tps_device / peak if flops and peak and tps_device else None
+    if mfu is not None and mfu > 1 or lead.get("mfu_above_one"):
+        mfu = None
+        notes.append("mfu above 1 with this peak FLOP/s: mfu left out, check --peak-flops")
+    if figures["skipped_measured_steps"]:
+        notes.append(f"{figures['skipped_measured_steps']} measured step(s) skipped by the fp16 loss scaler: "
+                     "their time counts, their update did not happen")
+    compile_seconds = max((w.get("compile_seconds") or 0.0 for w in workers), default=0.0)
+    if figures["compile_seconds_in_measured_steps"] > 0:
+        notes.append(f"torch.compile compiled during measured steps ({figures['compile_seconds_in_measured_steps']:.1f}"
+                     " s): raise warmupSteps so that compilation ends in warm-up")
     summary = {
         "status": status,
         "reason": reason,
@@ -175,25 +238,28 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "seq_len": config.training.seq_len,
         "global_batch_tokens": config.tokens_per_step_per_worker * devices,
         "warmup_steps": config.training.warmup_steps,
-        **summarize(lead.get("records") or [], devices),
-        "peak_memory_bytes": max(peaks) if peaks else None,
-        "peak_memory_reserved_bytes": max((p.get("peak_memory_reserved_bytes") or 0 for p in payloads), default=None),
-        "peak_memory_kind": "cuda_max_allocated" if on_gpu else "cpu_peak_rss",
+        **figures,
+        "mfu": mfu,
+        "peak_flops_precision": lead.get("peak_flops_precision"),
+        "compiled": lead.get("compiled"),
+        "compile_seconds": compile_seconds,
+        **memory_summary(payloads, on_gpu),
         "device_name": lead.get("device_name"),
-        "peak_memory_bytes_per_rank": peaks,
         "state_bytes": max((p.get("state_bytes") or 0 for p in payloads), default=None),
         "state_bytes_per_rank": [p.get("state_bytes") for p in payloads],
         "param_checksums": [p.get("param_checksum") for p in workers],
         "train_seconds": lead.get("train_seconds"),
         "startup_seconds": lead.get("startup_seconds"),
         "n_params": lead.get("n_params"),
-        "flops_per_token": lead.get("flops_per_token"),
-        "peak_flops": lead.get("peak_flops"),
-        "note": "; ".join(parallel.notes + (["mfu above 1 with this peak FLOP/s: mfu left out, check --peak-flops"]
-                                           if lead.get("mfu_above_one") else [])) or None,
+        "padded_vocab_size": lead.get("padded_vocab_size"),
+        "flops_per_token": flops,
+        "peak_flops": peak,
+        "note": "; ".join(notes) or None,
         **parallel.extra_summary,
         "versions": versions(),
         "config_hash": config.config_hash(),
         "config": config.as_dict(),
     }
+    if parallel.independent_steps:
+        summary["steps_when_first_worker_done"] = steps_when_first_done(workers)
     return summary

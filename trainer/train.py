@@ -14,7 +14,6 @@ import time
 from gpt2bench.trainer.config import ConfigError, parse_config
 from gpt2bench.trainer.env import detect_env, process_start_time
 from gpt2bench.trainer.exporter import PrometheusExporter
-from gpt2bench.trainer.metrics import PeakMemory
 from gpt2bench.trainer.model import build_model
 from gpt2bench.trainer.parallel import strategy_class
 from gpt2bench.trainer.summary import build_summary, publish_steps, publish_summary
@@ -47,13 +46,13 @@ def main(argv: list[str] | None = None) -> int:
             log.info("config %s", json.dumps(config.as_dict(), sort_keys=True))
         if config.process.metrics_port:
             exporter = PrometheusExporter(config, rank=env.rank, strategy=config.strategy.name,
-                                          local_rank=env.local_rank, workers=parallel.world_size)
+                                          local_rank=env.local_rank,
+                                          workers=1 if parallel.independent_steps else parallel.world_size)
         if parallel.is_worker:
             payload = train_worker(config, parallel, exporter, started)
         else:
             served = parallel.serve(lambda: build_model(config)) or {}
-            payload = {"job_rank": env.rank, "is_worker": False, "status": "succeeded",
-                       **PeakMemory(parallel.device).read_and_reset(), **served}
+            payload = {"job_rank": env.rank, "is_worker": False, "role": "server", "status": "succeeded", **served}
         payloads = parallel.gather_to_reporter(payload)
         if parallel.is_reporter:
             summary = build_summary(config, env, parallel, payloads)
@@ -82,7 +81,7 @@ def train_worker(config, parallel, exporter, process_started: float) -> dict:
     first_step_at: list[float] = []
     status, reason = "succeeded", None
     try:
-        trainer.train(first_step_at)
+        trainer.train(first_step_at=first_step_at)
     except TrainingFailed as exc:
         status, reason = "failed", str(exc)
         log.error("%s", reason)

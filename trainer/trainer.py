@@ -1,4 +1,11 @@
-"""The training loop: strategy-agnostic, every difference lives in the `Parallelism` hooks."""
+"""The training loop: strategy-agnostic, every difference lives in the `Parallelism` hooks.
+
+One step: for each micro-step, take the prefetched batch, forward + loss under the precision recipe's
+autocast, backward, and prefetch the next batch while the device computes; then the strategy's `step`
+(synchronise gradients, unscale, norm, clip, update). Between two marks on the device's timeline
+(`MetricsProcessor.start_step` / `end_step`) nothing waits for the device: losses and norms stay tensors
+until a log step, where `flush` reads every pending step at once, outside the timed steps.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +15,14 @@ import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from gpt2bench.trainer.config import TrainConfig
-from gpt2bench.trainer.data import ShardedBatches, load_tokens
+from gpt2bench.trainer.data import BatchLoader, ShardedBatches, load_tokens
+from gpt2bench.trainer.devices import allow_tf32, device_name, math_precision, peak_flops_per_device
 from gpt2bench.trainer.exporter import PrometheusExporter
-from gpt2bench.trainer.metrics import MetricsProcessor
-from gpt2bench.trainer.model import (
-    build_model,
-    count_params,
-    device_name,
-    flops_per_token,
-    peak_flops_per_device,
-)
+from gpt2bench.trainer.loss import cross_entropy
+from gpt2bench.trainer.metrics import CompileWatch, MetricsProcessor
+from gpt2bench.trainer.model import build_model, count_params, flops_per_token, vocab_sizes
 from gpt2bench.trainer.parallel.base import Parallelism
 
 log = logging.getLogger("gpt2bench.trainer")
@@ -34,100 +36,119 @@ class InjectedFailure(RuntimeError):
     """--fail-at-step: the first worker crashes alone, as a real crash would (its peers are left waiting)."""
 
 
+def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
+    """`training.compile`, or by default: on for GPUs, off on CPU (docs/performance.md says why)."""
+    choice = config.training.compile
+    return device.type == "cuda" if choice is None else choice
+
+
 class Trainer:
     def __init__(self, config: TrainConfig, parallel: Parallelism, *, exporter: PrometheusExporter | None = None):
         self.config, self.parallel = config, parallel
-        p = parallel
+        p, training = parallel, config.training
+        self.compile_watch = CompileWatch()
+        allow_tf32(p.device, training.tf32)
         base_model = build_model(config)
         self.n_params = count_params(base_model)
         self.model_config = base_model.config
+        self.vocab_size, self.padded_vocab_size = vocab_sizes(base_model)
+        self.compiled = compile_enabled(config, p.device) and p.compile(base_model)
         self.model = p.wrap(base_model)
-        self.optimizer = p.build_optimizer(self.model, config.training.lr)
+        self.loss_fn = torch.compile(cross_entropy) if self.compiled else cross_entropy
+        self.optimizer = p.build_optimizer(self.model, training.lr)
         self.scaler = p.build_scaler()
-        batch = config.training.micro_batch_size * p.devices_per_worker
+        batch = training.micro_batch_size * p.devices_per_worker
         tokens = load_tokens(config.data.source, config.data.max_documents)
-        self.batches = ShardedBatches(tokens, config.training.seq_len, batch, config.training.grad_accum, p.rank, p.world_size,
-                                      config.training.seed)
+        shards = ShardedBatches(tokens, training.seq_len, batch, training.grad_accum, p.rank, p.world_size,
+                                training.seed)
+        self.batches = BatchLoader(shards, p.device)
         self.devices = p.world_size * p.devices_per_worker
+        workers_per_step = 1 if p.independent_steps else p.world_size
         self.metrics = MetricsProcessor(
-            config=config, rank=p.rank, tokens_per_step=batch * config.training.grad_accum * config.training.seq_len * p.world_size,
-            devices=self.devices, device=p.device,
-            flops_per_token=flops_per_token(self.model_config, config.training.seq_len, self.n_params),
-            peak_flops=peak_flops_per_device(p.device, config.precision, config.process.peak_flops), exporter=exporter,
+            config=config, rank=p.rank, tokens_per_step=batch * training.grad_accum * training.seq_len * workers_per_step,
+            devices=self.devices if workers_per_step > 1 else p.devices_per_worker, device=p.device,
+            flops_per_token=flops_per_token(self.model_config, training.seq_len, self.n_params),
+            peak_flops=peak_flops_per_device(p.device, config.precision, training.tf32, config.process.peak_flops),
+            exporter=exporter, compile_watch=self.compile_watch,
         )
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One optimizer step (0-based `step`). Returns (this worker's mean loss, grad norm, data seconds)."""
-        p, config = self.parallel, self.config
-        loss_sum = torch.zeros((), device=p.device)
-        data_seconds = 0.0
-        for micro in range(config.training.grad_accum):
-            started = time.perf_counter()
-            block = self.batches.micro_batch(step, micro).to(p.device, non_blocking=True)
-            data_seconds += time.perf_counter() - started
-            with p.no_sync(self.model, last_micro_step=micro == config.training.grad_accum - 1), p.autocast():
+    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | bool]:
+        """One optimizer step (0-based `step`): (this worker's mean loss, grad norm, skipped), all unread."""
+        p, accum = self.parallel, self.config.training.grad_accum
+        loss_sum = None
+        for micro in range(accum):
+            block = self.batches.get(step, micro)
+            with p.no_sync(self.model, last_micro_step=micro == accum - 1), p.autocast():
                 logits = self.model(input_ids=block[:, :-1], use_cache=False).logits
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), block[:, 1:].flatten())
-                if step + 1 == config.process.nan_at_step and p.rank == 0:
+                loss = self.loss_fn(logits, block[:, 1:], self.vocab_size)
+                if step + 1 == self.config.process.nan_at_step and p.rank == 0:
                     loss = loss * float("nan")  # failure injection: one worker's loss goes bad
-                self.scaler.scale(loss / config.training.grad_accum).backward()
-            loss_sum += loss.detach()
-        grad_norm = p.step(self.model, self.optimizer, self.scaler, config.training.max_grad_norm)
-        return loss_sum / config.training.grad_accum, grad_norm, data_seconds
+                self.scaler.scale(loss / accum).backward()
+            self.batches.prefetch_after(step, micro)  # host work while the device runs the backward
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        grad_norm, skipped = p.step(self.model, self.optimizer, self.scaler, self.config.training.max_grad_norm)
+        if self.config.process.slow_worker_seconds and p.rank == p.world_size - 1:
+            time.sleep(self.config.process.slow_worker_seconds)  # test hook: the last worker is slower
+        return loss_sum / accum, grad_norm, skipped
 
     # ------------------------------------------------------------------ the loop
-    def train(self, first_step_at: list[float] | None = None) -> None:
-        """Run every step; raise TrainingFailed on a non-finite loss, InjectedFailure for --fail-at-step."""
+    def train(self, steps: range | None = None, first_step_at: list[float] | None = None) -> None:
+        """Run `steps` (1-based; default all): raise TrainingFailed on a non-finite loss, read at log steps."""
         p, config = self.parallel, self.config
+        steps = steps or range(1, config.training.steps + 1)
         lr = self.optimizer.param_groups[0]["lr"]
-        for step in range(1, config.training.steps + 1):
+        for step in steps:
             if step == config.process.fail_at_step and p.rank == 0:  # the first worker (job rank 0 is a server under ps)
                 raise InjectedFailure(f"failure injected at step {step} (--fail-at-step)")
-            started = time.perf_counter()
-            if first_step_at is not None and step == 1:
+            if first_step_at is not None and not first_step_at:
                 first_step_at.append(time.time())
-            loss, grad_norm, data_seconds = self.train_step(step - 1)
-            loss = p.mean_over_workers(loss)  # every worker gets the same value, so all stop together
-            record = self.metrics.record(step, loss, grad_norm, lr, started, data_seconds)
-            if p.rank == 0 and (step == 1 or step % 10 == 0 or step == config.training.steps):
-                log.info("step %d loss %.4f grad_norm %.3f %.0f tok/s", step, record["loss"], record["grad_norm"],
-                         record["tokens_per_second"])
-            if not math.isfinite(record["loss"]):
-                raise TrainingFailed(f"non-finite loss ({record['loss']}) at step {step}")
+            self.batches.seconds = 0.0
+            start = self.metrics.start_step()
+            loss, grad_norm, skipped = self.train_step(step - 1)
+            self.metrics.end_step(step, start, loss, grad_norm, skipped, lr, self.batches.seconds)
+            if step % config.process.log_every == 0 or step == steps[-1]:
+                self.report(self.metrics.flush(p.mean_over_workers))
 
-    def run_steps(self, steps: int, *, with_metrics: bool) -> float:
-        """Benchmark helper: `steps` steps from step 0, with or without the per-step metrics; seconds."""
-        self.parallel.device.type == "cuda" and torch.cuda.synchronize()
-        started = time.perf_counter()
-        lr = self.optimizer.param_groups[0]["lr"]
-        for step in range(steps):
-            step_started = time.perf_counter()
-            loss, grad_norm, data_seconds = self.train_step(step)
-            if with_metrics:
-                loss = self.parallel.mean_over_workers(loss)
-                self.metrics.record(step + 1, loss, grad_norm, lr, step_started, data_seconds)
-        self.parallel.device.type == "cuda" and torch.cuda.synchronize()
-        return time.perf_counter() - started
+    def report(self, records: list[dict[str, Any]]) -> None:
+        """Log the last record; fail every worker alike on the first non-finite loss among them."""
+        if not records:
+            return
+        last = records[-1]
+        if self.parallel.rank == 0:
+            log.info("step %d loss %.4f grad_norm %.3f %.0f tok/s", last["step"], last["loss"], last["grad_norm"],
+                     last["tokens_per_second"])
+        bad = next((r for r in records if not math.isfinite(r["loss"])), None)
+        if bad is not None:
+            seen = f" (read at step {last['step']})" if last["step"] != bad["step"] else ""
+            raise TrainingFailed(f"non-finite loss ({bad['loss']}) at step {bad['step']}{seen}")
 
     def payload(self, status: str, reason: str | None) -> dict[str, Any]:
         """What this worker sends to the reporter at the end (see Parallelism.gather_to_reporter)."""
-        p = self.parallel
+        from gpt2bench.trainer.summary import own_rate
+
+        p, metrics = self.parallel, self.metrics
         return {
             "job_rank": p.env.rank,
             "worker_rank": p.rank,
             "is_worker": True,
+            "role": "worker",
             "status": status,
             "reason": reason,
-            "peak_memory_bytes": self.metrics.peak_memory_bytes,
-            "peak_memory_reserved_bytes": self.metrics.peak_memory_reserved_bytes,
+            **metrics.memory_payload(),
             "state_bytes": p.state_bytes(self.model, self.optimizer),
             "param_checksum": p.model_checksum(self.model),
-            "records": self.metrics.records if p.rank == 0 else None,
+            "records": metrics.records if p.rank == 0 else None,
+            "own_tokens_per_second": own_rate(metrics.records),
+            "step_end_times": metrics.step_end_times if p.independent_steps else None,
             "n_params": self.n_params,
-            "flops_per_token": self.metrics.flops_per_token,
-            "peak_flops": self.metrics.peak_flops,
-            "mfu_above_one": self.metrics.mfu_above_one,
+            "padded_vocab_size": self.padded_vocab_size,
+            "flops_per_token": metrics.flops_per_token,
+            "peak_flops": metrics.peak_flops,
+            "peak_flops_precision": math_precision(self.config.precision, self.config.training.tf32),
+            "mfu_above_one": metrics.mfu_above_one,
+            "compiled": self.compiled,
+            "compile_seconds": self.compile_watch.seconds,
             "devices": self.devices,
             "device_type": p.device.type,
             "device_name": device_name(p.device),

@@ -194,10 +194,8 @@ def synchronous_strategies_agree(configs: list[Configuration], spec: dict[str, A
             gap = max(_gap(c.stat(final_loss).mean, ref) for c in group[1:])
             basis = "final loss: no per-step records"
         outcomes.append("holds" if gap <= LOSS_TOLERANCE else "fails")
-        recipe = (" (fsdp casts its parameters where the others autocast)"
-                  if precision in MIXED and any(c.strategy == "fsdp" for c in group) else "")
         parts.append(f"{precision} {scale.label}: {', '.join(c.strategy for c in group)}: largest loss gap "
-                     f"{gap:.3%} ({basis}){recipe}")
+                     f"{gap:.3%} ({basis})")  # one precision recipe for every strategy (docs/strategies.md)
     if asynchronous:
         parts.append(f"{', '.join(sorted(asynchronous))} in async mode left out: not synchronous")
     return finding("synchronous-strategies-converge-alike", "Synchronous strategies follow the same loss curve at "

@@ -7,16 +7,19 @@ hooks below, in this order, so that a strategy is one class in one module and th
     p = StrategyClass(config, env)          # no side effects yet
     p.setup()                               # process groups, device selection
     if p.is_worker:                         # trainer.Trainer:
-        model = p.wrap(build_model(config)) #   DDP / FSDP / DataParallel / broadcast from rank 0 ...
+        model = build_model(config)
+        p.compile(model)                    #   torch.compile per block, when training.compile is on
+        model = p.wrap(model)               #   DDP / FSDP / DataParallel / broadcast from rank 0 ...
         opt = p.build_optimizer(model, lr); scaler = p.build_scaler()
         for step in 1..steps:
             for micro in range(grad_accum):
                 with p.no_sync(model, last_micro_step=micro == grad_accum - 1), p.autocast():
                     loss = cross_entropy(model(x).logits, y)
                     scaler.scale(loss / grad_accum).backward()
-            grad_norm = p.step(model, opt, scaler, max_grad_norm)  # sync, unscale, norm, clip, update
-            loss = p.mean_over_workers(local_mean_loss)           # collective over workers, a tensor
-            (stop on every worker at once if loss is not finite)
+            grad_norm, skipped = p.step(model, opt, scaler, max_grad_norm)  # sync, unscale, norm, clip, update
+            every log_every steps, outside the timed steps:
+                losses = p.mean_over_workers(pending local mean losses)    # collective over workers, tensors
+                (stop on every worker at once if a loss is not finite)
         payload = {... per-process figures, p.state_bytes(model, opt), p.model_checksum(model) ...}
     else:
         payload = {... , **(p.serve(model_factory) or {})}     # e.g. parameter servers
@@ -72,6 +75,8 @@ class Parallelism:
       notes: list[str]          human-readable remarks copied to the summary's `note`
                                 (e.g. "dataparallel without GPUs ran as single")
       extra_summary: dict       strategy-specific summary fields (e.g. {"ps_servers": 2})
+      independent_steps: bool   True when a worker's step is its own update, not one of a global step
+                                (async ps): no collective among workers, tokens/s is the sum of their rates
     """
 
     name = "single"
@@ -83,9 +88,10 @@ class Parallelism:
         self.rank = 0
         self.world_size = 1
         self.devices_per_worker = 1
-        self.device = self._pick_device()
+        self.independent_steps = False
         self.notes: list[str] = []
         self.extra_summary: dict[str, Any] = {}
+        self.device = self._pick_device()
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -115,21 +121,31 @@ class Parallelism:
                 torch.distributed.destroy_process_group()
 
     # ------------------------------------------------------------------- model
+    def compile(self, model: torch.nn.Module) -> bool:
+        """torch.compile every transformer block in place (before `wrap`: FSDP shards compiled blocks, as
+        torchtitan does). Lazy: compilation happens in the first (warm-up) step. True when compiled."""
+        for block in model.transformer.h:
+            block.compile()
+        return True
+
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to `self.device` and wrap it (DDP, FSDP, ...). Return what the loop calls."""
         return model.to(self.device)
 
     def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-        """AdamW over the wrapped model's parameters (Horovod wraps it in DistributedOptimizer)."""
-        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=False, foreach=True)
+        """AdamW over the wrapped model's parameters (Horovod wraps it in DistributedOptimizer): fused (one
+        kernel for all parameters, and fp16 skips without a host sync) on CUDA, foreach on CPU."""
+        return adamw(model.parameters(), lr, self.device)
 
     def no_sync(self, model: torch.nn.Module, last_micro_step: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step's forward+backward; DDP skips the all-reduce unless last."""
         return contextlib.nullcontext()
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """Autocast for forward (fp16/bf16) or a null context (fp32, or FSDP's MixedPrecisionPolicy)."""
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.config.precision)
+        """The precision recipe, the same for every strategy (docs/strategies.md): fp32 master weights, and
+        for fp16/bf16 autocast around forward and loss: matmuls in the low precision, norms, softmax and
+        reductions in fp32. fp32: a null context."""
+        dtype = low_precision(self.config.precision)
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
@@ -145,23 +161,24 @@ class Parallelism:
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler,
         max_grad_norm: float,
-    ) -> torch.Tensor:
-        """After the micro-steps' backward: make gradients global, update, return the grad norm.
+    ) -> tuple[torch.Tensor, torch.Tensor | bool]:
+        """After the micro-steps' backward: make gradients global, update; return (grad norm, skipped).
 
         Order: (1) synchronise gradients if the strategy does it explicitly (DDP/FSDP already did
         during backward); (2) `scaler.unscale_(optimizer)`; (3) global L2 norm of all gradients
         AFTER sync and BEFORE clipping (across shards for FSDP, on the server(s) for PS);
         (4) clip to `max_grad_norm` when > 0; (5) `scaler.step(optimizer)`; `scaler.update()`;
         (6) `optimizer.zero_grad(set_to_none=True)`.
-        Returns the norm as a 0-d float tensor on any device; do not call `.item()` here.
+        Returns the norm as a 0-d float tensor on any device and `skipped` (the fp16 scaler skipped the
+        update) as a 0-d bool tensor or a bool; do not call `.item()` here (the loop reads them later).
         A non-finite norm is returned as-is (the scaler skips the update for fp16; the loop decides).
         """
         scaler.unscale_(optimizer)
         norm = self.clip_grad_norm(model, max_grad_norm)
         scaler.step(optimizer)
-        scaler.update()
+        skipped = update_scaler(scaler)
         optimizer.zero_grad(set_to_none=True)
-        return norm
+        return norm, skipped
 
     def clip_grad_norm(self, model: torch.nn.Module, max_grad_norm: float) -> torch.Tensor:
         """Global L2 grad norm of local (already synchronised) grads; clip when max_grad_norm > 0."""
@@ -171,11 +188,8 @@ class Parallelism:
 
     # -------------------------------------------------------------- reductions
     def mean_over_workers(self, value: torch.Tensor) -> torch.Tensor:
-        """Mean of a 0-d tensor over workers (the loss). Collective over workers; returns a tensor."""
-        return value
-
-    def max_over_ranks(self, value: float) -> float:
-        """Max of a Python float over every process of the job (peak memory). Collective."""
+        """Element-wise mean over workers of a tensor (the pending steps' losses), called at log steps only.
+        Collective over workers (none for independent workers); returns a tensor."""
         return value
 
     def gather_to_reporter(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -201,12 +215,26 @@ class Parallelism:
 
     # ------------------------------------------------------------------ helpers
     def _pick_device(self) -> torch.device:
+        if not self._wants_cuda():
+            return torch.device("cpu")
+        return torch.device("cuda", self._local_device_index(self.env.local_rank, self.env.local_world_size))
+
+    def _wants_cuda(self) -> bool:
         want = self.config.process.device
         if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
-            return torch.device("cpu")
+            return False
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda: no CUDA device is available")
-        return torch.device("cuda", self.env.local_rank % torch.cuda.device_count())
+        return True
+
+    def _local_device_index(self, local_worker: int, workers_on_node: int) -> int:
+        """One GPU per worker: more workers on a node than GPUs would share GPUs and halve per-device figures."""
+        gpus = torch.cuda.device_count()
+        if workers_on_node > gpus:
+            raise RuntimeError(
+                f"scale {self.env.nodes}x{workers_on_node} (nodes x workers per node): {workers_on_node} workers "
+                f"on this node but {gpus} GPU(s) visible; one worker per GPU (processesPerNode = devicesPerNode)")
+        return local_worker
 
     def backend(self) -> str:
         return "nccl" if self.device.type == "cuda" else "gloo"
@@ -224,6 +252,41 @@ class Parallelism:
                 timeout=datetime.timedelta(seconds=self.config.process.timeout_seconds),
                 **kwargs,
             )
+
+
+def low_precision(precision: str) -> torch.dtype | None:
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+
+
+def adamw(params, lr: float, device: torch.device) -> torch.optim.AdamW:
+    """The one AdamW of every strategy (no weight decay): fused on CUDA, foreach elsewhere."""
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=fused, foreach=not fused)
+
+
+def update_scaler(scaler: torch.amp.GradScaler) -> torch.Tensor | bool:
+    """`scaler.update()`; returns whether this step was skipped, as a device tensor read later (no sync).
+
+    The scale backs off exactly when the step found an inf/NaN and was skipped (it only ever grows otherwise).
+    """
+    if not scaler.is_enabled() or scaler._scale is None:
+        scaler.update()
+        return False
+    before = scaler._scale.clone()  # a device tensor: compared on the device, read at the next log step
+    scaler.update()
+    return scaler._scale < before
+
+
+def distinct_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every parameter and buffer, each tensor once: `state_dict()` lists GPT-2's tied
+    embedding twice (wte and lm_head), which would broadcast its 39 M parameters twice."""
+    seen: set[int] = set()
+    tensors = []
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            tensors.append((name, tensor))
+    return tensors
 
 
 def _tensor_bytes(t: Any) -> int:

@@ -25,11 +25,6 @@ class CollectiveParallelism(Parallelism):
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value / self.world_size
 
-    def max_over_ranks(self, value: float) -> float:
-        tensor = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return float(tensor.item())
-
     def gather_to_reporter(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
         gathered: list[Any] | None = [None] * dist.get_world_size() if self.is_reporter else None
         dist.gather_object(payload, gathered, dst=0)

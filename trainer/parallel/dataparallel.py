@@ -4,13 +4,37 @@ Bai et al.'s "single parameter server": the process scatters each batch over the
 model every step and reduces gradients onto GPU 0. A worker here drives every GPU of the node, so the
 loop feeds it `micro_batch_size × GPUs` sequences (micro_batch_size stays per device). Without GPUs
 it trains exactly as `single` and says so in the summary's `note`.
+
+Precision: DataParallel runs each replica's forward in a worker thread and re-enters autocast there as
+`autocast(device_type, enabled=...)` with no dtype, i.e. float16 on CUDA, whatever the caller's dtype: a
+bf16 run would train in fp16 without a loss scaler. The replicated module therefore sets the run's
+autocast itself (`AutocastForward`), so every replica runs the recipe the other strategies run.
+
+torch.compile: DataParallel copies the module into every replica each step, and a compiled module's call
+is bound to the original module, so with 2+ GPUs the blocks are not compiled (the summary says so).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import torch
 
 from gpt2bench.trainer.parallel.base import Parallelism
+
+
+class AutocastForward(torch.nn.Module):
+    """Runs `module` under the given autocast in whatever thread calls it (DataParallel's replica threads)."""
+
+    def __init__(self, module: torch.nn.Module, autocast: Callable[[], contextlib.AbstractContextManager]):
+        super().__init__()
+        self.module = module
+        self._autocast = autocast
+
+    def forward(self, *args, **kwargs):
+        with self._autocast():
+            return self.module(*args, **kwargs)
 
 
 class DataParallelism(Parallelism):
@@ -28,11 +52,21 @@ class DataParallelism(Parallelism):
             self.notes.append(f"dataparallel with {gpus} GPU(s) trained as single (nothing to split over)")
         self.extra_summary["dataparallel_devices"] = gpus
 
+    def compile(self, model: torch.nn.Module) -> bool:
+        if self.devices_per_worker < 2:
+            return super().compile(model)
+        self.notes.append("torch.compile not applied: nn.DataParallel replicates the module every step, and a "
+                          "compiled module's call stays bound to the original (no DataParallel support in torch)")
+        return False
+
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.device)
         if self.devices_per_worker < 2:
             return model
-        return torch.nn.DataParallel(model, device_ids=list(range(self.devices_per_worker)))
+        return torch.nn.DataParallel(AutocastForward(model, self.autocast),
+                                     device_ids=list(range(self.devices_per_worker)))
 
     def model_checksum(self, model: torch.nn.Module) -> float:
-        return super().model_checksum(getattr(model, "module", model))
+        while hasattr(model, "module"):  # DataParallel(AutocastForward(model))
+            model = model.module
+        return super().model_checksum(model)

@@ -5,7 +5,8 @@ Launched by `horovodrun --gloo -np N -H host:N gpt2bench train ...` or, as an MP
 - `hvd.init()`; one process per device (`hvd.local_rank()` picks the GPU);
 - `hvd.DistributedOptimizer(AdamW, named_parameters=...)`: backward hooks all-reduce (average) each
   gradient as it is ready; `backward_passes_per_step=--grad-accum` accumulates locally first;
-- `broadcast_parameters` and `broadcast_optimizer_state` from rank 0, so every replica starts alike;
+- `broadcast_parameters` (each tensor once: the tied embedding is one tensor) and `broadcast_optimizer_state`
+  from rank 0, so every replica starts alike;
 - step: `optimizer.synchronize()` (wait for the all-reduces), `scaler.unscale_`, clip, then
   `scaler.step(optimizer)` inside `optimizer.skip_synchronize()` (Horovod's AMP recipe), so the grad
   norm is that of the averaged gradient and fp16 overflow is seen (and skipped) on every rank alike.
@@ -24,7 +25,7 @@ except ImportError as exc:  # the registry imports this module only for --strate
         f"--strategy horovod needs Horovod built against this torch (scripts/install.sh builds it): {exc}"
     ) from exc
 
-from gpt2bench.trainer.parallel.base import Parallelism
+from gpt2bench.trainer.parallel.base import Parallelism, distinct_tensors, update_scaler
 
 
 class HorovodParallelism(Parallelism):
@@ -48,7 +49,9 @@ class HorovodParallelism(Parallelism):
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.device)
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        tensors = distinct_tensors(model)
+        hvd.broadcast_parameters(tensors, root_rank=0)
+        self.extra_summary["horovod_broadcast_tensors"] = len(tensors)
         return model
 
     def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -70,22 +73,18 @@ class HorovodParallelism(Parallelism):
         optimizer.zero_grad()  # DistributedOptimizer.zero_grad() takes no set_to_none
         return optimizer
 
-    def step(self, model, optimizer, scaler, max_grad_norm: float) -> torch.Tensor:
+    def step(self, model, optimizer, scaler, max_grad_norm: float):
         optimizer.synchronize()  # the gradients are now averaged over every rank
         scaler.unscale_(optimizer)
         norm = self.clip_grad_norm(model, max_grad_norm)
         with optimizer.skip_synchronize():
             scaler.step(optimizer)
-        scaler.update()
+        skipped = update_scaler(scaler)
         optimizer.zero_grad()
-        return norm
+        return norm, skipped
 
     def mean_over_workers(self, value: torch.Tensor) -> torch.Tensor:
         return hvd.allreduce(value.detach().float(), op=hvd.Average, name="gpt2bench.loss")
-
-    def max_over_ranks(self, value: float) -> float:
-        tensor = torch.tensor([float(value)], dtype=torch.float64)
-        return float(hvd.allreduce(tensor, op=hvd.Max, name="gpt2bench.max"))
 
     def gather_to_reporter(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
         gathered = hvd.allgather_object(payload, name="gpt2bench.payloads")

@@ -1,0 +1,195 @@
+"""What a process trains on: the device's name and peak FLOP/s, time on its timeline, its peak memory, its cores.
+
+Each part has a CUDA path and a CPU path with the same structure, so the CPU runs here exercise the code
+the GPU runs: `StepClock` marks steps with CUDA events (read back lazily, no synchronise per step) or the
+host clock; `PeakMemory` reads the CUDA allocator's peaks and the host's RSS high-water mark, both reset
+between phases (set-up, each step).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import re
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+def device_name(device: torch.device) -> str:
+    """What the figures were measured on: the GPU's name, else the CPU's model name (Linux), else 'cpu'."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+# ------------------------------------------------------------------------------------------ peak FLOP/s
+@dataclass(frozen=True)
+class Peaks:
+    """Dense (no sparsity) datasheet peaks of one GPU, FLOP/s; None where the GPU has no such unit."""
+
+    fp32: float  # CUDA cores
+    tf32: float | None  # tensor cores, fp32 inputs rounded to TF32 (Ampere and later)
+    bf16: float | None  # tensor cores (Ampere and later)
+    fp16: float  # tensor cores (Volta and later)
+
+
+T = 1e12
+# (pattern on the CUDA device name, peaks). First match wins, so the more specific names come first; \b keeps
+# "L4" from matching "L40" and "A10" from matching "A100". Sources: NVIDIA datasheets (sparse figures halved).
+PEAK_TABLE: list[tuple[str, Peaks]] = [
+    (r"\bH100\b.*\bNVL\b", Peaks(60 * T, 417.5 * T, 835.5 * T, 835.5 * T)),
+    (r"\bH100\b.*\bPCIe\b", Peaks(51.2 * T, 378 * T, 756 * T, 756 * T)),
+    (r"\bH200\b.*\bNVL\b", Peaks(60 * T, 417.5 * T, 835.5 * T, 835.5 * T)),
+    (r"\b(GH200|H200|H100|H800)\b", Peaks(67 * T, 494.5 * T, 989.5 * T, 989.5 * T)),  # SXM
+    (r"\b(A100|A800)\b", Peaks(19.5 * T, 156 * T, 312 * T, 312 * T)),
+    (r"\bA10G\b", Peaks(31.2 * T, 35 * T, 70 * T, 70 * T)),  # AWS's figures: no NVIDIA datasheet
+    (r"\bA10\b", Peaks(31.2 * T, 62.5 * T, 125 * T, 125 * T)),
+    (r"\bL40S\b", Peaks(91.6 * T, 183 * T, 362 * T, 362 * T)),
+    (r"\bL40\b", Peaks(90.5 * T, 90.5 * T, 181 * T, 181 * T)),
+    (r"\bL4\b", Peaks(30.3 * T, 60 * T, 121 * T, 121 * T)),
+    (r"\bV100S\b", Peaks(16.4 * T, None, None, 130 * T)),
+    (r"\bV100\b.*\bPCIe\b", Peaks(14 * T, None, None, 112 * T)),
+    (r"\bV100\b", Peaks(15.7 * T, None, None, 125 * T)),  # SXM2
+    (r"\bT4\b", Peaks(8.1 * T, None, None, 65 * T)),
+]
+
+
+def peaks_for(name: str) -> Peaks | None:
+    """The peaks of the GPU `name` as torch reports it (case-insensitive: "V100-PCIE" and "H100 PCIe" both occur)."""
+    for pattern, peaks in PEAK_TABLE:
+        if re.search(pattern, name, re.IGNORECASE):
+            return peaks
+    return None
+
+
+def math_precision(precision: str, tf32: bool) -> str:
+    """The precision the run's matmuls use, hence which peak MFU is against: bf16, fp16, tf32 or fp32."""
+    if precision == "fp32":
+        return "tf32" if tf32 else "fp32"
+    return precision
+
+
+def peak_flops(name: str, precision: str, tf32: bool) -> float | None:
+    """Peak FLOP/s of the GPU `name` for a run's matmuls; None when unknown or when the GPU has no such unit
+    (bf16 on a V100 or T4 is emulated, not a tensor-core peak)."""
+    peaks = peaks_for(name)
+    return None if peaks is None else getattr(peaks, math_precision(precision, tf32))
+
+
+def peak_flops_per_device(device: torch.device, precision: str, tf32: bool, override: float | None) -> float | None:
+    """`--peak-flops` when given, else the table's peak for this GPU; None on CPU (no meaningful peak)."""
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    return peak_flops(torch.cuda.get_device_name(device), precision, tf32)
+
+
+def allow_tf32(device: torch.device, enabled: bool) -> None:
+    """fp32 matmuls on TF32 tensor cores (CUDA only; torch leaves them off by default). GPT-2 has no
+    convolutions (its `Conv1D` is a matmul)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if enabled else "ieee"
+
+
+# ------------------------------------------------------------------------------------------------- time
+class StepClock:
+    """Marks on the device's timeline; the seconds between two marks are read later, without a per-step sync.
+
+    CUDA: a `torch.cuda.Event(enable_timing=True)` recorded on the current stream: it takes the GPU's time
+    when the GPU reaches it, so the seconds between a step's two marks are the GPU's time for that step,
+    host stalls that starve it included. `seconds` waits for the later event only (done at log steps, when the
+    work is long finished). CPU: the host clock, which is the device's (CPU ops run synchronously).
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds(self, start, end) -> float:
+        if self.cuda:
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+
+# ----------------------------------------------------------------------------------------------- memory
+_STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+class PeakMemory:
+    """This process's memory peaks since the last `reset()`, by kind.
+
+    device: CUDA `max_memory_allocated` / `max_memory_reserved` of the process's GPU (None on CPU);
+    host: the resident set's high-water mark (Linux VmHWM), reset by writing 5 to /proc/self/clear_refs.
+    Where that file cannot be written the host peak counts from the process start and `host_since_start`
+    says so.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.host_since_start = False
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if not self.host_since_start:
+            try:
+                _CLEAR_REFS.write_text("5")
+            except OSError:
+                self.host_since_start = True
+
+    def read(self) -> dict[str, int | None]:
+        on_gpu = self.device.type == "cuda"
+        return {
+            "device_bytes": int(torch.cuda.max_memory_allocated(self.device)) if on_gpu else None,
+            "device_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)) if on_gpu else None,
+            "host_bytes": host_peak_bytes(),
+        }
+
+
+def host_peak_bytes() -> int:
+    try:
+        return int(re.search(r"VmHWM:\s+(\d+)", _STATUS.read_text()).group(1)) * 1024
+    except (OSError, AttributeError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+# ------------------------------------------------------------------------------------------------ cores
+def available_cpus() -> int:
+    """Cores this process may use: its CPU affinity, capped by the container's CPU quota (cgroup v2 or v1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else max(1, cores)
+
+
+def _cgroup_quota() -> float | None:
+    try:
+        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if limit <= 0 else limit / period
+    except (OSError, ValueError):
+        return None
