@@ -70,13 +70,15 @@ def test_single_ddp_fsdp_same_curve_at_equal_global_batch(run_trainer):
     assert ddp.line_summary["final_loss"] == ddp.summary["final_loss"] == ddp.losses[-1]
 
 
-def test_fsdp_holds_half_the_state_of_ddp_in_bf16(run_trainer):
-    """Parameter-heavy config (n_embd 512: 32.6 M params, 90% of the memory is model state)."""
-    heavy = ["--n-embd", "512", "--n-head", "8", "--precision", "bf16", "--micro-batch-size", "1", "--steps", "4"]
+def test_fsdp_holds_half_the_state_of_ddp(run_trainer):
+    """Parameter-heavy config (n_embd 512: 32.6 M params, 90% of the memory is model state). fp32: every
+    precision keeps fp32 master weights, gradients and AdamW moments (docs/strategies.md), so the state
+    is the same in bf16, which this CPU only emulates (15x slower)."""
+    heavy = ["--n-embd", "512", "--n-head", "8", "--micro-batch-size", "1", "--steps", "4"]
     ddp = run_trainer(["--strategy", "ddp", *heavy], nproc=2)
     fsdp = run_trainer(["--strategy", "fsdp", *heavy, "--no-reshard-after-forward"], nproc=2)
-    check_common(ddp, strategy="ddp", precision="bf16", devices=2)
-    check_common(fsdp, strategy="fsdp", precision="bf16", devices=2)
+    check_common(ddp, strategy="ddp", precision="fp32", devices=2)
+    check_common(fsdp, strategy="fsdp", precision="fp32", devices=2)
     assert ddp.summary["n_params"] == fsdp.summary["n_params"] > 30_000_000
     # params + grads + AdamW state resident per rank: FSDP shards it over the 2 ranks
     ddp_state, fsdp_state = ddp.summary["state_bytes_per_rank"], fsdp.summary["state_bytes_per_rank"]
@@ -87,8 +89,7 @@ def test_fsdp_holds_half_the_state_of_ddp_in_bf16(run_trainer):
     assert max(fsdp_state) == pytest.approx(ddp_state[0] / 2, rel=0.01)
     # and the process's peak RSS is lower too (the full model exists once, at construction)
     assert fsdp.summary["peak_memory_bytes"] < ddp.summary["peak_memory_bytes"]
-    # bf16 and fp32 replicas agree to bf16 precision only; the two strategies still agree closely
-    assert fsdp.losses == pytest.approx(ddp.losses, rel=1e-2)
+    assert fsdp.losses == pytest.approx(ddp.losses, rel=LOSS_RTOL)
 
 
 @pytest.mark.parametrize(
