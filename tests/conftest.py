@@ -174,3 +174,21 @@ def cluster(tmp_path_factory):
     with EmulatedCluster(tmp_path_factory.mktemp("kube")) as emulated:
         install_crds(emulated)
         yield emulated
+
+
+# ---------------------------------------------------------------- the operator's emulator tests
+# Each module defines `cluster` (the emulated API server with the CRDs it serves) and `operator` (the
+# real operator on it, tests/kube/fixtures.kopf_operator); these two are the same everywhere.
+@pytest.fixture
+def client(cluster, operator):
+    """A kubernetes client of the module's cluster, with its operator running."""
+    from kube.fixtures import api_client
+
+    return api_client(cluster)
+
+
+@pytest.fixture
+def benchmarks(client):
+    from kube.fixtures import Benchmarks
+
+    return Benchmarks(client)

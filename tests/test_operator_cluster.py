@@ -19,7 +19,7 @@ import sys
 
 import kubernetes
 import pytest
-from kube.fixtures import Benchmarks, api_client, benchmark, kopf_operator, operator_calls, wait_for
+from kube.fixtures import Benchmarks, benchmark, kopf_operator, operator_calls, wait_for
 from kube.training import TrainingOperator, kueue_webhook
 
 from gpt2bench.trainer.summary import steps_line
@@ -33,16 +33,6 @@ def operator(cluster):
     cluster.call(lambda emulator: emulator.admission.append(kueue_webhook))
     with kopf_operator(cluster, poll_seconds=0.5) as runner:
         yield runner
-
-
-@pytest.fixture
-def client(cluster, operator):
-    return api_client(cluster)
-
-
-@pytest.fixture
-def benchmarks(client):
-    return Benchmarks(client)
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ import pytest
 import yaml
 from kube.fixtures import (
     REPO,
-    Benchmarks,
-    api_client,
     benchmark,
     kopf_operator,
     operator_calls,
@@ -31,16 +29,6 @@ TERMINAL = ("Succeeded", "Failed")
 def operator(cluster):
     with kopf_operator(cluster, poll_seconds=0.3) as runner:
         yield runner
-
-
-@pytest.fixture
-def client(cluster, operator):
-    return api_client(cluster)
-
-
-@pytest.fixture
-def benchmarks(client):
-    return Benchmarks(client)
 
 
 @pytest.fixture

@@ -225,7 +225,9 @@ def test_without_the_kubeflow_crds_every_run_fails_at_once_saying_what_to_instal
             assert "CRD pytorchjobs.kubeflow.org has no v1" in reasons["PyTorchJob"]
             assert "install the Kubeflow training operator" in reasons["PyTorchJob"]
             assert "install the Kubeflow MPI operator v0.8" in reasons["MPIJob"]
-            events = [e for e in benchmarks.events("early") if e["reason"] == "RunFailed"]
+            # an Event per run (grouped only from 4 runs with one reason); posted after the status write
+            events = wait_for(lambda: len(e := [e for e in benchmarks.events("early")
+                                                 if e["reason"] == "RunFailed"]) >= 3 and e, what="3 RunFailed")
             assert len(events) == 3 and all("not served" in e["message"] for e in events)
             assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 0, "the cluster's, not ours"
         finally:

@@ -14,7 +14,7 @@ import kmock
 import pytest
 import yaml
 from kube import EmulatedCluster
-from kube.fixtures import CRD, Benchmarks, api_client, benchmark, kopf_operator, operator_calls, wait_for
+from kube.fixtures import CRD, benchmark, kopf_operator, operator_calls, wait_for
 from kube.training import TrainingOperator
 from kubeflow_crds import CRD_FILES, crd_dir
 
@@ -59,13 +59,8 @@ def operator(cluster):
 
 
 @pytest.fixture
-def benchmarks(cluster, operator):
-    return Benchmarks(api_client(cluster))
-
-
-@pytest.fixture
-def trainer(cluster, operator):
-    return TrainingOperator(api_client(cluster), cluster=cluster)
+def trainer(cluster, client):
+    return TrainingOperator(client, cluster=cluster)
 
 
 def runs_by_strategy(status: dict) -> dict[str, dict]:

@@ -18,7 +18,6 @@ from kube.fixtures import (
     CRD,
     REPO,
     Benchmarks,
-    api_client,
     benchmark,
     kopf_operator,
     operator_calls,
@@ -47,16 +46,6 @@ def cluster(tmp_path_factory):
 def operator(cluster):
     with kopf_operator(cluster, poll_seconds=0.3) as runner:
         yield runner
-
-
-@pytest.fixture
-def client(cluster, operator):
-    return api_client(cluster)
-
-
-@pytest.fixture
-def benchmarks(client):
-    return Benchmarks(client)
 
 
 @pytest.fixture
