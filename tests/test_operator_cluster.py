@@ -19,7 +19,7 @@ import sys
 
 import kubernetes
 import pytest
-from kube.fixtures import Benchmarks, benchmark, kopf_operator, operator_calls, wait_for
+from kube.fixtures import benchmark, kopf_operator, operator_calls, wait_for
 from kube.training import TrainingOperator, kueue_webhook
 
 from gpt2bench.trainer.summary import steps_line
@@ -182,7 +182,7 @@ def test_per_step_curves_outlive_the_pods_and_the_cluster_report_draws_them(clus
     status = wait_for(lambda: (s := benchmarks.status("curves")).get("phase") == "Succeeded" and s, what="Succeeded")
     uid = benchmarks.get("curves")["metadata"]["uid"]
     for run in status["runs"]:
-        cm = wait_for(lambda run=run: _config_map(benchmarks, f"{run['name']}-steps"), what="the steps ConfigMap")
+        cm = wait_for(lambda run=run: benchmarks.config_map(f"{run['name']}-steps"), what="the steps ConfigMap")
         assert [o["uid"] for o in cm["metadata"]["ownerReferences"]] == [uid], "deleted with its benchmark"
         lines = [json.loads(line) for line in cm["data"]["steps.jsonl"].splitlines()]
         assert [r["step"] for r in lines] == list(range(1, 41)) and lines[0]["warmup"] is True
@@ -200,17 +200,6 @@ def test_per_step_curves_outlive_the_pods_and_the_cluster_report_draws_them(clus
     assert sorted(r["stepsFile"] for r in written["runs"]) == sorted(f"steps/{r['name']}.jsonl" for r in status["runs"])
     assert "No loss" not in (out / "results.md").read_text()
 
-
-def _config_map(benchmarks: Benchmarks, name: str) -> dict | None:
-    import kubernetes
-
-    try:
-        response = benchmarks.core.read_namespaced_config_map(name, "default", _preload_content=False)
-    except kubernetes.client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return json.loads(response.data)
 
 
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):

@@ -17,7 +17,6 @@ from kube import EmulatedCluster
 from kube.fixtures import (
     CRD,
     REPO,
-    Benchmarks,
     benchmark,
     kopf_operator,
     operator_calls,
@@ -174,7 +173,7 @@ def test_per_step_curves_of_trainjob_runs_outlive_the_pods_and_the_cluster_repor
                       what="Succeeded")
     uid = benchmarks.get("tv2curves")["metadata"]["uid"]
     for run in status["runs"]:
-        cm = wait_for(lambda run=run: _config_map(benchmarks, f"{run['name']}-steps"), what="the steps ConfigMap")
+        cm = wait_for(lambda run=run: benchmarks.config_map(f"{run['name']}-steps"), what="the steps ConfigMap")
         assert [o["uid"] for o in cm["metadata"]["ownerReferences"]] == [uid], "deleted with its benchmark"
         lines = [json.loads(line) for line in cm["data"]["steps.jsonl"].splitlines()]
         assert [r["step"] for r in lines] == list(range(1, 41)) and lines[0]["warmup"] is True
@@ -188,17 +187,6 @@ def test_per_step_curves_of_trainjob_runs_outlive_the_pods_and_the_cluster_repor
     assert report.returncode == 0, report.stderr
     assert (out / "loss.png").stat().st_size > 1000
 
-
-def _config_map(benchmarks: Benchmarks, name: str) -> dict | None:
-    import kubernetes
-
-    try:
-        response = benchmarks.core.read_namespaced_config_map(name, "default", _preload_content=False)
-    except kubernetes.client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return json.loads(response.data)
 
 
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):

@@ -123,6 +123,16 @@ class Benchmarks:
         items = json.loads(listed.data)["items"]
         return [e for e in items if e.get("involvedObject", {}).get("name") == name]
 
+    def config_map(self, name: str) -> dict[str, Any] | None:
+        """The ConfigMap `name` in this namespace, or None while it does not exist."""
+        try:
+            response = self.core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return json.loads(response.data)
+
 
 def env_for_subprocess(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
