@@ -43,11 +43,11 @@ def field_path(loc: Iterable[Any]) -> str:
     for part in loc:
         if isinstance(part, int) and not isinstance(part, bool):
             path += f"[{part}]"
-        elif isinstance(part, str) and _NOT_FIELDS.match(part):
+        elif isinstance(part, str) and _NOT_FIELDS.fullmatch(part):
             continue
-        elif isinstance(part, str) and _IDENTIFIER.match(part):
+        elif isinstance(part, str) and _IDENTIFIER.fullmatch(part):
             path += f".{part}" if path else part
-        elif isinstance(part, str) and _PLAIN_KEY.match(part):
+        elif isinstance(part, str) and _PLAIN_KEY.fullmatch(part):
             path += f"[{part}]"
         else:
             path += f"[{part!r}]"

@@ -66,7 +66,7 @@ HUGEPAGES_PREFIX = "hugepages-"
 def dns1123_label_problem(name: str) -> str | None:
     if len(name) > DNS1123_LABEL_MAX:
         return f"must be at most {DNS1123_LABEL_MAX} characters, got {len(name)}"
-    if not _DNS1123_LABEL_RE.match(name):
+    if not _DNS1123_LABEL_RE.fullmatch(name):
         return f"{shown(name)} is not {PATTERN_MEANINGS[DNS1123_LABEL_PATTERN]}"
     return None
 
@@ -74,7 +74,7 @@ def dns1123_label_problem(name: str) -> str | None:
 def dns1123_subdomain_problem(name: str) -> str | None:
     if len(name) > DNS1123_SUBDOMAIN_MAX:
         return f"must be at most {DNS1123_SUBDOMAIN_MAX} characters, got {len(name)}"
-    if not _DNS1123_SUBDOMAIN_RE.match(name):
+    if not _DNS1123_SUBDOMAIN_RE.fullmatch(name):
         return f"{shown(name)} is not {PATTERN_MEANINGS[DNS1123_SUBDOMAIN_PATTERN]}"
     return None
 
@@ -88,7 +88,7 @@ def qualified_name_problem(key: str) -> str | None:
         return f"the prefix of {shown(key)} is not a DNS subdomain (lower-case letters, digits, '-' and '.')"
     if len(name) > QUALIFIED_NAME_MAX:
         return f"the name part of {shown(key)} must be at most {QUALIFIED_NAME_MAX} characters, got {len(name)}"
-    if not _QUALIFIED_NAME_RE.match(name):
+    if not _QUALIFIED_NAME_RE.fullmatch(name):
         return (f"{shown(key)} is not a qualified name: letters, digits, '-', '_' and '.', starting and ending with a "
                 "letter or digit, optionally after a DNS subdomain and '/'")
     return None
@@ -97,7 +97,7 @@ def qualified_name_problem(key: str) -> str | None:
 def label_value_problem(value: str) -> str | None:
     if len(value) > LABEL_VALUE_MAX:
         return f"a label value must be at most {LABEL_VALUE_MAX} characters, got {len(value)}"
-    if not _LABEL_VALUE_RE.match(value):
+    if not _LABEL_VALUE_RE.fullmatch(value):
         return f"{shown(value)} is not {PATTERN_MEANINGS[LABEL_VALUE_PATTERN]}"
     return None
 
@@ -182,8 +182,8 @@ def quantity_problem(value: Any) -> str | None:
         return f"must be a quantity (a whole number or a string such as 500m or 16Gi), got {shown(value)}"
     if isinstance(value, int):
         return None if value >= 0 else f"must not be negative, got {value}"
-    if not _QUANTITY_RE.match(value):
-        if value.startswith("-") and _QUANTITY_RE.match(value[1:]):
+    if not _QUANTITY_RE.fullmatch(value):
+        if value.startswith("-") and _QUANTITY_RE.fullmatch(value[1:]):
             return f"must not be negative, got {shown(value)}"
         return f"{shown(value)} is not {PATTERN_MEANINGS[QUANTITY_PATTERN]}"
     try:

@@ -21,6 +21,7 @@ from typing import Any
 
 import jsonschema
 import yaml
+from kube.semantics import go_pattern
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_FILES = {
@@ -85,6 +86,8 @@ def strict(schema: Any) -> Any:
         out["type"] = [schema["type"], "null"]
         if "enum" in schema:
             out["enum"] = [*schema["enum"], None]
+    if isinstance(schema.get("pattern"), str):
+        out["pattern"] = go_pattern(schema["pattern"])
     return out
 
 

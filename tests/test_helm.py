@@ -90,14 +90,14 @@ def test_every_object_has_standard_labels_and_dns_names(rendered, scenario: str)
         for key in ("helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
                     "app.kubernetes.io/managed-by", "app.kubernetes.io/version"):
             assert key in labels, f"{doc['kind']}/{meta['name']} lacks label {key}"
-        assert len(meta["name"]) <= 63 and DNS_LABEL.match(meta["name"]), meta["name"]
+        assert len(meta["name"]) <= 63 and DNS_LABEL.fullmatch(meta["name"]), meta["name"]
 
 
 def test_long_names_are_truncated_to_63() -> None:
     docs = render("--set", "nameOverride=" + "n" * 60, *all_monitoring(), release="r" * 53)
     for doc in docs:
         assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
-        assert DNS_LABEL.match(doc["metadata"]["name"]), doc["metadata"]["name"]
+        assert DNS_LABEL.fullmatch(doc["metadata"]["name"]), doc["metadata"]["name"]
 
 
 def test_defaults_watch_all_namespaces_with_cluster_roles(rendered) -> None:

@@ -38,7 +38,7 @@ def test_quantities_parse_to_their_value(value, number):
 
 @pytest.mark.parametrize("value, said", [pytest.param(v, s, id=str(v)[:12]) for v, s in [
     ("lots", "is not a non-negative quantity"), ("1ki", "is not"), ("1 Gi", "is not"), ("NaN", "is not"),
-    ("1_000", "is not"), ("1e", "is not"), ("1Gi5", "is not"), ("", "is not"), ("-1", "must not be negative"),
+    ("1_000", "is not"), ("1\n", "is not"), ("1e", "is not"), ("1Gi5", "is not"), ("", "is not"), ("-1", "must not be negative"),
     (-1, "must not be negative"), ("-500m", "must not be negative"), (True, "must be a quantity"),
     (0.5, "must be a quantity"), ([1], "must be a quantity"), ("9" * 1_000_000 + "Ei", "is too large"),
 ]])
@@ -58,6 +58,7 @@ def test_the_grammar_is_upstreams_without_the_minus_sign(text):
     ("app", True), ("app.kubernetes.io/name", True), ("a/b", True), ("A_b.c-D", True), ("x" * 63, True),
     ("x" * 64, False), ("a" * 253 + "/b", True), ("a" * 254 + "/b", False), ("/a", False), ("a/", False),
     ("a/b/c", False), ("-a", False), ("a-", False), ("a b", False), ("Upper.Case/x", False), ("", False),
+    ("a\n", False), ("a.b\n/c", False),
 ])
 def test_qualified_names_as_apimachinery_checks_them(key, ok):
     assert (k.qualified_name_problem(key) is None) == ok
@@ -65,7 +66,7 @@ def test_qualified_names_as_apimachinery_checks_them(key, ok):
 
 @pytest.mark.parametrize("value, ok", [
     ("", True), ("a", True), ("a-b_c.d", True), ("x" * 63, True), ("x" * 64, False), ("-a", False),
-    ("a b", False), ("a/b", False),
+    ("a b", False), ("a/b", False), ("a\n", False),
 ])
 def test_label_values(value, ok):
     assert (k.label_value_problem(value) is None) == ok
@@ -99,3 +100,4 @@ def test_object_metadata_as_the_api_server_checks_it():
     assert errors[("metadata", "labels", "a")] == "must be a string, got 1"
     assert dict(k.object_meta_errors({"name": 2024})) == {("metadata", "name"): "must be a string, got 2024"}
     assert dict(k.object_meta_errors(None)) == {("metadata", "name"): "is required"}
+    assert ("metadata", "name") in dict(k.object_meta_errors({"name": "sweep\n"}))  # the API server's `$` ends the text

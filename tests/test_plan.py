@@ -121,7 +121,7 @@ def test_long_names_are_truncated_with_a_hash_and_stay_unique():
     )
     names = [r.name for r in runs]
     assert len(set(names)) == len(names) == 6
-    assert all(len(n) <= MAX_NAME_LENGTH <= 63 and DNS_LABEL.match(n) for n in names), names
+    assert all(len(n) <= MAX_NAME_LENGTH <= 63 and DNS_LABEL.fullmatch(n) for n in names), names
     assert all(re.search(r"-[0-9a-f]{8}$", n) for n in names)
     assert all(n.startswith("a-very-long-benchmark") for n in names)
 

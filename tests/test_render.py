@@ -424,8 +424,8 @@ def test_any_valid_spec_renders_only_valid_uniquely_named_jobs(spec, name, uid):
     assert len(set(names)) == len(names)
     for run, job in zip(runs, jobs, strict=True):
         validate_job(job)
-        assert len(job["metadata"]["name"]) <= 63 and DNS_LABEL.match(job["metadata"]["name"])
-        assert all(len(v) <= 63 and LABEL_VALUE.match(v) for v in job["metadata"]["labels"].values())
+        assert len(job["metadata"]["name"]) <= 63 and DNS_LABEL.fullmatch(job["metadata"]["name"])
+        assert all(len(v) <= 63 and LABEL_VALUE.fullmatch(v) for v in job["metadata"]["labels"].values())
         assert (job["kind"] == "MPIJob") == (run.strategy.name == "horovod")
         # the trainer reads back exactly the config the run was planned with (spec sections included)
         assert TrainConfig.from_argv(run.trainer_args()) == run.train_config()

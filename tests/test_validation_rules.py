@@ -75,6 +75,11 @@ SHARED = [
      "does not match"),
     ("priority-class-dns-name", with_(scheduling={"priorityClassName": "Fast_Lane"}),
      "spec.scheduling.priorityClassName", "does not match"),
+    # Go's `$` ends the text; Python's `re.match` with `$` lets one final newline through.
+    ("priority-class-final-newline", with_(scheduling={"priorityClassName": "fast\n"}),
+     "spec.scheduling.priorityClassName", "does not match"),
+    ("label-value-final-newline", with_(metrics={"podLabels": {"team": "a\n"}}), "spec.metrics.podLabels.team",
+     "does not match"),
     ("image-whitespace", with_(image="repo/image:1 "), "spec.image", "does not match"),
     ("toleration-value-label-value", with_(tolerations=[{"key": "gpu", "value": "a b"}]), "spec.tolerations[0].value",
      "does not match"),

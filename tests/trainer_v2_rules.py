@@ -40,7 +40,7 @@ def dns1035_label_problems(name: str, what: str) -> list[str]:
     problems = []
     if len(name) > 63:
         problems.append(f"{what} {name!r} is longer than 63 characters")
-    if not RFC1035.match(name):
+    if not RFC1035.fullmatch(name):
         problems.append(f"{what} {name!r} is not an RFC 1035 label")
     return problems
 
@@ -51,9 +51,9 @@ def domain_prefixed_path_problems(value: str, where: str) -> list[str]:
     if not path:
         return [f"{where}: {value!r} must be a domain-prefixed path (such as \"acme.io/foo\")"]
     problems = []
-    if len(domain) > 253 or not DNS1123_SUBDOMAIN.match(domain):
+    if len(domain) > 253 or not DNS1123_SUBDOMAIN.fullmatch(domain):
         problems.append(f"{where}: {domain!r} is not a DNS-1123 subdomain")
-    if not PATH_CHARS.match(path):
+    if not PATH_CHARS.fullmatch(path):
         problems.append(f"{where}: {path!r} has characters a path may not have")
     return problems
 
@@ -110,7 +110,7 @@ def jobset_spec_problems(spec: dict[str, Any], name: str | None) -> list[str]:
         job_spec = (job.get("template") or {}).get("spec") or {}
         if job_spec.get("completionMode") == "Indexed" and job_spec.get("completions") is not None:
             pod = f"{name}-{job['name']}-{replicas - 1}-{job_spec['completions'] - 1}-abcde"
-            if len(pod) > 63 or not RFC1035.match(pod):
+            if len(pod) > 63 or not RFC1035.fullmatch(pod):
                 problems.append("JobSet name is too long, pod names generated for this JobSet will exceed 63 characters")
     for target in (spec.get("successPolicy") or {}).get("targetReplicatedJobs") or []:
         if target not in seen:

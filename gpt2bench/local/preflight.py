@@ -54,7 +54,7 @@ def preflight(spec: GPT2BenchmarkSpec) -> tuple[list[tuple[str, str]], list[str]
         elif path.exists():
             problems.append(("spec.model.pretrained", f"{shown(pretrained)} is a file: a local model is the "
                                                       "folder save_pretrained wrote"))
-        elif not _HUB_ID.match(pretrained):
+        elif not _HUB_ID.fullmatch(pretrained):
             problems.append(("spec.model.pretrained", f"{shown(pretrained)}: no such folder (relative to "
                                                       f"{os.getcwd()}), and not a Hugging Face hub id either"))
         else:

@@ -141,15 +141,15 @@ def label_errors(labels: dict[str, Any]) -> list[str]:
     errors = []
     for key, value in (labels or {}).items():
         prefix, _, name = key.rpartition("/")
-        if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))) or not name or len(name) > 63 \
-                or not _LABEL_NAME.match(name):
+        if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix))) or not name or len(name) > 63 \
+                or not _LABEL_NAME.fullmatch(name):
             errors.append(f'metadata.labels: Invalid value: "{key}": name part must consist of alphanumeric '
                           f"characters, '-', '_' or '.', and must start and end with an alphanumeric character")
         if not isinstance(value, str):
             errors.append(f'metadata.labels.{key}: Invalid value: {value!r}: must be a string')
         elif len(value) > 63:
             errors.append(f'metadata.labels: Invalid value: "{value}": must be no more than 63 characters')
-        elif not _LABEL_VALUE.match(value):
+        elif not _LABEL_VALUE.fullmatch(value):
             errors.append(f'metadata.labels: Invalid value: "{value}": {_LABEL_VALUE_RULE}')
     return errors
 
@@ -204,7 +204,15 @@ def _to_jsonschema(schema: Any) -> Any:
                 out[bound] = out.pop(limit)
     if out.pop("nullable", False) and "type" in out:
         out["type"] = [out["type"], "null"]
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = go_pattern(out["pattern"])
     return out
+
+
+def go_pattern(pattern: str) -> str:
+    """A schema pattern for Python's `re` as Go reads it: a final `$` is the end of the text (`\\Z`), where
+    Python's `$` also matches before a final newline and would let "name\\n" through."""
+    return pattern[:-1] + r"\Z" if re.search(r"(?<!\\)\$$", pattern) else pattern
 
 
 _VALIDATORS: dict[int, tuple[dict, jsonschema.Draft7Validator]] = {}
