@@ -8,6 +8,7 @@ and a termination-log file; it checks the exit code and returns a `TrainerRun`.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -25,6 +26,9 @@ from gpt2bench.local.executor import free_port
 # A tiny, fast, real run: tiny GPT-2 on the first State of the Union addresses.
 TINY_ARGS = ["--model", "tiny", "--seq-len", "32", "--max-documents", "12", "--steps", "6", "--warmup-steps", "2",
              "--micro-batch-size", "2", "--lr", "1e-3"]
+# fp16 and bf16 are emulated on CPUs without half-precision units (10-15x slower than fp32 on this machine):
+# tiny runs in them use 16-token sequences, a third of the time of 32 (what they test does not depend on it).
+HALF_PRECISION_ARGS = ["--seq-len", "16"]
 
 
 def gpt2bench_executable() -> str:
@@ -119,27 +123,36 @@ class TrainerProcess:
 
 @pytest.fixture
 def start_trainer(tmp_path, token_cache, inductor_cache) -> Callable[..., TrainerProcess]:
+    return trainer_starter(tmp_path, token_cache, inductor_cache)
+
+
+def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path) -> Callable[..., TrainerProcess]:
     """Start the real trainer in the background. Arguments:
     args: trainer flags (after `gpt2bench train`);
     nproc: 1 = one plain process, N > 1 = torchrun with N local processes;
     launcher: argv prefix replacing the default one; it must end with `gpt2bench train` (e.g.
       horovodrun/mpirun ... gpt2bench train);
     env: extra environment; expect_rc: exit code wait() asserts (None: any);
-    tiny: prepend TINY_ARGS (a small, fast, real configuration; later flags override it).
-    Every run gets its own folder under tmp_path: output/ (unless --output is given), tmp/ (TMPDIR)
+    tiny: prepend TINY_ARGS (a small, fast, real configuration; later flags override it), and
+      HALF_PRECISION_ARGS to fp16 and bf16 runs.
+    Every run gets its own folder under `base` (the test's tmp_path): output/ (unless --output is given), tmp/ (TMPDIR)
     and termination-log ($GPT2BENCH_TERMINATION_LOG); the token and torch.compile caches are shared by the
     session."""
     counter = iter(range(1000))
 
     def start(args: list[str] = (), *, nproc: int = 1, launcher: list[str] | None = None,
               env: dict[str, str] | None = None, expect_rc: int | None = 0, tiny: bool = True) -> TrainerProcess:
-        workdir = tmp_path / f"run{next(counter)}"
+        workdir = base / f"run{next(counter)}"
         output, tmpdir = workdir / "output", workdir / "tmp"
         tmpdir.mkdir(parents=True)
+        # inductor keeps its precompiled C++ headers (~150 MB, ~10 s to build) in $TMPDIR/torchinductor_<user>
+        # whatever TORCHINDUCTOR_CACHE_DIR says: pointed at the session's cache, they are built once.
+        (tmpdir / f"torchinductor_{getpass.getuser()}").symlink_to(inductor_cache, target_is_directory=True)
         if launcher is None:
             launcher = torchrun_prefix(nproc) if nproc > 1 else [gpt2bench_executable(), "train"]
         args = list(args)
-        argv = [*launcher, *(TINY_ARGS if tiny else []), *args]
+        half = tiny and any(a in ("fp16", "bf16") and b == "--precision" for b, a in zip(args, args[1:]))
+        argv = [*launcher, *(TINY_ARGS if tiny else []), *(HALF_PRECISION_ARGS if half else []), *args]
         if "--output" in args:
             output = Path(args[args.index("--output") + 1])
         else:
@@ -163,6 +176,23 @@ def run_trainer(start_trainer) -> Callable[..., TrainerRun]:
         return start_trainer(args, **options).wait(timeout)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def single_reference(tmp_path_factory, token_cache, inductor_cache) -> Callable[[str], TrainerRun]:
+    """`single_reference("bf16")`: the run other strategies are compared with at global batch 4 (`single`,
+    micro-batch 4, TINY_ARGS), trained once per precision in a session: runs are deterministic, and each
+    one costs ~10 s (fp32) to ~30 s (bf16, emulated on this CPU) of the suite."""
+    start = trainer_starter(tmp_path_factory.mktemp("single-reference"), token_cache, inductor_cache)
+    runs: dict[str, TrainerRun] = {}
+
+    def reference(precision: str = "fp32") -> TrainerRun:
+        if precision not in runs:
+            runs[precision] = start(["--strategy", "single", "--micro-batch-size", "4", "--precision",
+                                     precision]).wait(300)
+        return runs[precision]
+
+    return reference
 
 
 @pytest.fixture(scope="module")

@@ -62,8 +62,8 @@ def assert_trained_in_lockstep(run, precision: str):
     assert len(lines) == 1 and json.loads(lines[0])["strategy"] == "horovod", run.stdout[-2000:]
 
 
-def test_horovodrun_fp32_trains_like_single(run_trainer):
-    single = run_trainer(["--strategy", "single", "--micro-batch-size", "4"])
+def test_horovodrun_fp32_trains_like_single(run_trainer, single_reference):
+    single = single_reference("fp32")
     run = run_trainer(["--strategy", "horovod"], launcher=horovodrun())
     assert_trained_in_lockstep(run, "fp32")
     # the AdamW state broadcast must not shift AdamW's step count: same curve as one process
@@ -85,12 +85,12 @@ def test_mpirun_fp16_as_an_mpijob_launcher_runs_it(run_trainer):
     assert run.termination_log.exists() and "horovod" in run.termination_log.read_text()
 
 
-def test_horovodrun_bf16_trains_like_single_bf16_and_broadcasts_each_tensor_once(run_trainer):
+def test_horovodrun_bf16_trains_like_single_bf16_and_broadcasts_each_tensor_once(run_trainer, single_reference):
     """The precision recipe is the same under Horovod (autocast, fp32 masters): the bf16 curve agrees with
     single's within the tolerances of the fp32 equal-batch tests of ddp and fsdp (loss rel 1e-4, norm rel 1e-3;
     see test_trainer_ps's bf16 test for why not tighter). The tied embedding is one tensor and is broadcast
     once (state_dict() would list it twice)."""
-    single = run_trainer(["--strategy", "single", "--micro-batch-size", "4", "--precision", "bf16"])
+    single = single_reference("bf16")
     run = run_trainer(["--strategy", "horovod", "--precision", "bf16"], launcher=horovodrun())
     assert_trained_in_lockstep(run, "bf16")
     assert run.losses == pytest.approx(single.losses, rel=1e-4)

@@ -73,8 +73,8 @@ def assert_same_curve(run, reference):
 
 # ------------------------------------------------------------------ sync = single at equal global batch
 @pytest.mark.slow
-def test_sync_ps_and_ps_sharded_train_like_single(run_trainer):
-    single = run_trainer(["--strategy", "single", "--micro-batch-size", "4"])
+def test_sync_ps_and_ps_sharded_train_like_single(run_trainer, single_reference):
+    single = single_reference("fp32")
     ps = run_trainer(["--strategy", "ps", "--ps-servers", "1"], nproc=3)
     sharded = run_trainer(["--strategy", "ps-sharded", "--ps-servers", "2"], nproc=4)
     for run, servers in ((ps, 1), (sharded, 2)):
@@ -262,13 +262,13 @@ def test_a_dead_or_hung_worker_ends_the_job(tmp_path, token_cache, how):
 
 
 @pytest.mark.slow
-def test_sync_ps_in_bf16_trains_like_single_in_bf16(run_trainer):
+def test_sync_ps_in_bf16_trains_like_single_in_bf16(run_trainer, single_reference):
     """The precision recipe is the same on a ps worker (autocast) as in single: the curves agree within the
     tolerances every fp32 equal-batch test of ddp and fsdp uses (test_trainer_strategies: loss rel 1e-4, grad
     norm rel 1e-3). Tighter than ps's own fp32 check is not possible in bf16: a bf16 matmul over 2 sequences
     rounds differently from one over 4 (about 1e-5 of the loss here); a different recipe (bf16 LayerNorm and
     residual stream, as FSDP's param_dtype policy) moves it by more than 1e-4."""
-    single = run_trainer(["--strategy", "single", "--micro-batch-size", "4", "--precision", "bf16"])
+    single = single_reference("bf16")
     for strategy, nproc in (("ps", 3), ("ps-sharded", 4)):
         run = run_trainer(["--strategy", strategy, "--precision", "bf16"], nproc=nproc)
         assert run.summary["status"] == "succeeded", run.describe()

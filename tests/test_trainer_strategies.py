@@ -50,9 +50,9 @@ def check_common(run, *, strategy: str, precision: str, devices: int):
     assert run.losses[-1] < run.losses[0] - 0.05, run.losses
 
 
-def test_single_ddp_fsdp_same_curve_at_equal_global_batch(run_trainer):
+def test_single_ddp_fsdp_same_curve_at_equal_global_batch(run_trainer, single_reference):
     """Global batch 4 sequences: single 1x4, ddp 2 workers x 1 x grad-accum 2 (no_sync), fsdp 2 x 2."""
-    single = run_trainer(["--strategy", "single", "--micro-batch-size", "4"])
+    single = single_reference("fp32")
     ddp = run_trainer(["--strategy", "ddp", "--micro-batch-size", "1", "--grad-accum", "2",
                        "--bucket-cap-mb", "1", "--gradient-as-bucket-view"], nproc=2)
     fsdp = run_trainer(["--strategy", "fsdp", "--micro-batch-size", "2"], nproc=2)
@@ -145,11 +145,11 @@ def test_pretrained_weights_are_loaded(run_trainer, tmp_path):
     assert run.summary["status"] == "succeeded"
 
 
-def test_bf16_curves_agree_across_strategies_as_fp32_ones_do(run_trainer):
+def test_bf16_curves_agree_across_strategies_as_fp32_ones_do(run_trainer, single_reference):
     """One precision recipe for every strategy (fp32 master weights, autocast): at equal global batch and seed,
     bf16 single, ddp and fsdp (with gradient accumulation) give one loss curve, as tightly as in fp32. FSDP no
     longer runs LayerNorm and the residual stream in bf16 (its old MixedPrecisionPolicy recipe did)."""
-    single = run_trainer(["--strategy", "single", "--micro-batch-size", "4", "--precision", "bf16"])
+    single = single_reference("bf16")
     ddp = run_trainer(["--strategy", "ddp", "--micro-batch-size", "2", "--precision", "bf16"], nproc=2)
     fsdp = run_trainer(["--strategy", "fsdp", "--micro-batch-size", "1", "--grad-accum", "2", "--precision", "bf16"],
                        nproc=2)
@@ -209,11 +209,13 @@ def test_fsdp_reduce_scatters_once_per_step_under_gradient_accumulation(tmp_path
     assert len(result["losses"]) == steps
 
 
-def test_compile_under_single_ddp_and_fsdp_trains_what_eager_trains(run_trainer):
+def test_compile_under_single_ddp_and_fsdp_trains_what_eager_trains(run_trainer, single_reference):
     """torch.compile per block (and the loss): the same curve as eager to rounding; compilation happens in
-    warm-up and is timed; a warm-up too short for it is flagged."""
-    eager = run_trainer(["--strategy", "single", "--micro-batch-size", "4"])
-    single = run_trainer(["--strategy", "single", "--micro-batch-size", "4", "--compile", "--warmup-steps", "0"])
+    warm-up and is timed; a warm-up too short for it is flagged. Every compiled run has micro-batches of 2
+    (single accumulates 2 of them), so the kernels inductor builds once serve them all (the session's cache)."""
+    eager = single_reference("fp32")
+    single = run_trainer(["--strategy", "single", "--micro-batch-size", "2", "--grad-accum", "2", "--compile",
+                          "--warmup-steps", "0"])
     ddp = run_trainer(["--strategy", "ddp", "--micro-batch-size", "2", "--compile"], nproc=2)
     fsdp = run_trainer(["--strategy", "fsdp", "--micro-batch-size", "2", "--compile"], nproc=2)
     assert eager.summary["compiled"] is False and eager.summary["compile_seconds"] == 0
