@@ -8,9 +8,11 @@ In one process and one run, over the same model, batch size and precision:
   B. the trainer's real loop, `Trainer.train(steps)` - what `gpt2bench train` runs: data loading with
      prefetch, the strategy hooks, the per-step marks, and a log-step flush (read-back, steps.jsonl line,
      Prometheus update) every `--log-every` steps.
-Blocks of A and B alternate `--repeats` times in rotating order; the fastest block of each is kept, so that
-other load on the machine hurts both alike. On CPU both are compared on process CPU time (one thread: the
-work done), and wall time is shown too. Target: B/A throughput >= 0.97. The metrics' own work (a step's
+Blocks of A, A' and B alternate `--repeats` times in rotating order. A ratio is the median over the rounds of
+the ratio within a round (blocks run back to back), so that drift of the machine's speed during the run (on a
+shared VM, steps of one loop vary by +-20 % over a minute) hurts both sides alike; the table shows each
+loop's median block. On CPU both are compared on process CPU time (one thread: the work done), and wall time
+is shown too. Target: B/A throughput >= 0.97. The metrics' own work (a step's
 marks and memory peaks, and a flush) is also timed alone over many calls.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_trainer.py [--model tiny] [--steps 10] [--repeats 6]
@@ -21,12 +23,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
+
+from gpt2bench.local.executor import free_port
 
 
 def plain_cross_entropy(logits, targets, vocab_size: int):
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             data={"max_documents": args.max_documents},
             training={"seq_len": args.seq_len, "micro_batch_size": args.micro_batch_size, "steps": total,
                       "warmup_steps": warm},
-            process={"device": args.device, "output": output, "metrics_port": _free_port(),
+            process={"device": args.device, "output": output, "metrics_port": free_port(),
                      "log_every": args.log_every},
         )
         parallel = strategy_class("single")(config, detect_env({}))
@@ -107,35 +112,40 @@ def main(argv: list[str] | None = None) -> int:
         bare()  # warm-up: allocator, first-touch of the optimizer state
         trainer.train(range(1, warm + 1))
         next_step = warm + 1
-        best = {name: [float("inf")] * 2 for name in ("bare", "bare-chunked", "trainer")}
+        blocks: dict[str, list[tuple[float, float]]] = {name: [] for name in ("bare", "bare-chunked", "trainer")}
         for repeat in range(args.repeats):
             block = range(next_step, next_step + args.steps)
             next_step += args.steps
             loops = [("bare", bare), ("bare-chunked", lambda: bare(cross_entropy)),
                      ("trainer", lambda block=block: trainer.train(block))]
             for name, fn in loops[repeat % 3:] + loops[:repeat % 3]:  # rotate which runs first
-                best[name] = [min(old, new) for old, new in zip(best[name], timed(fn, device))]
+                blocks[name].append(timed(fn, device))
         per_call = _metrics_cost(trainer)
         trainer.metrics.close()
         exporter.close()
 
     clock = 0 if device.type == "cuda" else 1  # one CPU thread: CPU time is the work, unmoved by other load
     clock_name = "wall" if clock == 0 else "CPU"
-    per_step = {k: v[clock] / args.steps for k, v in best.items()}
-    wall = {k: v[0] / args.steps for k, v in best.items()}
+    per_step = {k: statistics.median(b[clock] for b in v) / args.steps for k, v in blocks.items()}
+    wall = {k: statistics.median(b[0] for b in v) / args.steps for k, v in blocks.items()}
     tokens = args.micro_batch_size * args.seq_len
-    ratio = per_step["bare"] / per_step["trainer"]
-    loop_ratio = per_step["bare-chunked"] / per_step["trainer"]
+
+    def round_ratio(reference: str, loop: str) -> float:
+        """Throughput of `loop` over `reference`: the median of the rounds' own ratios."""
+        return statistics.median(r[clock] / l[clock] for r, l in zip(blocks[reference], blocks[loop]))
+
+    ratio, loop_ratio = round_ratio("bare", "trainer"), round_ratio("bare-chunked", "trainer")
     print(f"device {device} | model {args.model} ({trainer.n_params / 1e6:.2f} M params) | precision "
-          f"{args.precision} | batch {args.micro_batch_size}x{args.seq_len} | best of {args.repeats} alternated "
+          f"{args.precision} | batch {args.micro_batch_size}x{args.seq_len} | median of {args.repeats} alternated "
           f"blocks of {args.steps} steps | log every {args.log_every} | torch {torch.__version__} | threads "
           f"{torch.get_num_threads()} | load average {os.getloadavg()[0]:.2f} | compared on {clock_name} time")
-    print(f"| loop | {clock_name} s/step | tokens/s | wall s/step | vs bare |\n|---|---|---|---|---|")
+    print(f"| loop | {clock_name} s/step | tokens/s | wall s/step | vs bare (median of rounds) |\n"
+          "|---|---|---|---|---|")
     for name, label in (("bare", "bare hand-written loop (F.cross_entropy)"),
                         ("bare-chunked", "bare loop, the trainer's chunked loss"),
                         ("trainer", "trainer's loop (gpt2bench train)")):
         print(f"| {label} | {per_step[name]:.4f} | {tokens / per_step[name]:.0f} | {wall[name]:.4f} | "
-              f"{per_step['bare'] / per_step[name]:.3f}x |")
+              f"{round_ratio('bare', name):.3f}x |")
     verdict = lambda ok: "ok" if ok else "MISSED"  # noqa: E731
     print(f"trainer/bare throughput: {ratio:.3f}x (target >= 0.97: {verdict(ratio >= 0.97)})")
     print(f"trainer/bare with the same loss (the loop's own cost): {loop_ratio:.3f}x "
@@ -159,14 +169,6 @@ def _metrics_cost(trainer, calls: int = 2000) -> float:
             metrics.flush(p.mean_over_workers)
     metrics.flush(p.mean_over_workers)
     return (time.perf_counter() - started) / calls
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":
