@@ -29,16 +29,22 @@ from gpt2bench.local.executor import free_port
 
 
 def trainer_argv(job: str, args: argparse.Namespace, output: Path) -> list[str]:
+    """The job's command line; its `gpt2bench train` flags come from TrainConfig, as a rendered job's do."""
+    from gpt2bench.trainer.config import TrainConfig
+
     executable = shutil.which("gpt2bench") or sys.exit("bench_ps: the gpt2bench command is not on PATH")
-    common = ["--model", args.model, "--precision", args.precision, "--seq-len", str(args.seq_len),
-              "--micro-batch-size", str(args.micro_batch_size), "--steps", str(args.warmup + args.steps),
-              "--warmup-steps", str(args.warmup), "--max-documents", str(args.max_documents),
-              "--device", args.device, "--log-every", str(args.steps), "--output", str(output)]
+    strategy = {"name": "single"} if job == "single" else {"name": "ps", "ps_servers": 1, "ps_mode": "sync"}
+    flags = TrainConfig(
+        strategy=strategy, precision=args.precision, model={"preset": args.model},
+        data={"max_documents": args.max_documents},
+        training={"seq_len": args.seq_len, "micro_batch_size": args.micro_batch_size,
+                  "steps": args.warmup + args.steps, "warmup_steps": args.warmup},
+        process={"device": args.device, "output": str(output), "log_every": args.steps},
+    ).to_argv()
     if job == "single":
-        return [executable, "train", "--strategy", "single", *common]
+        return [executable, "train", *flags]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), "--no-python", "--", executable, "train", "--strategy", "ps",
-            "--ps-servers", "1", "--ps-mode", "sync", *common]
+            "--master-port", str(free_port()), "--no-python", "--", executable, "train", *flags]
 
 
 def run_job(job: str, args: argparse.Namespace, workdir: Path) -> dict:
