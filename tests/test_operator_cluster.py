@@ -201,7 +201,6 @@ def test_per_step_curves_outlive_the_pods_and_the_cluster_report_draws_them(clus
     assert "No loss" not in (out / "results.md").read_text()
 
 
-
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     """This module's paths (a namesake's job read on 409, Kueue, per-step ConfigMaps, pod logs) checked against the roles bound to the operator
     in manifests/operator.yaml."""
