@@ -130,11 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = {k: statistics.median(b[0] for b in v) / args.steps for k, v in blocks.items()}
     tokens = args.micro_batch_size * args.seq_len
 
-    def round_ratio(reference: str, loop: str) -> float:
-        """Throughput of `loop` over `reference`: the median of the rounds' own ratios."""
-        return statistics.median(r[clock] / l[clock] for r, l in zip(blocks[reference], blocks[loop]))
+    def ratio_to(reference: str, loop: str) -> float:
+        return round_ratio(blocks[reference], blocks[loop], clock)
 
-    ratio, loop_ratio = round_ratio("bare", "trainer"), round_ratio("bare-chunked", "trainer")
+    ratio, loop_ratio = ratio_to("bare", "trainer"), ratio_to("bare-chunked", "trainer")
     print(f"device {device} | model {args.model} ({trainer.n_params / 1e6:.2f} M params) | precision "
           f"{args.precision} | batch {args.micro_batch_size}x{args.seq_len} | median of {args.repeats} alternated "
           f"blocks of {args.steps} steps | log every {args.log_every} | torch {torch.__version__} | threads "
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                         ("bare-chunked", "bare loop, the trainer's chunked loss"),
                         ("trainer", "trainer's loop (gpt2bench train)")):
         print(f"| {label} | {per_step[name]:.4f} | {tokens / per_step[name]:.0f} | {wall[name]:.4f} | "
-              f"{round_ratio('bare', name):.3f}x |")
+              f"{ratio_to('bare', name):.3f}x |")
     verdict = lambda ok: "ok" if ok else "MISSED"  # noqa: E731
     print(f"trainer/bare throughput: {ratio:.3f}x (target >= 0.97: {verdict(ratio >= 0.97)})")
     print(f"trainer/bare with the same loss (the loop's own cost): {loop_ratio:.3f}x "
@@ -154,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"metrics' own work, timed alone: {per_call * 1e6:.0f} us per step = {share * 100:.3f}% of a bare step "
           f"(target <= 1%: {verdict(share <= 0.01)})")
     return 0
+
+
+def round_ratio(reference: list[tuple[float, ...]], loop: list[tuple[float, ...]], clock: int) -> float:
+    """Throughput of a loop over a reference from their blocks' times (block i of each timed in round i,
+    `clock` picks wall or CPU seconds): the median over the rounds of reference seconds / loop seconds."""
+    return statistics.median(r[clock] / l[clock] for r, l in zip(reference, loop, strict=True))
 
 
 def _metrics_cost(trainer, calls: int = 2000) -> float:

@@ -1,0 +1,53 @@
+"""The benchmark scripts' own arithmetic and command lines (their figures: docs/performance.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from gpt2bench.trainer.config import TrainConfig
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_round_ratio_is_the_median_of_each_rounds_own_ratio():
+    """The machine slows down over the run: each round's ratio is 0.5, 0.95, 0.9 of the reference's speed.
+    The median of those is 0.9; comparing each loop's best block instead would give 1.0 / 2.0 = 0.5."""
+    bench = load("bench_trainer")
+    reference = [(9.0, 1.0), (9.0, 2.0), (9.0, 3.0)]  # (wall, CPU) seconds of rounds 1..3
+    loop = [(9.0, 2.0), (9.0, 2.0 / 0.95), (9.0, 3.0 / 0.9)]
+    assert bench.round_ratio(reference, loop, clock=1) == pytest.approx(0.9)
+    assert bench.round_ratio(reference, loop, clock=0) == pytest.approx(1.0)  # the wall column
+    with pytest.raises(ValueError):  # a round without both blocks is a broken run, not a shorter median
+        bench.round_ratio(reference, loop[:2], clock=1)
+
+
+def test_ps_ratio_is_best_over_best():
+    assert load("bench_ps").best_ratio({"single": [600.0, 700.0], "ps": [560.0, 420.0]}) == pytest.approx(0.8)
+
+
+def test_ps_and_single_jobs_differ_in_the_strategy_alone(tmp_path):
+    bench = load("bench_ps")
+    args = argparse.Namespace(precision="bf16", model="tiny", max_documents=40, seq_len=128, micro_batch_size=4,
+                              warmup=3, steps=10, device="cpu")
+    single, ps = (bench.trainer_argv(job, args, tmp_path / job) for job in ("single", "ps"))
+    assert ps[ps.index("--nproc-per-node") + 1] == "2" and "--" in ps  # torchrun: 1 server + 1 worker
+    configs = {job: TrainConfig.from_argv(argv[argv.index("train") + 1:]) for job, argv in
+               (("single", single), ("ps", ps))}
+    assert configs["single"].strategy.name == "single"
+    assert (configs["ps"].strategy.name, configs["ps"].strategy.servers, configs["ps"].strategy.ps_mode) == \
+        ("ps", 1, "sync")
+    assert configs["ps"].training.steps == 13 and configs["ps"].training.warmup_steps == 3
+    assert configs["ps"].process.log_every == 10 and configs["ps"].precision == "bf16"
+    drop = {"strategy": True, "process": {"output"}}
+    assert configs["single"].model_dump(exclude=drop) == configs["ps"].model_dump(exclude=drop)
