@@ -138,7 +138,7 @@ def build_crd() -> dict[str, Any]:
         ("Phase", "string", ".status.phase", 0),
         ("Done", "integer", ".status.runsDone", 0),
         ("Runs", "integer", ".status.runsTotal", 0),
-        ("Recommended", "string", ".status.analysis.recommended.run", 0),  # fastest at the largest scale
+        ("Recommended", "string", ".status.analysis.recommended.winner", 0),  # fastest at the largest scale, if clear
         ("Decision", "string", ".status.analysis.recommended.decision", 0),  # clear, no-clear-winner, ...
         ("Backend", "string", ".status.backend", 1),  # trainjob or pytorchjob (auto resolved)
         ("Best", "string", ".status.best.strategy", 1),  # highest tokens/s, any scale, no noise rule

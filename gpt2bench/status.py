@@ -26,18 +26,20 @@ from pydantic.alias_generators import to_camel
 
 from gpt2bench.files import write_atomic
 
-# Run phases. Interrupted and Skipped exist only locally (a cluster sweep is never Ctrl-C'd); Queued only on a
-# cluster (the run's job exists but is suspended, e.g. by Kueue until its queue admits it).
+# Run phases. Interrupted exists only locally (a cluster sweep is never Ctrl-C'd); Queued only on a cluster (the
+# run's job exists but is suspended, e.g. by Kueue until its queue admits it). Skipped: the run did not train, on
+# purpose (a half precision this hardware would only emulate, unless the spec opts in; locally also the runs an
+# interrupted sweep never started); its reason says why.
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 QUEUED = "Queued"
 INTERRUPTED, SKIPPED = "Interrupted", "Skipped"
 # Overall phases. PartiallySucceeded: every run finished, some failed, some succeeded (the comparison
 # table still has rows to read, so it is not Failed; but not all strategies worked, so not Succeeded).
 PARTIALLY_SUCCEEDED, INVALID = "PartiallySucceeded", "Invalid"
-TERMINAL_RUN_PHASES = (SUCCEEDED, FAILED)
+TERMINAL_RUN_PHASES = (SUCCEEDED, FAILED, SKIPPED)
 FINISHED_PHASES = (SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED, INVALID)
 
-RunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed"]
+RunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed", "Skipped"]
 LocalRunPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed", "Interrupted", "Skipped"]
 BenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid"]
 LocalBenchmarkPhase = Literal["Pending", "Running", "Succeeded", "PartiallySucceeded", "Failed", "Invalid",
@@ -106,6 +108,11 @@ class RunResults(StatusModel):
         None, description="Largest host memory peak of any process during set-up (before step 1).")
     state_bytes: int | None = Field(
         None, description="Largest model state (parameters, gradients, optimizer state) resident in one process.")
+    threads_per_rank: int | None = Field(
+        None, description="Intra-op CPU threads of each process (torch.get_num_threads() read inside every rank; "
+                          "the largest if they differ).")
+    cores_per_rank: float | None = Field(
+        None, description="CPU cores each process may use: its pod's CPU budget / the processes in the pod.")
 
 
 class RunStatus(StatusModel):
@@ -121,10 +128,11 @@ class RunStatus(StatusModel):
     job_name: str
     devices: int | None = Field(None, description="Devices it trains on: GPUs, or worker processes on CPU.")
     repeat: int | None = Field(None, ge=1, description="Repetition of its configuration (sweep.repeats > 1).")
-    phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded or Failed.")
+    phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded, Failed or "
+                                        "Skipped (not trained on purpose: `reason` says why).")
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
-    reason: str | None = Field(None, description="Why the run failed.")
+    reason: str | None = Field(None, description="Why the run failed or was skipped.")
     results: RunResults | None = Field(None, description="The trainer's summary figures (docs/metrics.md).")
 
 
@@ -151,8 +159,8 @@ READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Fail
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 
 Objective = Literal["fastest", "leanest", "cheapest", "scalable"]
-Decision = Literal["clear", "no-clear-winner", "spread-unknown", "only-candidate", "not-measurable"]
-Verdict = Literal["holds", "does-not-hold", "inconclusive", "not-measurable"]
+Decision = Literal["clear", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
+Verdict = Literal["holds", "does-not-hold", "inconclusive", "needs-repeats", "not-measurable"]
 
 
 class Recommendation(StatusModel):
@@ -160,19 +168,30 @@ class Recommendation(StatusModel):
 
     objective: Objective = Field(description="fastest, leanest, cheapest or scalable.")
     scale: str | None = Field(None, description="Nodes x devices per node (e.g. 2x4 GPU); absent: all scales.")
-    decision: Decision = Field(description="clear, no-clear-winner, spread-unknown, only-candidate, not-measurable.")
-    run: str | None = Field(None, description="The winner: its run name (without -r<k> when repeated).")
+    decision: Decision = Field(description="clear (winner beyond the noise), no-clear-winner, needs-repeats (a single "
+                                           "measurement: not decided), only-candidate, not-measurable.")
+    winner: str | None = Field(None, description="The recommended configuration; set only when the decision is clear "
+                                                 "or only-candidate.")
+    run: str | None = Field(None, description="The top-ranked configuration (its run name without -r<k>), winner or "
+                                              "not.")
     strategy: str | None = None
     precision: str | None = None
-    value: float | None = Field(None, description="The winner's mean, in `unit`.")
+    value: float | None = Field(None, description="The top-ranked configuration's mean, in `unit`.")
     unit: str | None = None
-    spread: float | None = Field(None, description="Sample standard deviation over the winner's repeats.")
+    spread: float | None = Field(None, description="Sample standard deviation over its repeats.")
     measurements: int | None = Field(None, description="Succeeded repeats behind `value`.")
     runner_up: str | None = None
     runner_up_value: float | None = None
-    margin: float | None = Field(None, description="|winner - runner-up| / runner-up.")
-    combined_spread: float | None = Field(None, description="(winner's + runner-up's spread) / runner-up.")
-    tied: list[str] | None = Field(None, description="Configurations within the spread of the winner, winner first.")
+    margin: float | None = Field(None, description="How much better the top-ranked is than the runner-up, relative to "
+                                                   "the runner-up (means; positive: better).")
+    margin_low: float | None = Field(None, description="Lower end of the margin's confidence interval.")
+    margin_high: float | None = Field(None, description="Upper end of the margin's confidence interval.")
+    confidence: float | None = Field(None, description="Confidence level of the interval (0.95).")
+    noise: float | None = Field(None, description="The sweep's pooled coefficient of variation of this figure.")
+    noise_df: int | None = Field(None, description="Degrees of freedom of `noise` (0: no configuration repeated).")
+    candidates: list[str] | None = Field(
+        None, description="No clear winner: the configurations the noise cannot tell from the top-ranked (it first); "
+                          "needs-repeats: every configuration, best mean first.")
     excluded: list[str] | None = Field(None, description="Runs at this scale left out: they did not succeed.")
     note: str | None = None
 
@@ -189,6 +208,8 @@ class ScalingEfficiency(StatusModel):
     tokens_per_second_per_device: float
     efficiency: float
     spread: float | None = Field(None, description="Propagated from both scales' spreads (docs/analysis.md).")
+    low: float | None = Field(None, description="Lower end of the efficiency's confidence interval.")
+    high: float | None = Field(None, description="Upper end of the efficiency's confidence interval.")
 
 
 class Finding(StatusModel):
@@ -197,14 +218,35 @@ class Finding(StatusModel):
     id: str
     claim: str
     source: str
-    verdict: Verdict = Field(description="holds, does-not-hold, inconclusive (within noise) or not-measurable.")
-    measured: str = Field(description="The figures the verdict rests on, or what the sweep lacks.")
+    verdict: Verdict = Field(description="holds, does-not-hold, inconclusive (the interval crosses the claim's "
+                                         "threshold), needs-repeats (single measurements: not decided) or "
+                                         "not-measurable.")
+    measured: str = Field(description="The figures the verdict rests on, each with its interval, or what the sweep "
+                                      "lacks.")
+    deciding: str | None = Field(None, description="The comparison that decides the verdict (for holds: the one "
+                                                   "nearest its threshold).")
+    estimate: float | None = Field(None, description="Its ratio (or loss gap), see `threshold`.")
+    low: float | None = Field(None, description="Lower end of its confidence interval.")
+    high: float | None = Field(None, description="Upper end of its confidence interval.")
+    threshold: float | None = Field(None, description="What the claim compares the ratio with (1: no difference).")
+    confidence: float | None = Field(None, description="Confidence level of each comparison's interval "
+                                                       "(Bonferroni over the claim's comparisons).")
+
+
+class FigureNoise(StatusModel):
+    """The sweep's own noise for one figure: its pooled coefficient of variation over the repeats."""
+
+    figure: str = Field(description="tokensPerSecond, peakMemoryBytes, costPer1MTokens, ...")
+    cv: float = Field(description="Pooled coefficient of variation (relative standard deviation) of one run.")
+    df: int = Field(description="Degrees of freedom: repeats beyond the first, summed over configurations.")
+    configurations: int = Field(description="Configurations measured at least twice.")
 
 
 class Analysis(StatusModel):
     """What the report concludes from the runs: computed when every run is done (docs/analysis.md)."""
 
     recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
+    noise: list[FigureNoise] = Field(default_factory=list, description="The sweep's noise per figure.")
     recommendations: list[Recommendation] = Field(default_factory=list)
     scaling: list[ScalingEfficiency] = Field(default_factory=list)
     findings: list[Finding] = Field(default_factory=list)
@@ -237,6 +279,7 @@ class BenchmarkStatus(StatusModel):
     runs_done: int | None = None
     runs_succeeded: int | None = None
     runs_failed: int | None = None
+    runs_skipped: int | None = None
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
     backend: str | None = Field(
@@ -299,15 +342,17 @@ def best_run(runs: list[RunStatus]) -> BestRun | None:
 
 
 def overall_phase(runs: list[RunStatus]) -> str:
-    """Running until every run is done; then Succeeded, Failed (none succeeded) or PartiallySucceeded."""
+    """Running until every run is done; then Succeeded (none failed), Failed (none succeeded) or
+    PartiallySucceeded. Skipped runs failed nothing: a sweep whose other runs all succeeded has Succeeded."""
     if not runs:
         return SUCCEEDED
     if any(r.phase not in TERMINAL_RUN_PHASES for r in runs):
         return RUNNING
     succeeded = sum(r.phase == SUCCEEDED for r in runs)
-    if succeeded == len(runs):
-        return SUCCEEDED
-    return FAILED if succeeded == 0 else PARTIALLY_SUCCEEDED
+    failed = sum(r.phase == FAILED for r in runs)
+    if succeeded == 0:
+        return FAILED
+    return PARTIALLY_SUCCEEDED if failed else SUCCEEDED
 
 
 def status_label(entry: RunStatus) -> str:

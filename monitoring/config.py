@@ -40,9 +40,11 @@ class OperatorMetrics:
     runs_failed: str = "gpt2bench_operator_runs_failed_total"
     reconcile_errors: str = "gpt2bench_operator_reconcile_errors_total"
     job_creation_latency: str = "gpt2bench_operator_job_creation_latency_seconds"
-    # value 1 per recommendation of a finished benchmark, labelled namespace, benchmark, objective, scale, run,
-    # strategy, precision, decision (docs/analysis.md)
+    # value 1 per recommendation of a finished benchmark, labelled namespace, benchmark, objective, scale, winner,
+    # run (top-ranked), strategy, precision, decision (docs/analysis.md)
     recommendation_info: str = "gpt2bench_operator_recommendation_info"
+    # value 1 per paper finding of a finished benchmark, labelled namespace, benchmark, finding, verdict
+    finding_info: str = "gpt2bench_operator_finding_info"
 
 
 @dataclass(frozen=True)

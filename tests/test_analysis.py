@@ -4,14 +4,17 @@ noise rule, and each paper's finding with each verdict."""
 
 from __future__ import annotations
 
+import math
+import random
 import re
 
 import pytest
 
 from gpt2bench.plan import MAX_NAME_LENGTH, plan_runs
 from gpt2bench.report import findings
-from gpt2bench.report.analysis import analyze, decide
+from gpt2bench.report.analysis import FASTEST, Candidate, analyze, decide
 from gpt2bench.report.measures import Prices, Stat, configurations, efficiencies, run_efficiency, scale_of
+from gpt2bench.report.noise import Noise, between_sweeps, family_confidence, ratio_interval
 from gpt2bench.spec import Benchmark, SpecError, validate_spec
 from gpt2bench.status import RunStatus
 
@@ -119,36 +122,93 @@ def test_scaling_efficiency_is_per_device_throughput_over_the_smallest_scale():
     assert analyze(runs).scaling[1].efficiency == pytest.approx(950 / 1050)
 
 
-# ---------------------------------------------------------------- recommendation and noise
-def test_a_margin_inside_the_noise_is_no_clear_winner_and_names_the_tied_runs():
-    runs = [*repeats("b-ddp-bf16-1x2", "ddp", "bf16", [95.0, 105.0, 100.0], devices=2),   # mean 100, sd 5
-            *repeats("b-fsdp-bf16-1x2", "fsdp", "bf16", [99.0, 104.0, 106.0], devices=2),  # mean 103, sd 3.61
-            *repeats("b-ps-bf16-1x2", "ps", "bf16", [50.0, 51.0, 52.0], devices=2)]
-    rec = by(analyze(runs).recommendations, "fastest", "1×2 CPU")
-    assert rec.decision == "no-clear-winner"
-    assert rec.run == "b-fsdp-bf16-1x2" and rec.value == pytest.approx(103.0)
-    assert rec.runner_up == "b-ddp-bf16-1x2" and rec.margin == pytest.approx(0.03)
-    assert rec.combined_spread == pytest.approx((5.0 + Stat.of([99, 104, 106]).spread) / 100)
-    assert rec.tied == ["b-fsdp-bf16-1x2", "b-ddp-bf16-1x2"]  # ps is 50 % behind: not tied
-    assert rec.measurements == 3 and rec.spread == pytest.approx(Stat.of([99, 104, 106]).spread)
+# ---------------------------------------------------------------- noise and intervals
+# Student t quantiles t(0.975, df), from tables: the tests must not compute them the way the code does.
+T975 = {2: 4.302653, 4: 2.776445, 6: 2.446912}
 
 
-def test_a_margin_beyond_the_noise_is_a_clear_winner():
+def test_noise_is_the_pooled_coefficient_of_variation_of_the_repeats():
+    noise = Noise.pooled([[90.0, 110.0], [198.0, 202.0], [7.0]])  # the single measurement adds nothing
+    # relative deviations ±0.1 and ±0.01: (0.01 + 0.01 + 0.0001 + 0.0001) / (1 + 1)
+    assert noise.df == 2 and noise.cv == pytest.approx(math.sqrt(0.0202 / 2))
+    assert not Noise.pooled([[1.0], [2.0]]).known
+
+
+def test_a_ratio_interval_is_t_based_on_the_log_scale():
+    noise = Noise(cv=0.05, df=4)
+    interval = ratio_interval([[120.0, 120.0]], [[100.0, 100.0, 100.0]], noise)
+    half = T975[4] * 0.05 * math.sqrt(1 / 2 + 1 / 3)
+    assert interval.estimate == pytest.approx(1.2)
+    assert (interval.low, interval.high) == (pytest.approx(1.2 * math.exp(-half), rel=1e-6),
+                                             pytest.approx(1.2 * math.exp(half), rel=1e-6))
+    assert ratio_interval([[120.0]], [[100.0]], Noise(0.0, 0)) is None  # noise unknown: no interval
+
+
+def test_bonferroni_splits_the_error_over_a_claims_comparisons():
+    assert family_confidence(1) == pytest.approx(0.95) and family_confidence(4) == pytest.approx(0.9875)
+
+
+def test_two_sweeps_compare_with_welchs_degrees_of_freedom():
+    a, b = Noise(cv=0.02, df=2), Noise(cv=0.02, df=2)
+    interval = between_sweeps([100.0, 100.0], a, [110.0, 110.0], b)
+    # se² = 0.02²/2 + 0.02²/2; df = (2 · 0.0002)² / (2 · 0.0002² / 2) = 4
+    half = T975[4] * math.sqrt(0.0004)
+    assert interval.low == pytest.approx(1.1 * math.exp(-half), rel=1e-6)
+    assert between_sweeps([100.0], Noise(0.0, 0), [110.0], b) is None
+
+
+# ---------------------------------------------------------------- the recommendation's rules
+def test_a_margin_whose_interval_excludes_zero_names_a_clear_winner():
     runs = [*repeats("b-ddp-bf16-1x2", "ddp", "bf16", [198.0, 200.0, 202.0], devices=2),
             *repeats("b-fsdp-bf16-1x2", "fsdp", "bf16", [99.0, 100.0, 101.0], devices=2)]
     rec = by(analyze(runs).recommendations, "fastest", "1×2 CPU")
-    assert (rec.decision, rec.run, rec.margin, rec.tied) == ("clear", "b-ddp-bf16-1x2", pytest.approx(1.0), None)
-    assert rec.combined_spread == pytest.approx(3.0 / 100)
+    # relative deviations ±0.01 in both: cv = sqrt(4 · 0.0001 / 4) = 0.01, df = 4
+    half = T975[4] * 0.01 * math.sqrt(2 / 3)
+    assert (rec.decision, rec.winner, rec.run, rec.candidates) == ("clear", "b-ddp-bf16-1x2", "b-ddp-bf16-1x2", None)
+    assert rec.margin == pytest.approx(1.0) and rec.noise == pytest.approx(0.01) and rec.noise_df == 4
+    assert rec.margin_low == pytest.approx(2 * math.exp(-half) - 1, rel=1e-6)
+    assert rec.margin_high == pytest.approx(2 * math.exp(half) - 1, rel=1e-6) and rec.confidence == 0.95
 
 
-def test_single_measurements_name_a_winner_but_say_the_spread_is_unknown():
+def test_a_margin_whose_interval_contains_zero_is_no_clear_winner_with_the_candidates():
+    runs = [*repeats("b-ddp-bf16-1x2", "ddp", "bf16", [95.0, 105.0, 100.0], devices=2),   # mean 100
+            *repeats("b-fsdp-bf16-1x2", "fsdp", "bf16", [99.0, 104.0, 106.0], devices=2),  # mean 103
+            *repeats("b-ps-bf16-1x2", "ps", "bf16", [50.0, 51.0, 52.0], devices=2)]       # mean 51
+    rec = by(analyze(runs).recommendations, "fastest", "1×2 CPU")
+    squares = (0.05**2 * 2 + sum((x / 103 - 1) ** 2 for x in (99, 104, 106)) + 2 * (1 / 51) ** 2)
+    cv = math.sqrt(squares / 6)
+    half = T975[6] * cv * math.sqrt(2 / 3)
+    assert rec.decision == "no-clear-winner" and rec.winner is None
+    assert rec.run == "b-fsdp-bf16-1x2" and rec.value == pytest.approx(103.0) and rec.margin == pytest.approx(0.03)
+    assert rec.margin_low == pytest.approx(1.03 * math.exp(-half) - 1, rel=1e-6)
+    assert rec.margin_low < 0 < rec.margin_high
+    assert rec.candidates == ["b-fsdp-bf16-1x2", "b-ddp-bf16-1x2"]  # ps is 50 % behind: beyond the noise
+    assert rec.measurements == 3 and rec.spread == pytest.approx(Stat.of([99, 104, 106]).spread)
+
+
+def test_single_measurements_name_no_winner_and_say_repeats_are_needed():
     runs = [run("b-ddp-fp32-1x2", "ddp", devices=2, tokens_per_second=110.0, peak_memory_bytes=3 * GIB),
             run("b-fsdp-fp32-1x2", "fsdp", devices=2, tokens_per_second=100.0, peak_memory_bytes=2 * GIB)]
-    recs = analyze(runs).recommendations
-    fastest, leanest = by(recs, "fastest", "1×2 CPU"), by(recs, "leanest", "1×2 CPU")
-    assert (fastest.decision, fastest.run, fastest.margin) == ("spread-unknown", "b-ddp-fp32-1x2", pytest.approx(0.1))
-    assert (leanest.decision, leanest.run) == ("spread-unknown", "b-fsdp-fp32-1x2")  # less memory wins
+    analysis = analyze(runs)
+    fastest, leanest = by(analysis.recommendations, "fastest", "1×2 CPU"), by(analysis.recommendations, "leanest",
+                                                                               "1×2 CPU")
+    assert (fastest.decision, fastest.winner, fastest.run) == ("needs-repeats", None, "b-ddp-fp32-1x2")
+    assert fastest.margin == pytest.approx(0.1) and fastest.margin_low is None and fastest.noise is None
+    assert (leanest.decision, leanest.run) == ("needs-repeats", "b-fsdp-fp32-1x2")  # less memory ranks first
     assert leanest.margin == pytest.approx(1 / 3) and leanest.unit == "bytes"
+    assert analysis.recommended.winner is None and analysis.noise == []
+
+
+def test_memory_measured_alike_in_every_repeat_decides_exactly():
+    runs = [*[run(f"b-ddp-fp32-1x2-r{k}", "ddp", devices=2, repeat=k, tokens_per_second=100.0 + k,
+                  peak_memory_bytes=3 * GIB) for k in (1, 2)],
+            *[run(f"b-fsdp-fp32-1x2-r{k}", "fsdp", devices=2, repeat=k, tokens_per_second=100.0 + k,
+                  peak_memory_bytes=2 * GIB) for k in (1, 2)]]
+    analysis = analyze(runs)
+    leanest = by(analysis.recommendations, "leanest", "1×2 CPU")
+    assert (leanest.decision, leanest.winner, leanest.noise) == ("clear", "b-fsdp-fp32-1x2", 0.0)
+    assert leanest.margin_low == leanest.margin_high == pytest.approx(1 / 3)
+    assert {n.figure for n in analysis.noise} == {"tokensPerSecond", "peakMemoryBytes"}
 
 
 def test_failed_runs_are_left_out_and_named_per_scale():
@@ -157,10 +217,10 @@ def test_failed_runs_are_left_out_and_named_per_scale():
             run("b-single-fp32-1x1", "single", phase="Failed")]
     analysis = analyze(runs)
     rec = by(analysis.recommendations, "fastest", "1×2 CPU")
-    assert (rec.decision, rec.run, rec.excluded) == ("only-candidate", "b-ddp-fp32-1x2", ["b-fsdp-fp32-1x2 (Failed)"])
+    assert (rec.decision, rec.winner, rec.excluded) == ("only-candidate", "b-ddp-fp32-1x2", ["b-fsdp-fp32-1x2 (Failed)"])
     empty = by(analysis.recommendations, "fastest", "1×1 CPU")
     assert (empty.decision, empty.run, empty.excluded) == ("not-measurable", None, ["b-single-fp32-1x1 (Failed)"])
-    assert analysis.recommended.run == "b-ddp-fp32-1x2"
+    assert analysis.recommended.winner == "b-ddp-fp32-1x2"
 
 
 def test_headline_is_the_fastest_at_the_largest_scale_and_every_objective_is_answered():
@@ -184,6 +244,21 @@ def test_headline_is_the_fastest_at_the_largest_scale_and_every_objective_is_ans
     assert {(r.objective, r.scale) for r in analysis.recommendations} == {
         (o, s) for o in ("fastest", "leanest", "cheapest") for s in ("1×1 GPU", "1×2 GPU")
     } | {("cheapest", None), ("scalable", "1×2 GPU")}
+    assert all(r.winner is None for r in analysis.recommendations)  # single measurements all
+
+
+def test_scaling_efficiency_decides_with_its_baselines_noise_too():
+    runs = [*repeats("b-ddp-fp32-1x1", "ddp", "fp32", [100.0, 100.0]),
+            *repeats("b-ddp-fp32-1x2", "ddp", "fp32", [190.0, 190.0], devices=2),
+            *repeats("b-fsdp-fp32-1x1", "fsdp", "fp32", [100.0, 100.0]),
+            *repeats("b-fsdp-fp32-1x2", "fsdp", "fp32", [150.0, 150.0], devices=2)]
+    for r in runs:
+        r.results.tokens_per_second_per_device = r.results.tokens_per_second / r.devices
+    rec = by(analyze(runs).recommendations, "scalable", "1×2 CPU")
+    assert (rec.decision, rec.winner) == ("clear", "b-ddp-fp32-1x2")  # 0.95 vs 0.75, no noise at all
+    runs[1].results.tokens_per_second_per_device = 60.0  # ddp 1x2's repeats now 95 and 60: noisy
+    rec = by(analyze(runs).recommendations, "scalable", "1×2 CPU")
+    assert rec.decision == "no-clear-winner" and set(rec.candidates) == {"b-ddp-fp32-1x2", "b-fsdp-fp32-1x2"}
 
 
 def test_objectives_without_data_say_why():
@@ -194,14 +269,37 @@ def test_objectives_without_data_say_why():
     assert "nodeHour" in by(no_gpu_price.recommendations, "cheapest", None).note
 
 
-def test_decide_breaks_an_exact_tie_by_plan_order_and_handles_a_zero_runner_up():
+def test_an_exact_tie_ranks_by_plan_order_and_names_no_winner():
     configs = configurations([run("a", "ddp"), run("b", "fsdp")])
-    from gpt2bench.report.analysis import FASTEST
+    tie = decide(FASTEST, "s", [Candidate(configs[0], [[5.0, 5.0]]), Candidate(configs[1], [[5.0, 5.0]])],
+                 Noise(0.0, 2), [])
+    assert (tie.run, tie.margin, tie.decision, tie.candidates) == ("a", 0.0, "no-clear-winner", ["a", "b"])
 
-    tie = decide(FASTEST, "s", [(configs[0], Stat(5.0, None, 1)), (configs[1], Stat(5.0, None, 1))], [])
-    assert (tie.run, tie.margin) == ("a", 0.0)
-    zero = decide(FASTEST, "s", [(configs[0], Stat(5.0, 1.0, 2)), (configs[1], Stat(0.0, 1.0, 2))], [])
-    assert zero.decision == "clear" and zero.margin is None
+
+def test_two_identical_configurations_never_yield_a_winner_or_a_verdict():
+    """Whatever the noise, configurations measured alike are never told apart: the same values in another
+    order, for the recommendation and for a claim (mixed precision "faster" than fp32 measured alike)."""
+    rng = random.Random(17)
+    for _ in range(200):
+        values = [rng.uniform(50, 150) for _ in range(rng.randint(1, 4))]
+        twin = rng.sample(values, len(values))
+        runs = [*repeats("a-ddp-fp32-1x2", "ddp", "fp32", values, devices=2),
+                *repeats("a-ddp-bf16-1x2", "ddp", "bf16", twin, devices=2)]
+        analysis = analyze(runs)
+        assert by(analysis.recommendations, "fastest", "1×2 CPU").winner is None
+        assert finding(analysis, "mixed-precision-faster").verdict in ("inconclusive", "needs-repeats")
+
+
+def test_configurations_that_differ_only_by_noise_get_a_winner_about_five_percent_of_the_time():
+    """Calibration: two configurations with the same true throughput and 5 % noise, 3 repeats each; a 95 %
+    interval names a (false) winner in about 5 % of sweeps. Seeded: the rate is a fixed number here."""
+    rng = random.Random(2024)
+    trials, false_winners = 1000, 0
+    for _ in range(trials):
+        runs = [*repeats("c-ddp-fp32-1x2", "ddp", "fp32", [rng.gauss(100, 5) for _ in range(3)], devices=2),
+                *repeats("c-fsdp-fp32-1x2", "fsdp", "fp32", [rng.gauss(100, 5) for _ in range(3)], devices=2)]
+        false_winners += by(analyze(runs).recommendations, "fastest", "1×2 CPU").winner is not None
+    assert 0.03 <= false_winners / trials <= 0.07
 
 
 # ---------------------------------------------------------------- the papers' findings
@@ -218,53 +316,67 @@ def test_every_finding_is_not_measurable_without_its_comparison():
         "horovod-most-robust-across-nodes", "synchronous-strategies-converge-alike", "ddp-scales-near-linearly"}
 
 
+def test_a_single_measurement_decides_no_finding():
+    base = [run("ddp32", "ddp", "fp32", gpus=2, tokens_per_second=100.0),
+            run("ddp16", "ddp", "bf16", gpus=2, tokens_per_second=180.0)]
+    f = finding(analyze(base), "mixed-precision-faster")
+    assert f.verdict == "needs-repeats" and "(single measurement)" in f.measured and f.low is None
+
+
 def test_fsdp_memory_uses_peak_memory_on_gpus_and_model_state_on_cpu():
-    gpu = analyze([run("g-ddp", "ddp", gpus=4, peak_memory_bytes=20 * GIB),
-                   run("g-fsdp", "fsdp", gpus=4, peak_memory_bytes=12 * GIB)])
+    def twice(name, strategy, **figures):
+        return [run(f"{name}-r{k}", strategy, repeat=k, tokens_per_second=1.0, **figures) for k in (1, 2)]
+    gpu = analyze(twice("g-ddp", "ddp", gpus=4, peak_memory_bytes=20 * GIB)
+                  + twice("g-fsdp", "fsdp", gpus=4, peak_memory_bytes=12 * GIB))
     f = finding(gpu, "fsdp-memory-below-ddp")
     assert f.verdict == "holds" and "fsdp 12,288.0 MiB vs ddp 20,480.0 MiB peak memory" in f.measured
-    assert "-40.0%" in f.measured
-    cpu = analyze([run("c-ddp", "ddp", devices=2, peak_memory_bytes=GIB, state_bytes=100 * 2**20),
-                   run("c-fsdp", "fsdp", devices=2, peak_memory_bytes=2 * GIB, state_bytes=50 * 2**20)])
+    assert "-40.0%" in f.measured and f.estimate == pytest.approx(0.6) and f.threshold == 1.0
+    cpu = analyze(twice("c-ddp", "ddp", devices=2, peak_memory_bytes=GIB, state_bytes=100 * 2**20)
+                  + twice("c-fsdp", "fsdp", devices=2, peak_memory_bytes=2 * GIB, state_bytes=50 * 2**20))
     f = finding(cpu, "fsdp-memory-below-ddp")
     assert f.verdict == "holds" and "model state" in f.measured  # peak RSS (2 GiB vs 1 GiB) is not the measure
 
 
-def test_mixed_precision_must_be_faster_for_every_strategy():
-    base = [run("ddp32", "ddp", "fp32", gpus=2, tokens_per_second=100.0),
-            run("ddp16", "ddp", "bf16", gpus=2, tokens_per_second=180.0)]
-    assert finding(analyze(base), "mixed-precision-faster").verdict == "holds"
-    slower = base + [run("fsdp32", "fsdp", "fp32", gpus=2, tokens_per_second=100.0),
-                     run("fsdp16", "fsdp", "bf16", gpus=2, tokens_per_second=90.0)]
+def test_mixed_precision_holds_only_when_every_strategy_is_faster_beyond_the_noise():
+    base = [*repeats("ddp32", "ddp", "fp32", [100.0, 102.0], gpus=2),
+            *repeats("ddp16", "ddp", "bf16", [180.0, 184.0], gpus=2)]
+    f = finding(analyze(base), "mixed-precision-faster")
+    assert f.verdict == "holds" and f.low > 1.0 and f.confidence == pytest.approx(0.95)
+    slower = base + [*repeats("fsdp32", "fsdp", "fp32", [100.0, 102.0], gpus=2),
+                     *repeats("fsdp16", "fsdp", "bf16", [90.0, 91.8], gpus=2)]
     f = finding(analyze(slower), "mixed-precision-faster")
-    assert f.verdict == "does-not-hold" and "fsdp 1×2 GPU: bf16 90 vs fp32 100 tokens/s (-10.0%)" in f.measured
+    assert f.verdict == "does-not-hold" and f.high < 1.0 and f.deciding.startswith("fsdp 1×2 GPU: bf16 91 vs fp32")
+    assert f.confidence == pytest.approx(0.975)  # Bonferroni over the claim's two comparisons
 
 
-def test_a_difference_within_the_spread_makes_a_finding_inconclusive():
+def test_a_difference_within_the_noise_makes_a_finding_inconclusive_with_its_interval():
     runs = [*repeats("ddp32", "ddp", "fp32", [100.0, 110.0], gpus=2),
             *repeats("ddp16", "ddp", "bf16", [104.0, 112.0], gpus=2)]
-    assert finding(analyze(runs), "mixed-precision-faster").verdict == "inconclusive"
+    f = finding(analyze(runs), "mixed-precision-faster")
+    assert f.verdict == "inconclusive" and f.low < 1.0 < f.high
+    assert f.estimate == pytest.approx(108 / 105) and "[" in f.measured
 
 
 def test_ddp_with_mixed_precision_fastest_on_one_node():
-    runs = [run("ddp16", "ddp", "fp16", gpus=4, tokens_per_second=400.0),
-            run("hvd16", "horovod", "fp16", gpus=4, tokens_per_second=380.0),
-            run("ddp32", "ddp", "fp32", gpus=4, tokens_per_second=200.0)]
+    runs = [*repeats("ddp16", "ddp", "fp16", [400.0, 404.0], gpus=4),
+            *repeats("hvd16", "horovod", "fp16", [380.0, 384.0], gpus=4),
+            *repeats("ddp32", "ddp", "fp32", [200.0, 202.0], gpus=4)]
     f = finding(analyze(runs), "ddp-mixed-precision-fastest-on-one-node")
     assert f.verdict == "holds" and "horovod-fp16" in f.measured
-    runs[1].results.tokens_per_second = 500.0
+    for r, value in zip(runs[2:4], (500.0, 505.0)):
+        r.results.tokens_per_second = value
     assert finding(analyze(runs), "ddp-mixed-precision-fastest-on-one-node").verdict == "does-not-hold"
 
 
 def test_horovod_robustness_compares_scaling_efficiency_across_nodes():
     def pair(strategy, per_device_1, per_device_2):
-        return [run(f"{strategy}-1x4g", strategy, gpus=4, tokens_per_second_per_device=per_device_1,
-                    tokens_per_second=4 * per_device_1),
-                run(f"{strategy}-2x4g", strategy, nodes=2, gpus=4, tokens_per_second_per_device=per_device_2,
-                    tokens_per_second=8 * per_device_2)]
+        return [run(f"{strategy}-{size}-r{k}", strategy, nodes=nodes, gpus=4, repeat=k,
+                    tokens_per_second_per_device=per_device + k, tokens_per_second=4 * nodes * (per_device + k))
+                for size, nodes, per_device in (("1x4g", 1, per_device_1), ("2x4g", 2, per_device_2)) for k in (1, 2)]
     runs = pair("horovod", 100.0, 90.0) + pair("ddp", 120.0, 84.0)  # 0.90 vs 0.70
     f = finding(analyze(runs), "horovod-most-robust-across-nodes")
     assert f.verdict == "holds" and "horovod 0.90 vs the best other, ddp, 0.70" in f.measured
+    assert f.estimate == pytest.approx((91.5 / 101.5) / (85.5 / 121.5))
     assert finding(analyze(pair("horovod", 100.0, 90.0)), "horovod-most-robust-across-nodes").verdict == (
         "not-measurable")  # no other strategy to compare with
 
@@ -274,26 +386,32 @@ def steps(losses):
 
 
 def test_synchronous_strategies_agree_on_the_loss_curve_within_one_percent():
-    runs = [run("ddp", "ddp", devices=2, final_loss=9.0), run("fsdp", "fsdp", devices=2, final_loss=9.0),
-            run("ps", "ps", devices=2, final_loss=7.0)]
-    curves = {"ddp": steps([10.0, 9.5, 9.0]), "fsdp": steps([10.0, 9.52, 9.0]), "ps": steps([10.0, 8.0, 7.0])}
+    runs = [run(f"{s}-r{k}", s, devices=2, repeat=k, final_loss=loss)
+            for s, loss in (("ddp", 9.0), ("fsdp", 9.0), ("ps", 7.0)) for k in (1, 2)]
+    curves = {f"ddp-r{k}": steps([10.0, 9.5, 9.0]) for k in (1, 2)}
+    curves |= {f"fsdp-r{k}": steps([10.0, 9.52, 9.0]) for k in (1, 2)}
+    curves |= {f"ps-r{k}": steps([10.0, 8.0, 7.0]) for k in (1, 2)}
     spec = {"sweep": {"strategies": [{"name": "ddp"}, {"name": "fsdp"}, {"name": "ps", "psMode": "async"}]}}
     f = finding(analyze(runs, spec, curves), "synchronous-strategies-converge-alike")
-    assert f.verdict == "holds"  # 0.02 / 9.51 = 0.21 % at step 2; async ps is left out
-    assert "ddp, fsdp: largest loss gap 0.210% (loss per step, 3 steps)" in f.measured and "async" in f.measured
-    curves["fsdp"] = steps([10.0, 9.0, 8.5])
+    assert f.verdict == "holds"  # 0.02 / 9.51 = 0.21 % at step 2 in both repeats; async ps is left out
+    assert "fsdp-fp32 vs ddp-fp32 1×2 CPU: largest loss gap: 0.210% [0.210%, 0.210%] (loss per step, 2 repeats)" in (
+        f.measured) and "async" in f.measured
+    assert f.threshold == 0.01
+    curves |= {f"fsdp-r{k}": steps([10.0, 9.0, 8.5]) for k in (1, 2)}
     assert finding(analyze(runs, spec, curves), "synchronous-strategies-converge-alike").verdict == "does-not-hold"
     f = finding(analyze(runs, spec), "synchronous-strategies-converge-alike")  # the operator: no curves
     assert f.verdict == "holds" and "final loss" in f.measured
+    single = [r for r in runs if r.repeat == 1]
+    assert finding(analyze(single, spec), "synchronous-strategies-converge-alike").verdict == "needs-repeats"
 
 
-def test_ddp_near_linear_scaling_means_efficiency_at_least_0_9():
+def test_ddp_near_linear_scaling_needs_the_whole_interval_at_or_above_0_9():
     def ddp(per_device_2):
-        return [run("d1", "ddp", gpus=1, tokens_per_second_per_device=100.0, tokens_per_second=100.0),
-                run("d2", "ddp", gpus=2, tokens_per_second_per_device=per_device_2,
-                    tokens_per_second=2 * per_device_2)]
+        return [run(f"d{devices}-r{k}", "ddp", gpus=devices, repeat=k, tokens_per_second_per_device=value * (1 + k / 100),
+                    tokens_per_second=devices * value * (1 + k / 100))
+                for devices, value in ((1, 100.0), (2, per_device_2)) for k in (1, 2)]
     assert finding(analyze(ddp(95.0)), "ddp-scales-near-linearly").verdict == "holds"
-    assert finding(analyze(ddp(90.0)), "ddp-scales-near-linearly").verdict == "holds"  # at least 0.9
+    assert finding(analyze(ddp(90.0)), "ddp-scales-near-linearly").verdict == "inconclusive"  # on the threshold
     f = finding(analyze(ddp(60.0)), "ddp-scales-near-linearly")
-    assert f.verdict == "does-not-hold" and "1×1 GPU → 1×2 GPU: scaling efficiency 0.60" in f.measured
+    assert f.verdict == "does-not-hold" and "1×1 GPU → 1×2 GPU: scaling efficiency: 0.60 [0.58, 0.62]" in f.measured
     assert findings.NEAR_LINEAR == 0.9

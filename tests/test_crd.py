@@ -142,7 +142,7 @@ def test_names_group_version_status_and_columns(generated):
     assert columns["Phase"] == ("string", ".status.phase", 0)
     assert columns["Done"] == ("integer", ".status.runsDone", 0)
     assert columns["Runs"] == ("integer", ".status.runsTotal", 0)
-    assert columns["Recommended"] == ("string", ".status.analysis.recommended.run", 0)
+    assert columns["Recommended"] == ("string", ".status.analysis.recommended.winner", 0)  # only when clear
     assert columns["Decision"] == ("string", ".status.analysis.recommended.decision", 0)
     assert columns["Best"] == ("string", ".status.best.strategy", 1)  # -o wide only
     assert columns["Tokens/s"] == ("number", ".status.best.tokensPerSecond", 1)

@@ -165,8 +165,10 @@ class FakeTargets:
 
     RUNS: ClassVar[dict[str, tuple[str, str]]] = {"r1": ("ddp", "fp32"), "r2": ("fsdp", "bf16")}
     RECOMMENDATION: ClassVar[dict[str, str]] = {
-        "namespace": "ml", "benchmark": "bench", "scale": "1×2 GPU", "objective": "fastest", "run": "r1",
-        "strategy": "ddp", "precision": "fp32", "decision": "clear"}
+        "namespace": "ml", "benchmark": "bench", "scale": "1×2 GPU", "objective": "fastest", "winner": "r1",
+        "run": "r1", "strategy": "ddp", "precision": "fp32", "decision": "clear"}
+    FINDING: ClassVar[dict[str, str]] = {
+        "namespace": "ml", "benchmark": "bench", "finding": "mixed-precision-faster", "verdict": "inconclusive"}
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
@@ -212,7 +214,8 @@ class FakeTargets:
             if name.endswith("_total"):
                 out[field] = Counter(name.removesuffix("_total"), field, ["namespace"], registry=registry)
             elif name.endswith("_info"):
-                out[field] = Gauge(name, field, dashboards.RECOMMENDATION_COLUMNS, registry=registry)
+                columns = dashboards.FINDING_COLUMNS if field == "finding_info" else dashboards.RECOMMENDATION_COLUMNS
+                out[field] = Gauge(name, field, columns, registry=registry)
             else:
                 out[field] = Histogram(name, field, registry=registry, buckets=(0.1, 0.5, 1, 5))
         return out
@@ -234,6 +237,7 @@ class FakeTargets:
             for counter in ("runs_started", "runs_succeeded", "runs_failed", "reconcile_errors"):
                 self.operator[counter].labels(namespace="ml").inc()
             self.operator["recommendation_info"].labels(**self.RECOMMENDATION).set(1)
+            self.operator["finding_info"].labels(**self.FINDING).set(1)
             self.operator["job_creation_latency"].observe(0.3)
 
     def close(self) -> None:
@@ -297,21 +301,24 @@ def test_dashboard_queries_run_against_real_prometheus(prometheus, board: str) -
                 assert not missing, f"{panel['title']}: legend labels {missing} absent from {series['metric']}"
 
 
-def test_the_recommendation_table_shows_every_label_the_operator_exports() -> None:
+def test_the_recommendation_and_finding_tables_show_every_label_the_operator_exports() -> None:
     from gpt2bench.controller import metrics
 
     # prometheus-client keeps a metric's label names only in private attributes
     assert sorted(metrics.RECOMMENDATION_INFO._labelnames) == sorted(dashboards.RECOMMENDATION_COLUMNS)
     assert metrics.RECOMMENDATION_INFO._name == CONFIG.operator.recommendation_info
+    assert sorted(metrics.FINDING_INFO._labelnames) == sorted(dashboards.FINDING_COLUMNS)
+    assert metrics.FINDING_INFO._name == CONFIG.operator.finding_info
 
 
 @needs_prometheus
-def test_the_recommendation_table_query_returns_its_columns(prometheus) -> None:
-    (panel,) = [p for p in panels(DASHBOARDS["gpt2bench-operator.json"]) if p["type"] == "table"]
-    (target,) = panel["targets"]
-    assert target["format"] == "table" and target["instant"] is True
-    (series,) = prometheus.query(substitute(target["expr"]))
-    assert series["metric"] == FakeTargets.RECOMMENDATION  # one row, a column per label
+def test_the_recommendation_and_finding_table_queries_return_their_columns(prometheus) -> None:
+    tables = {p["title"]: p for p in panels(DASHBOARDS["gpt2bench-operator.json"]) if p["type"] == "table"}
+    for title, expected in (("Recommended runs", FakeTargets.RECOMMENDATION), ("Paper findings", FakeTargets.FINDING)):
+        (target,) = tables[title]["targets"]
+        assert target["format"] == "table" and target["instant"] is True
+        (series,) = prometheus.query(substitute(target["expr"]))
+        assert series["metric"] == expected  # one row, a column per label
 
 
 @needs_prometheus

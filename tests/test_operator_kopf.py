@@ -7,6 +7,7 @@ drives the GPT2Benchmarks with kubectl and the `kubernetes` client.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import kubernetes
@@ -58,7 +59,7 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
     applied = cluster.kubectl("apply", "-f", str(REPO / "manifests" / "examples" / "cpu-sweep.yaml"))
     assert "gpt2benchmark.gpt2bench.io/cpu-sweep created" in applied.stdout
     total = wait_for(lambda: benchmarks.status("cpu-sweep").get("runsTotal"), what="runsTotal")
-    assert total == 14
+    assert total == 20  # 5 strategies x 2 precisions x 2 repeats
 
     order = play(trainer, "cpu-sweep", total, lambda t, job, i: t.succeed(job, 1000.0 + 10 * i))
 
@@ -66,23 +67,25 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
                       what="phase Succeeded")
     runs = status["runs"]
     assert [r["name"] for r in runs] == order, "runs start in plan order, one at a time"
-    assert status["runsDone"] == status["runsSucceeded"] == 14 and status["runsFailed"] == 0
+    assert status["runsDone"] == status["runsSucceeded"] == 20 and status["runsFailed"] == 0
     assert all(r["phase"] == "Succeeded" and r["results"]["tokensPerSecond"] > 0 for r in runs)
     assert {r["jobKind"] for r in runs} == {"PyTorchJob", "MPIJob"}
     assert status["best"] == {"run": order[-1], "strategy": runs[-1]["strategy"],
-                              "precision": runs[-1]["precision"], "tokensPerSecond": 1130.0}
+                              "precision": runs[-1]["precision"], "tokensPerSecond": 1190.0}
     assert status["completionTime"] >= status["startTime"]
     assert status["observedGeneration"] == 1
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
 
     table = cluster.kubectl("get", "gpt2benchmark", "cpu-sweep").stdout.split()
     assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION"]
-    assert table[7:13] == ["cpu-sweep", "Succeeded", "14", "14", runs[-1]["name"], "spread-unknown"]
+    # tokens/s grew by 10 per run, so a later repeat is faster than an earlier one: the sweep's own noise
+    # (the two repeats of a configuration differ by 10 configurations' worth) hides every margin
+    assert table[7:12] == ["cpu-sweep", "Succeeded", "20", "20", "no-clear-winner"]  # RECOMMENDED: empty
     as_yaml = yaml.safe_load(cluster.kubectl("get", "g2b", "cpu-sweep", "-o", "yaml").stdout)
     assert as_yaml["status"]["runs"] == runs
 
     reasons = [e["reason"] for e in benchmarks.events("cpu-sweep")]
-    assert reasons.count("RunStarted") == 14 and reasons.count("RunSucceeded") == 14
+    assert reasons.count("RunStarted") == 20 and reasons.count("RunSucceeded") == 20
     assert "SweepPlanned" in reasons and "SweepSucceeded" in reasons
 
     uid = benchmarks.get("cpu-sweep")["metadata"]["uid"]
@@ -95,7 +98,7 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
 def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cluster, benchmarks, trainer, tmp_path):
     """1 and 2 processes, ddp and fsdp: the operator's status carries the analysis (docs/analysis.md),
     `kubectl get` shows the recommended run, and `gpt2bench report --cluster` reads the same answer back."""
-    sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}],
+    sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2,
              "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": n} for n in (1, 2)]}
     benchmarks.create(benchmark("scales", sweep=sweep, cost={"nodeHour": 0.36, "currency": "EUR"}))
     # run -> (tokens/s, workers, model state per rank)
@@ -104,25 +107,35 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
 
     def outcome(t: TrainingOperator, job: dict, i: int) -> None:
         name = job["metadata"]["name"]
-        tps, workers, state = figures[name]
+        configuration, repeat = name.rsplit("-r", 1)
+        tps, workers, state = figures[configuration]
+        tps *= 1.01 if repeat == "1" else 0.99  # the repeats' noise: ±1 %
         summary = trainer_summary(name, tps, worldSize=workers, tokensPerSecondPerDevice=tps / workers,
                                   stateBytes=state)
         t.finish(job, succeeded=True, message=json.dumps(summary))
 
-    play(trainer, "scales", 4, outcome)
+    play(trainer, "scales", 8, outcome)
     status = wait_for(lambda: (s := benchmarks.status("scales")).get("phase") == "Succeeded" and s, what="Succeeded")
     analysis = status["analysis"]
+    # every configuration ±1 %: pooled cv² = 4 · 2 · 0.01² / 4 degrees of freedom; ddp's margin is beyond it
+    cv = 0.01 * 2**0.5
+    half = 2.776445 * cv * (1 / 2 + 1 / 2) ** 0.5  # t(0.975, 4) · cv · √(1/n_a + 1/n_b), on the log scale
     assert analysis["recommended"] | {"excluded": None} == {
-        "objective": "fastest", "scale": "1×2 CPU", "decision": "spread-unknown", "run": "scales-ddp-fp32-1x2",
-        "strategy": "ddp", "precision": "fp32", "value": 1900.0, "unit": "tokens/s", "measurements": 1,
-        "runnerUp": "scales-fsdp-fp32-1x2", "runnerUpValue": 1500.0, "margin": pytest.approx(400 / 1500),
-        "excluded": None}
+        "objective": "fastest", "scale": "1×2 CPU", "decision": "clear", "winner": "scales-ddp-fp32-1x2",
+        "run": "scales-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "value": pytest.approx(1900.0),
+        "unit": "tokens/s", "measurements": 2, "spread": pytest.approx(1900 * 0.02 / 2**0.5),
+        "runnerUp": "scales-fsdp-fp32-1x2", "runnerUpValue": pytest.approx(1500.0),
+        "margin": pytest.approx(400 / 1500), "marginLow": pytest.approx(1900 / 1500 * math.exp(-half) - 1),
+        "marginHigh": pytest.approx(1900 / 1500 * math.exp(half) - 1), "confidence": 0.95,
+        "noise": pytest.approx(cv), "noiseDf": 4, "excluded": None}
     assert [(s["strategy"], s["scale"], s["efficiency"]) for s in analysis["scaling"]] == [
-        ("ddp", "1×1 CPU", 1.0), ("ddp", "1×2 CPU", 0.95), ("fsdp", "1×1 CPU", 1.0),
+        ("ddp", "1×1 CPU", 1.0), ("ddp", "1×2 CPU", pytest.approx(0.95)), ("fsdp", "1×1 CPU", 1.0),
         ("fsdp", "1×2 CPU", pytest.approx(750 / 900))]
     cheapest = next(r for r in analysis["recommendations"] if r["objective"] == "cheapest" and "scale" not in r)
     # both scales are one pod (node) at 0.36 EUR/h: the faster one costs less per token
-    assert cheapest["run"] == "scales-ddp-fp32-1x2" and cheapest["value"] == pytest.approx(0.36 / 3600 / 1900 * 1e6)
+    assert cheapest["winner"] == "scales-ddp-fp32-1x2"
+    # the mean of the repeats' costs: 0.36 EUR/h over 1900 ± 1 % tokens/s
+    assert cheapest["value"] == pytest.approx(0.36 / 3600 * 1e6 * (1 / 1919 + 1 / 1881) / 2)
     verdicts = {f["id"]: f["verdict"] for f in analysis["findings"]}
     assert verdicts == {"fsdp-memory-below-ddp": "holds", "mixed-precision-faster": "not-measurable",
                         "ddp-mixed-precision-fastest-on-one-node": "not-measurable",
@@ -133,24 +146,28 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
 
     table = cluster.kubectl("get", "gpt2benchmark", "scales").stdout.split()
     assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION"]
-    assert table[7:13] == ["scales", "Succeeded", "4", "4", "scales-ddp-fp32-1x2", "spread-unknown"]
+    assert table[7:13] == ["scales", "Succeeded", "8", "8", "scales-ddp-fp32-1x2", "clear"]
     header, row = (line.split() for line in
                    cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout.splitlines())
     wide = dict(zip(header, row, strict=True))
-    assert (wide["BACKEND"], wide["BEST"], wide["TOKENS/S"]) == ("pytorchjob", "ddp", "1900")
+    assert (wide["BACKEND"], wide["BEST"], wide["TOKENS/S"]) == ("pytorchjob", "ddp", "1919")
 
     from gpt2bench.controller.metrics import REGISTRY
 
     info = {"namespace": "default", "benchmark": "scales", "objective": "fastest", "scale": "1×2 CPU",
-            "run": "scales-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "decision": "spread-unknown"}
+            "winner": "scales-ddp-fp32-1x2", "run": "scales-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32",
+            "decision": "clear"}
     assert REGISTRY.get_sample_value("gpt2bench_operator_recommendation_info", info) == 1.0
+    for finding in analysis["findings"]:  # Grafana's findings table: the same verdicts as the status
+        labels = {"namespace": "default", "benchmark": "scales", "finding": finding["id"], "verdict": finding["verdict"]}
+        assert REGISTRY.get_sample_value("gpt2bench_operator_finding_info", labels) == 1.0
 
     from gpt2bench.report import cli as report_cli
 
     assert report_cli.main(["--cluster", "scales", "-n", "default", "--output", str(tmp_path), "--quiet"]) == 0
     markdown = (tmp_path / "results.md").read_text()
     assert "**Recommended at the largest scale measured (1×2 CPU): scales-ddp-fp32-1x2**" in markdown
-    assert "| ddp | fp32 | 1×2 CPU | 2 | 950 | 0.95 |" in markdown
+    assert "| ddp | fp32 | 1×2 CPU | 2 | 950 | 0.95 [0.9" in markdown
 
     benchmarks.delete("scales")  # its recommendation series go with it
     wait_for(lambda: REGISTRY.get_sample_value("gpt2bench_operator_recommendation_info", info) is None,

@@ -136,7 +136,8 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
             events = [e["reason"] for e in benchmarks.events("restart")]
             assert events.count("RunSucceeded") == 4 and events.count("SweepSucceeded") == 1
             info = {"namespace": "default", "benchmark": "restart", "objective": "fastest", "scale": "1×2 CPU",
-                    "run": "restart-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "decision": "spread-unknown"}
+                    "winner": "", "run": "restart-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32",
+                    "decision": "needs-repeats"}
             assert info in operator.samples("gpt2bench_operator_recommendation_info")
             operator.stop()  # a restarted operator serves the finished benchmark's recommendation again
             operator.start()

@@ -1,6 +1,7 @@
 """`gpt2bench compare A B`: two results folders side by side (two clusters, two GPU types, before and after a
 driver upgrade). Configurations are matched by strategy, precision and scale (run names carry the benchmark's
-name, so they differ); B ÷ A says how B compares, and whether the difference is beyond the repeats' spread.
+name, so they differ); B ÷ A says how B compares, with its confidence interval from both sweeps' own noise, and
+whether the difference is beyond that noise (the interval excludes 1: docs/analysis.md).
 
     gpt2bench compare results/a100 results/h100 [--output compare.md]
 """
@@ -8,23 +9,25 @@ name, so they differ); B ÷ A says how B compares, and whether the difference is
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 from gpt2bench.files import write_atomic
 from gpt2bench.report.analysis import analyze
 from gpt2bench.report.cli import DocumentError, load_folder
-from gpt2bench.report.markdown import VERDICTS, value_text
+from gpt2bench.report.markdown import NEEDS_REPEATS, VERDICTS, value_text
 from gpt2bench.report.measures import (
     Configuration,
     Metric,
-    Stat,
     configurations,
     hardware,
+    noise,
     peak_memory,
     tokens_per_second,
     tokens_per_second_per_device,
 )
+from gpt2bench.report.noise import Interval, between_sweeps
 from gpt2bench.report.table import MIB, NO_VALUE, fmt_stat, markdown_table
 from gpt2bench.status import Analysis, Recommendation, ResultsDocument
 
@@ -36,11 +39,12 @@ FIGURES: list[tuple[str, Metric, str, float]] = [
 ]
 
 
-def beyond_noise(a: Stat, b: Stat) -> str:
-    """The report's noise rule: a difference counts when it exceeds the sum of the two spreads."""
-    if a.spread is None or b.spread is None:
-        return "spread unknown"
-    return "yes" if abs(a.mean - b.mean) > a.spread + b.spread else "no (within spread)"
+def beyond_noise(interval: Interval | None) -> str:
+    """The report's rule: B differs from A when the interval of B ÷ A lies wholly on one side of 1."""
+    if interval is None:
+        return NEEDS_REPEATS
+    side = interval.side(1.0)
+    return "no (within the noise)" if side == "across" else f"yes: B {'higher' if side == 'above' else 'lower'}"
 
 
 def _key(config: Configuration) -> tuple[str, str, str]:
@@ -49,20 +53,23 @@ def _key(config: Configuration) -> tuple[str, str, str]:
 
 def figures_markdown(a: list[Configuration], b: list[Configuration]) -> str:
     theirs = {_key(c): c for c in b}
+    noises = {header: (noise(a, metric), noise(b, metric)) for header, metric, *_ in FIGURES}
     headers = ["configuration", "scale"]
     for header, *_ in FIGURES:
-        headers += [f"{header} A", f"{header} B", "B ÷ A"]
+        headers += [f"{header} A", f"{header} B", "B ÷ A [95 % interval]"]
     headers.append("tokens/s beyond noise")
     rows = []
     for mine in (c for c in a if _key(c) in theirs):
         other = theirs[_key(mine)]
         row = [mine.label, mine.scale.label]
-        for _, metric, spec, scale in FIGURES:
-            x, y = mine.stat(metric), other.stat(metric)
-            ratio = f"{y.mean / x.mean:.2f}" if x and y and x.mean else NO_VALUE
-            row += [fmt_stat(x, spec, scale), fmt_stat(y, spec, scale), ratio]
-        x, y = mine.stat(tokens_per_second), other.stat(tokens_per_second)
-        row.append(beyond_noise(x, y) if x and y else NO_VALUE)
+        intervals = {}
+        for header, metric, spec, scale in FIGURES:
+            x, y = mine.values(metric), other.values(metric)
+            intervals[header] = between_sweeps(x, noises[header][0], y, noises[header][1])
+            row += [fmt_stat(mine.stat(metric), spec, scale), fmt_stat(other.stat(metric), spec, scale),
+                    _ratio_text(x, y, intervals[header])]
+        measured = mine.values(tokens_per_second) and other.values(tokens_per_second)
+        row.append(beyond_noise(intervals["tokens/s"]) if measured else NO_VALUE)
         rows.append(row)
     text = markdown_table(headers, rows, {"configuration", "scale", "tokens/s beyond noise"})
     for side, configs, others in (("A", a, {_key(c) for c in b}), ("B", b, {_key(c) for c in a})):
@@ -72,14 +79,25 @@ def figures_markdown(a: list[Configuration], b: list[Configuration]) -> str:
     return text
 
 
+def _ratio_text(a: list[float], b: list[float], interval: Interval | None) -> str:
+    if not a or not b:
+        return NO_VALUE
+    if interval is None:
+        return f"{statistics.fmean(b) / statistics.fmean(a):.2f}"
+    return f"{interval.estimate:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
+
+
 def _pick(rec: Recommendation | None) -> str:
+    """One side's recommendation as the report decides it: a winner only when the decision is clear."""
     if rec is None:
         return NO_VALUE
     if rec.strategy is None:
         return f"not measurable: {rec.note}"
-    decision = {"clear": "clear", "no-clear-winner": "no clear winner", "spread-unknown": "spread unknown",
-                "only-candidate": "only candidate"}.get(rec.decision, rec.decision)
-    return f"{rec.strategy}-{rec.precision} {value_text(rec.value, rec.unit)} ({decision})"
+    if rec.winner:
+        return f"{rec.strategy}-{rec.precision} {value_text(rec.value, rec.unit)} ({rec.decision})"
+    if rec.decision == "no-clear-winner":
+        return f"no clear winner: {', '.join(rec.candidates or [])}"
+    return f"{NEEDS_REPEATS}; top-ranked {rec.strategy}-{rec.precision} {value_text(rec.value, rec.unit)}"
 
 
 def recommendations_markdown(a: Analysis, b: Analysis) -> str:

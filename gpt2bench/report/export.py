@@ -3,7 +3,9 @@
 Columns: the run's identity (results.json's camelCase names), every `RunResults` figure in its declared
 order, then the derived figures of docs/analysis.md: `configuration`, `scale`, `scalingEfficiency` (this
 run's tokens/s per device ÷ its strategy and precision's mean at their smallest scale), `hourlyPrice` and
-`costPer1MTokens` (from spec.cost). Empty cells: not measured, or not applicable.
+`costPer1MTokens` (from spec.cost), its configuration's tokens/s mean, spread and measurements, and
+`fastestAtScale`: where its configuration stands in the fastest recommendation of its scale under the report's
+rules (winner, within-noise, not-decided, behind). Empty cells: not measured, or not applicable.
 """
 
 from __future__ import annotations
@@ -21,19 +23,24 @@ from gpt2bench.report.measures import (
     run_devices,
     run_efficiency,
     scale_of,
+    tokens_per_second,
 )
-from gpt2bench.status import ResultsDocument, RunResults
+from gpt2bench.status import Recommendation, ResultsDocument, RunResults
 
 RESULTS_CSV = "results.csv"
 RUN_COLUMNS = ["name", "configuration", "repeat", "strategy", "precision", "scale", "nodes", "devicesPerNode",
                "processesPerNode", "devices", "jobKind", "jobName", "phase", "reason", "startTime", "completionTime"]
 RESULT_COLUMNS = [field.alias or name for name, field in RunResults.model_fields.items()]
-DERIVED_COLUMNS = ["scalingEfficiency", "hourlyPrice", "currency", "costPer1MTokens"]
+DERIVED_COLUMNS = ["scalingEfficiency", "hourlyPrice", "currency", "costPer1MTokens", "configurationTokensPerSecond",
+                   "configurationTokensPerSecondSpread", "configurationMeasurements", "fastestAtScale"]
 COLUMNS = RUN_COLUMNS + RESULT_COLUMNS + DERIVED_COLUMNS
 
 
 def csv_rows(doc: ResultsDocument) -> list[dict[str, Any]]:
     configs = configurations(doc.runs)
+    by_run = {run.name: config for config in configs for run in config.runs}
+    fastest = {rec.scale: rec for rec in (doc.analysis.recommendations if doc.analysis else [])
+               if rec.objective == "fastest"}
     prices = Prices.from_spec(doc.spec)
     rows = []
     for run in doc.runs:
@@ -45,8 +52,26 @@ def csv_rows(doc: ResultsDocument) -> list[dict[str, Any]]:
         if prices is not None:
             row |= {"hourlyPrice": prices.hourly(run), "currency": prices.currency,
                     "costPer1MTokens": prices.per_million_tokens(run)}
+        config = by_run[run.name]
+        stat = config.stat(tokens_per_second)
+        if stat is not None:
+            row |= {"configurationTokensPerSecond": stat.mean, "configurationTokensPerSecondSpread": stat.spread,
+                    "configurationMeasurements": stat.n,
+                    "fastestAtScale": standing(config.name, fastest.get(config.scale.label))}
         rows.append(row)
     return rows
+
+
+def standing(configuration: str, rec: Recommendation | None) -> str | None:
+    """winner (named beyond the noise), within-noise (a no-clear-winner candidate), not-decided (needs repeats),
+    or behind (beyond the noise behind the top-ranked)."""
+    if rec is None or rec.run is None:
+        return None
+    if rec.winner == configuration:
+        return "winner"
+    if rec.decision == "needs-repeats":
+        return "not-decided"
+    return "within-noise" if configuration in (rec.candidates or []) else "behind"
 
 
 def write_csv(doc: ResultsDocument, directory: Path) -> Path:

@@ -1,23 +1,39 @@
 """The papers' claims, checked on this sweep: each claim compares configurations that differ in the compared
 thing alone (same precision and scale unless the claim is about them), and says which figures it rests on.
 
-Verdicts: holds; does-not-hold (at least one comparison contradicts it beyond the noise); inconclusive (none
-contradicts it, but some difference is within the spread of the repeats); not-measurable (the sweep has no
-such comparison: `measured` says what is missing). Definitions: docs/analysis.md.
+Each comparison is a ratio with its confidence interval (noise.py), checked against the claim's threshold:
+the claim holds for it when the whole interval lies on the claim's side, fails when the whole interval lies
+on the other side, and is undecided when the interval crosses the threshold. The intervals of one claim are
+Bonferroni-corrected over its comparisons. Verdicts: does-not-hold (some comparison fails), needs-repeats
+(single measurements: no interval, not decided), inconclusive (some interval crosses), holds (every
+comparison holds), not-measurable (the sweep has no such comparison: `measured` says what is missing).
+Definitions: docs/analysis.md.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpt2bench.report.measures import (
     Configuration,
     Efficiency,
-    Stat,
     final_loss,
     memory_per_rank,
+    noise,
     scales,
     tokens_per_second,
+    tokens_per_second_per_device,
+)
+from gpt2bench.report.noise import (
+    Interval,
+    Noise,
+    family_confidence,
+    mean_interval,
+    product_of_means,
+    ratio_interval,
 )
 from gpt2bench.status import Finding, RunStatus
 
@@ -32,43 +48,83 @@ LI = "Li et al. 2020 (arXiv 2006.15704)"
 Curves = dict[str, list[dict[str, Any]]]
 
 
-def beats(a: Stat, b: Stat, higher_is_better: bool) -> str:
-    """Does `a` beat `b`? "holds", "fails", or "noise" when both spreads are known and the difference is
-    within their sum (the same rule as a recommendation's no-clear-winner)."""
-    difference = a.mean - b.mean if higher_is_better else b.mean - a.mean
-    if a.spread is not None and b.spread is not None and abs(difference) <= a.spread + b.spread:
-        return "noise"
-    return "holds" if difference > 0 else "fails"
+@dataclass
+class Check:
+    """One comparison of a claim: a ratio (or a loss gap) whose interval at a given confidence is
+    `interval(confidence)`, held against `threshold`; the claim wants it `above` (or below) the threshold."""
+
+    label: str  # what is compared: "ddp 1×2 CPU: bf16 vs fp32 tokens/s"
+    interval: Callable[[float], Interval | None]
+    estimate: float  # the point estimate, shown when there is no interval
+    threshold: float = 1.0
+    above: bool = True
+    show: Callable[[float], str] = field(default=lambda ratio: f"{ratio - 1:+.1%}")
+    basis: str | None = None  # what the figure rests on, appended in brackets
 
 
-def verdict(outcomes: list[str]) -> str:
-    if not outcomes:
-        return "not-measurable"
+    def outcome(self, interval: Interval | None) -> str:
+        """holds, fails, across (the interval crosses the threshold) or unknown (no interval)."""
+        if interval is None:
+            return "unknown"
+        side = interval.side(self.threshold)
+        if side == "across":
+            return "across"
+        return "holds" if (side == "above") == self.above else "fails"
+
+    def text(self, interval: Interval | None) -> str:
+        basis = f" ({self.basis})" if self.basis else ""
+        if interval is None:
+            return f"{self.label}: {self.show(self.estimate)} (single measurement{', ' + self.basis if basis else ''})"
+        shown = f"{self.show(interval.estimate)} [{self.show(interval.low)}, {self.show(interval.high)}]"
+        return f"{self.label}: {shown}{basis}"
+
+
+def ratio_check(label: str, numerator: list[list[float]], denominator: list[list[float]], sweep_noise: Noise,
+                threshold: float = 1.0, above: bool = True, show: Callable[[float], str] | None = None) -> Check:
+    """A claim about Π means(numerator) ÷ Π means(denominator) (each list: configurations' repeat values)."""
+    estimate = product_of_means(numerator) / product_of_means(denominator)
+    check = Check(label, lambda confidence: ratio_interval(numerator, denominator, sweep_noise, confidence),
+                  estimate, threshold, above)
+    if show is not None:
+        check.show = show
+    return check
+
+
+def finding(id_: str, claim: str, source: str, checks: list[Check], missing: str,
+            extra: list[str] | None = None) -> Finding:
+    """The verdict of a claim from its comparisons, each at the Bonferroni-corrected confidence."""
+    base = {"id": id_, "claim": claim, "source": source}
+    if not checks:
+        return Finding(verdict="not-measurable", measured=missing, **base)
+    confidence = family_confidence(len(checks))
+    intervals = [check.interval(confidence) for check in checks]
+    outcomes = [check.outcome(interval) for check, interval in zip(checks, intervals)]
     if "fails" in outcomes:
-        return "does-not-hold"
-    return "inconclusive" if "noise" in outcomes else "holds"
-
-
-def finding(id_: str, claim: str, source: str, outcomes: list[str], parts: list[str], missing: str,
-            single: bool = False) -> Finding:
-    measured = "; ".join(parts) if parts else missing
-    if parts and single:
-        measured += " (some single measurements: spread unknown)"
+        verdict, deciding = "does-not-hold", outcomes.index("fails")
+    elif "unknown" in outcomes:
+        verdict, deciding = "needs-repeats", None
+    elif "across" in outcomes:
+        verdict, deciding = "inconclusive", outcomes.index("across")
+    else:
+        verdict, deciding = "holds", min(range(len(checks)), key=lambda i: _slack(checks[i], intervals[i]))
+    parts = [check.text(interval) for check, interval in zip(checks, intervals)] + (extra or [])
+    measured = "; ".join(parts)
     if len(measured) > MAX_MEASURED:
         measured = measured[: MAX_MEASURED - 3] + "..."
-    return Finding(id=id_, claim=claim, source=source, verdict=verdict(outcomes), measured=measured)
+    if deciding is None:
+        return Finding(verdict=verdict, measured=measured, **base)
+    chosen, interval = checks[deciding], intervals[deciding]
+    return Finding(verdict=verdict, measured=measured, deciding=chosen.label, estimate=interval.estimate,
+                   low=interval.low, high=interval.high, threshold=chosen.threshold, confidence=confidence, **base)
+
+
+def _slack(check: Check, interval: Interval) -> float:
+    """How far a holding comparison's interval stays from the threshold (smallest: the one that decides)."""
+    return interval.low - check.threshold if check.above else check.threshold - interval.high
 
 
 def _find(configs: list[Configuration], strategy: str, precision: str, scale: Any) -> Configuration | None:
     return next((c for c in configs if (c.strategy, c.precision, c.scale) == (strategy, precision, scale)), None)
-
-
-def _single(*stats: Stat) -> bool:
-    return any(s.spread is None for s in stats)
-
-
-def _pct(ratio: float) -> str:
-    return f"{ratio - 1:+.1%}"
 
 
 def _mib(value: float) -> str:
@@ -80,67 +136,68 @@ def _tps(value: float) -> str:
 
 
 # ------------------------------------------------------------------ the claims
+def _rank_memory(run: RunStatus) -> float | None:
+    return memory_per_rank(run)[0]
+
+
 def fsdp_memory(configs: list[Configuration]) -> Finding:
-    outcomes, parts, single = [], [], False
-
-    def metric(run: RunStatus) -> float | None:
-        return memory_per_rank(run)[0]
-
+    memory_noise = noise(configs, _rank_memory)
+    checks = []
     for fsdp in (c for c in configs if c.strategy == "fsdp" and c.scale.devices >= 2):
         ddp = _find(configs, "ddp", fsdp.precision, fsdp.scale)
-        a, b = fsdp.stat(metric), ddp.stat(metric) if ddp else None
-        if a is None or b is None:
+        a, b = fsdp.values(_rank_memory), ddp.values(_rank_memory) if ddp else []
+        if not a or not b:
             continue
         kind = memory_per_rank(fsdp.succeeded[0])[1]
-        outcomes.append(beats(a, b, higher_is_better=False))
-        parts.append(f"{fsdp.precision} {fsdp.scale.label}: fsdp {_mib(a.mean)} vs ddp {_mib(b.mean)} {kind} per "
-                     f"rank ({_pct(a.mean / b.mean)})")
-        single |= _single(a, b)
-    return finding("fsdp-memory-below-ddp", "FSDP's per-rank memory is below DDP's", PATWARDHAN, outcomes, parts,
-                   "needs fsdp and ddp succeeded at the same precision and scale with 2 or more devices", single)
+        label = (f"{fsdp.precision} {fsdp.scale.label}: fsdp {_mib(statistics.fmean(a))} vs ddp "
+                 f"{_mib(statistics.fmean(b))} {kind} per rank")
+        checks.append(ratio_check(label, [a], [b], memory_noise, above=False))
+    return finding("fsdp-memory-below-ddp", "FSDP's per-rank memory is below DDP's", PATWARDHAN, checks,
+                   "needs fsdp and ddp succeeded at the same precision and scale with 2 or more devices")
 
 
 def mixed_precision_faster(configs: list[Configuration]) -> Finding:
-    outcomes, parts, single = [], [], False
+    throughput = noise(configs, tokens_per_second)
+    checks = []
     for mixed in (c for c in configs if c.precision in MIXED):
         fp32 = _find(configs, mixed.strategy, "fp32", mixed.scale)
-        a, b = mixed.stat(tokens_per_second), fp32.stat(tokens_per_second) if fp32 else None
-        if a is None or b is None:
+        a, b = mixed.values(tokens_per_second), fp32.values(tokens_per_second) if fp32 else []
+        if not a or not b:
             continue
-        outcomes.append(beats(a, b, higher_is_better=True))
-        parts.append(f"{mixed.strategy} {mixed.scale.label}: {mixed.precision} {_tps(a.mean)} vs fp32 "
-                     f"{_tps(b.mean)} tokens/s ({_pct(a.mean / b.mean)})")
-        single |= _single(a, b)
+        label = (f"{mixed.strategy} {mixed.scale.label}: {mixed.precision} {_tps(statistics.fmean(a))} vs fp32 "
+                 f"{_tps(statistics.fmean(b))} tokens/s")
+        checks.append(ratio_check(label, [a], [b], throughput))
     return finding("mixed-precision-faster", "Mixed precision (fp16/bf16) trains faster than fp32, for every "
-                   "strategy", f"{BAI}, with Apex", outcomes, parts,
-                   "needs a strategy succeeded in fp32 and in fp16 or bf16 at the same scale", single)
+                   "strategy", f"{BAI}, with Apex", checks,
+                   "needs a strategy succeeded in fp32 and in fp16 or bf16 at the same scale")
 
 
-def _best(configs: list[Configuration]) -> tuple[Configuration, Stat] | None:
-    measured = [(c, s) for c in configs if (s := c.stat(tokens_per_second)) is not None]
-    return max(measured, key=lambda pair: pair[1].mean, default=None)
+def _fastest(configs: list[Configuration]) -> Configuration | None:
+    measured = [c for c in configs if c.values(tokens_per_second)]
+    return max(measured, key=lambda c: statistics.fmean(c.values(tokens_per_second)), default=None)
 
 
 def ddp_mixed_precision_best_on_one_node(configs: list[Configuration]) -> Finding:
-    outcomes, parts, single = [], [], False
+    throughput = noise(configs, tokens_per_second)
+    checks = []
     for scale in (s for s in scales(configs) if s.nodes == 1 and s.devices >= 2):
         here = [c for c in configs if c.scale == scale]
-        ddp = _best([c for c in here if c.strategy == "ddp" and c.precision in MIXED])
-        other = _best([c for c in here if not (c.strategy == "ddp" and c.precision in MIXED)])
+        ddp = _fastest([c for c in here if c.strategy == "ddp" and c.precision in MIXED])
+        other = _fastest([c for c in here if not (c.strategy == "ddp" and c.precision in MIXED)])
         if ddp is None or other is None:
             continue
-        outcomes.append(beats(ddp[1], other[1], higher_is_better=True))
-        parts.append(f"{scale.label}: {ddp[0].label} {_tps(ddp[1].mean)} vs the fastest other, {other[0].label}, "
-                     f"{_tps(other[1].mean)} tokens/s ({_pct(ddp[1].mean / other[1].mean)})")
-        single |= _single(ddp[1], other[1])
+        a, b = ddp.values(tokens_per_second), other.values(tokens_per_second)
+        label = (f"{scale.label}: {ddp.label} {_tps(statistics.fmean(a))} vs the fastest other, {other.label}, "
+                 f"{_tps(statistics.fmean(b))} tokens/s")
+        checks.append(ratio_check(label, [a], [b], throughput))
     return finding("ddp-mixed-precision-fastest-on-one-node", "On one node, DDP with mixed precision is the fastest "
-                   "configuration", BAI, outcomes, parts,
-                   "needs ddp in fp16 or bf16 and another configuration succeeded on one node with 2 or more devices",
-                   single)
+                   "configuration", BAI, checks,
+                   "needs ddp in fp16 or bf16 and another configuration succeeded on one node with 2 or more devices")
 
 
-def horovod_most_robust_across_nodes(effs: list[Efficiency]) -> Finding:
-    outcomes, parts, single = [], [], False
+def horovod_most_robust_across_nodes(configs: list[Configuration], effs: list[Efficiency]) -> Finding:
+    per_device = noise(configs, tokens_per_second_per_device)
+    checks = []
     for hvd in (e for e in effs if e.config.strategy == "horovod" and e.config.scale.nodes >= 2
                 and e.baseline.scale.nodes == 1):
         rivals = [e for e in effs if e.config.strategy != "horovod" and e.config.scale == hvd.config.scale
@@ -148,18 +205,18 @@ def horovod_most_robust_across_nodes(effs: list[Efficiency]) -> Finding:
         if not rivals:
             continue
         rival = max(rivals, key=lambda e: e.stat.mean)
-        outcomes.append(beats(hvd.stat, rival.stat, higher_is_better=True))
-        parts.append(f"{hvd.config.precision} {hvd.baseline.scale.label} → {hvd.config.scale.label}: scaling "
-                     f"efficiency horovod {hvd.stat.mean:.2f} vs the best other, {rival.config.strategy}, "
-                     f"{rival.stat.mean:.2f}")
-        single |= _single(hvd.stat, rival.stat)
+        label = (f"{hvd.config.precision} {hvd.baseline.scale.label} → {hvd.config.scale.label}: scaling efficiency "
+                 f"horovod {hvd.stat.mean:.2f} vs the best other, {rival.config.strategy}, {rival.stat.mean:.2f}")
+        values = [e.values(tokens_per_second_per_device) for e in (hvd.config, rival.baseline)]
+        against = [e.values(tokens_per_second_per_device) for e in (hvd.baseline, rival.config)]
+        checks.append(ratio_check(label, values, against, per_device))
     return finding("horovod-most-robust-across-nodes", "Across nodes, Horovod keeps the highest scaling efficiency",
-                   BAI, outcomes, parts, "needs horovod and another strategy succeeded at the same precision on one "
-                   "node and at the same scale of 2 or more nodes", single)
+                   BAI, checks, "needs horovod and another strategy succeeded at the same precision on one node and "
+                   "at the same scale of 2 or more nodes")
 
 
-def _loss_curve(config: Configuration, curves: Curves | None) -> dict[int, float] | None:
-    records = (curves or {}).get(config.succeeded[0].name) if config.succeeded else None
+def _loss_curve(run: RunStatus, curves: Curves | None) -> dict[int, float] | None:
+    records = (curves or {}).get(run.name)
     if not records:
         return None
     curve = {r["step"]: float(r["loss"]) for r in records
@@ -171,49 +228,59 @@ def _gap(a: float, b: float) -> float:
     return abs(a - b) / ((abs(a) + abs(b)) / 2) if a or b else 0.0
 
 
+def _run_gap(run: RunStatus, reference: RunStatus, curves: Curves | None) -> tuple[float, bool]:
+    """Largest relative loss gap between two runs over their common steps, else of their final losses;
+    True when per-step curves were compared."""
+    mine, theirs = _loss_curve(run, curves), _loss_curve(reference, curves)
+    steps = set(mine) & set(theirs) if mine and theirs else set()
+    if steps:
+        return max(_gap(mine[s], theirs[s]) for s in steps), True
+    return _gap(final_loss(run), final_loss(reference)), False
+
+
+def _gap_check(config: Configuration, reference: Configuration, curves: Curves | None) -> Check | None:
+    """Each repeat against the reference's repeat of the same number (the same data and seed)."""
+    theirs = {run.repeat: run for run in reference.succeeded if final_loss(run) is not None}
+    pairs = [_run_gap(run, theirs[run.repeat], curves) for run in config.succeeded
+             if run.repeat in theirs and final_loss(run) is not None]
+    if not pairs:
+        return None
+    gaps = [gap for gap, _ in pairs]
+    basis = "loss per step" if all(per_step for _, per_step in pairs) else "final loss: no per-step records"
+    label = f"{config.label} vs {reference.label} {config.scale.label}: largest loss gap"
+    repeats = f"{len(gaps)} repeats" if len(gaps) > 1 else "1 measurement"
+    return Check(label, lambda confidence: mean_interval(gaps, confidence), statistics.fmean(gaps),
+                 threshold=LOSS_TOLERANCE, above=False, show=lambda gap: f"{gap:.3%}", basis=f"{basis}, {repeats}")
+
+
 def synchronous_strategies_agree(configs: list[Configuration], spec: dict[str, Any],
                                  curves: Curves | None) -> Finding:
     asynchronous = {s.get("name") for s in (spec.get("sweep") or {}).get("strategies") or []
                     if s.get("psMode") == "async"}
-    outcomes, parts = [], []
     groups: dict[tuple, list[Configuration]] = {}
     for config in configs:
-        if config.strategy not in asynchronous and config.stat(final_loss) is not None:
+        if config.strategy not in asynchronous and config.values(final_loss):
             groups.setdefault((config.scale, config.precision), []).append(config)
-    for (scale, precision), group in groups.items():
-        if len(group) < 2:
-            continue
-        reference = group[0]
-        found = {c.name: _loss_curve(c, curves) for c in group}
-        steps = set.intersection(*(set(curve) for curve in found.values())) if all(found.values()) else set()
-        if steps:
-            gap = max(_gap(found[c.name][s], found[reference.name][s]) for c in group[1:] for s in steps)
-            basis = f"loss per step, {len(steps)} steps"
-        else:
-            ref = reference.stat(final_loss).mean
-            gap = max(_gap(c.stat(final_loss).mean, ref) for c in group[1:])
-            basis = "final loss: no per-step records"
-        outcomes.append("holds" if gap <= LOSS_TOLERANCE else "fails")
-        parts.append(f"{precision} {scale.label}: {', '.join(c.strategy for c in group)}: largest loss gap "
-                     f"{gap:.3%} ({basis})")  # one precision recipe for every strategy (docs/strategies.md)
-    if asynchronous:
-        parts.append(f"{', '.join(sorted(asynchronous))} in async mode left out: not synchronous")
+    checks = []
+    for group in groups.values():
+        reference = group[0]  # one precision recipe for every strategy (docs/strategies.md)
+        checks += [check for config in group[1:] if (check := _gap_check(config, reference, curves))]
+    extra = [f"{', '.join(sorted(asynchronous))} in async mode left out: not synchronous"] if asynchronous else []
     return finding("synchronous-strategies-converge-alike", "Synchronous strategies follow the same loss curve at "
-                   "equal global batch", f"{PATWARDHAN}; {LI}", outcomes, parts if outcomes else [],
-                   "needs two synchronous strategies succeeded at the same precision and scale")
+                   "equal global batch", f"{PATWARDHAN}; {LI}", checks,
+                   "needs two synchronous strategies succeeded at the same precision and scale", extra)
 
 
-def ddp_scales_near_linearly(effs: list[Efficiency]) -> Finding:
-    outcomes, parts, single = [], [], False
+def ddp_scales_near_linearly(configs: list[Configuration], effs: list[Efficiency]) -> Finding:
+    per_device = noise(configs, tokens_per_second_per_device)
+    checks = []
     for eff in (e for e in effs if e.config.strategy == "ddp"):
-        value, spread = eff.stat.mean, eff.stat.spread
-        within = spread is not None and abs(value - NEAR_LINEAR) <= spread
-        outcomes.append("noise" if within else "holds" if value >= NEAR_LINEAR else "fails")
-        parts.append(f"{eff.config.precision} {eff.baseline.scale.label} → {eff.config.scale.label}: scaling "
-                     f"efficiency {eff.stat.mean:.2f}")
-        single |= eff.stat.spread is None
+        label = f"{eff.config.precision} {eff.baseline.scale.label} → {eff.config.scale.label}: scaling efficiency"
+        checks.append(ratio_check(label, [eff.config.values(tokens_per_second_per_device)],
+                                  [eff.baseline.values(tokens_per_second_per_device)], per_device,
+                                  threshold=NEAR_LINEAR, show=lambda ratio: f"{ratio:.2f}"))
     return finding("ddp-scales-near-linearly", f"DDP scales near-linearly (scaling efficiency ≥ {NEAR_LINEAR})", LI,
-                   outcomes, parts, "needs ddp succeeded at two scales of the same precision", single)
+                   checks, "needs ddp succeeded at two scales of the same precision")
 
 
 def check_all(configs: list[Configuration], effs: list[Efficiency], spec: dict[str, Any],
@@ -222,7 +289,7 @@ def check_all(configs: list[Configuration], effs: list[Efficiency], spec: dict[s
         fsdp_memory(configs),
         mixed_precision_faster(configs),
         ddp_mixed_precision_best_on_one_node(configs),
-        horovod_most_robust_across_nodes(effs),
+        horovod_most_robust_across_nodes(configs, effs),
         synchronous_strategies_agree(configs, spec, curves),
-        ddp_scales_near_linearly(effs),
+        ddp_scales_near_linearly(configs, effs),
     ]

@@ -19,8 +19,10 @@ from gpt2bench.report.table import (
 from gpt2bench.status import Analysis, Recommendation, ResultsDocument
 
 OBJECTIVE_ORDER = ("fastest", "leanest", "cheapest", "scalable")
-VERDICTS = {"holds": "holds", "does-not-hold": "does not hold", "inconclusive": "inconclusive (within noise)",
-            "not-measurable": "not measurable with this sweep"}
+VERDICTS = {"holds": "holds", "does-not-hold": "does not hold",
+            "inconclusive": "inconclusive (the interval crosses the claim's threshold)",
+            "needs-repeats": "not decided: needs repeats ≥ 2", "not-measurable": "not measurable with this sweep"}
+NEEDS_REPEATS = "not decided: needs repeats ≥ 2 (a single measurement per configuration has no noise estimate)"
 
 
 def value_text(value: float | None, unit: str | None) -> str:
@@ -35,15 +37,23 @@ def value_text(value: float | None, unit: str | None) -> str:
     return f"{value:.4g} {unit or ''}".rstrip()
 
 
+def margin_text(rec: Recommendation) -> str:
+    """`+7.2 % [+1.1 %, +13.6 %] (95 %)`: the top-ranked's margin over the runner-up and its interval."""
+    if rec.margin is None:
+        return NO_VALUE
+    if rec.margin_low is None or rec.margin_high is None:
+        return f"{rec.margin:+.1%}"
+    return f"{rec.margin:+.1%} [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] ({rec.confidence:.0%})"
+
+
 def decision_text(rec: Recommendation) -> str:
-    margin = NO_VALUE if rec.margin is None else f"{rec.margin:.1%}"
-    spread = NO_VALUE if rec.combined_spread is None else f"{rec.combined_spread:.1%}"
     if rec.decision == "clear":
-        return f"clear: margin {margin} > spread {spread}"
+        return f"clear: margin over {rec.runner_up} {margin_text(rec)}, beyond the noise"
     if rec.decision == "no-clear-winner":
-        return f"no clear winner: margin {margin} within spread {spread}; tied: {', '.join(rec.tied or [])}"
-    if rec.decision == "spread-unknown":
-        return "single measurement, spread unknown"
+        return (f"no clear winner: margin {margin_text(rec)} includes 0; within the noise: "
+                f"{', '.join(rec.candidates or [])}")
+    if rec.decision == "needs-repeats":
+        return NEEDS_REPEATS
     if rec.decision == "only-candidate":
         return "only candidate"
     return f"not measurable: {rec.note}"
@@ -53,9 +63,17 @@ def headline(analysis: Analysis) -> str:
     rec = analysis.recommended
     if rec is None:
         return "No recommendation: no run succeeded."
-    ahead = f", {rec.margin:.1%} ahead of {rec.runner_up}" if rec.runner_up and rec.margin is not None else ""
-    return (f"**Recommended at the largest scale measured ({rec.scale}): {rec.run}** ({rec.strategy}, "
-            f"{rec.precision}): fastest, {value_text(rec.value, rec.unit)}{ahead}; {decision_text(rec)}.")
+    where = f"at the largest scale measured ({rec.scale})"
+    if rec.winner:
+        ahead = f", {rec.runner_up} {rec.runner_up_value:,.0f} tokens/s" if rec.runner_up else ""
+        return (f"**Recommended {where}: {rec.winner}** ({rec.strategy}, {rec.precision}): fastest, "
+                f"{value_text(rec.value, rec.unit)}{ahead}; {decision_text(rec)}.")
+    if rec.decision == "no-clear-winner":
+        return (f"**No clear winner {where}**: {', '.join(rec.candidates or [])} are within the noise of each other "
+                f"(fastest mean {rec.run}, {value_text(rec.value, rec.unit)}; margin over {rec.runner_up} "
+                f"{margin_text(rec)}).")
+    return (f"**Not decided {where}**: every configuration was measured once, so the noise is unknown. Highest "
+            f"single measurement: {rec.run}, {value_text(rec.value, rec.unit)}. Set spec.sweep.repeats to 2 or more.")
 
 
 def _ordered(recs: list[Recommendation]) -> list[Recommendation]:
@@ -64,12 +82,15 @@ def _ordered(recs: list[Recommendation]) -> list[Recommendation]:
 
 
 def recommendations_markdown(analysis: Analysis) -> str:
-    rows = [[rec.scale or "all scales", rec.objective, rec.run or NO_VALUE, value_text(rec.value, rec.unit),
+    rows = [[rec.scale or "all scales", rec.objective, rec.winner or NO_VALUE, rec.run or NO_VALUE,
+             value_text(rec.value, rec.unit),
              f"{rec.runner_up} ({value_text(rec.runner_up_value, rec.unit)})" if rec.runner_up else NO_VALUE,
-             NO_VALUE if rec.margin is None else f"{rec.margin:.1%}", decision_text(rec)]
+             margin_text(rec), decision_text(rec)]
             for rec in _ordered(analysis.recommendations)]
-    headers = ["scale", "objective", "recommended", "value", "runner-up", "margin", "decision"]
-    lines = [markdown_table(headers, rows, {"scale", "objective", "recommended", "runner-up", "decision"})]
+    headers = ["scale", "objective", "recommended", "top-ranked", "value", "runner-up", "margin [interval]",
+               "decision"]
+    lines = [markdown_table(headers, rows, {"scale", "objective", "recommended", "top-ranked", "runner-up",
+                                            "decision"})]
     excluded = {rec.scale or "all scales": rec.excluded for rec in analysis.recommendations if rec.excluded}
     lines += [f"Not compared at {scale} (did not succeed): {', '.join(names)}.\n" for scale, names in excluded.items()]
     return "\n".join(lines)
@@ -79,9 +100,20 @@ def recommendation_lines(analysis: Analysis) -> list[str]:
     """The terminal's short form: the headline, then one line per recommendation."""
     lines = [headline(analysis).replace("**", "")]
     for rec in _ordered(analysis.recommendations):
-        lines.append(f"  {rec.scale or 'all scales'} {rec.objective}: {rec.run or NO_VALUE} "
+        pick = rec.winner or (f"top-ranked {rec.run}" if rec.run else NO_VALUE)
+        lines.append(f"  {rec.scale or 'all scales'} {rec.objective}: {pick} "
                      f"{value_text(rec.value, rec.unit)} ({decision_text(rec)})")
     return lines
+
+
+def noise_markdown(analysis: Analysis) -> str:
+    """The sweep's own noise per figure, or why there is none."""
+    if not analysis.noise:
+        return ("Unknown: no configuration was measured twice, so nothing is decided (set spec.sweep.repeats to 2 "
+                "or more).\n")
+    rows = [[n.figure, f"±{n.cv:.1%}", str(n.df), str(n.configurations)] for n in analysis.noise]
+    return markdown_table(["figure", "noise of one run (pooled CV)", "degrees of freedom", "configurations repeated"],
+                          rows, {"figure"})
 
 
 def scaling_markdown(analysis: Analysis) -> str:
@@ -91,10 +123,10 @@ def scaling_markdown(analysis: Analysis) -> str:
     for row in analysis.scaling:
         baseline = row.scale == row.baseline_scale
         efficiency = "1 (baseline)" if baseline else fmt(row.efficiency, ".2f") + (
-            "" if row.spread is None else f" ± {row.spread:.2f}")
+            "" if row.low is None else f" [{row.low:.2f}, {row.high:.2f}]")
         rows.append([row.strategy, row.precision, row.scale, str(row.devices),
                      fmt(row.tokens_per_second_per_device, ",.0f"), efficiency])
-    headers = ["strategy", "precision", "scale", "devices", "tokens/s per device", "efficiency"]
+    headers = ["strategy", "precision", "scale", "devices", "tokens/s per device", "efficiency [95 % interval]"]
     return markdown_table(headers, rows, {"strategy", "precision", "scale"})
 
 
@@ -134,6 +166,9 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
         lines += [_spec_line(doc.spec) + ".", ""]
     if doc.analysis:
         lines += ["## Recommendation", "", headline(doc.analysis), "", recommendations_markdown(doc.analysis),
+                  "## Noise", "", "What one run's figure varies by, measured by this sweep's own repeats "
+                  "(docs/analysis.md): every margin and verdict above and below is decided against it.", "",
+                  noise_markdown(doc.analysis),
                   "## Scaling efficiency", "",
                   "Tokens/s per device ÷ the same strategy and precision at its smallest scale.", "",
                   scaling_markdown(doc.analysis),

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpt2bench.report.noise import Interval, Noise, ratio_interval
 from gpt2bench.status import SUCCEEDED, RunStatus
 
 Metric = Callable[[RunStatus], "float | None"]
@@ -90,8 +91,17 @@ class Configuration:
     def not_succeeded(self) -> list[RunStatus]:
         return [run for run in self.runs if run not in self.succeeded]
 
+    def values(self, metric: Metric) -> list[float]:
+        """The figure of every succeeded repeat that has it."""
+        return [float(v) for run in self.succeeded if (v := metric(run)) is not None]
+
     def stat(self, metric: Metric) -> Stat | None:
-        return Stat.of(metric(run) for run in self.succeeded)
+        return Stat.of(self.values(metric))
+
+
+def noise(configs: Iterable[Configuration], metric: Metric) -> Noise:
+    """The sweep's noise for one figure: its pooled coefficient of variation over the configurations' repeats."""
+    return Noise.pooled(c.values(metric) for c in configs)
 
 
 def configurations(runs: Iterable[RunStatus]) -> list[Configuration]:
@@ -183,6 +193,7 @@ class Efficiency:
     config: Configuration
     baseline: Configuration
     stat: Stat  # mean: the efficiency; spread: propagated from both configurations' spreads
+    interval: Interval | None  # its confidence interval from the sweep's noise (None: noise unknown)
 
 
 def baselines(configs: Iterable[Configuration]) -> dict[tuple[str, str], Configuration]:
@@ -200,8 +211,10 @@ def baselines(configs: Iterable[Configuration]) -> dict[tuple[str, str], Configu
 def efficiencies(configs: list[Configuration]) -> list[Efficiency]:
     """Scaling efficiency of every configuration whose strategy and precision also ran at a smaller scale:
     mean tokens/s per device ÷ the baseline's mean. Spread: efficiency × (the two coefficients of variation
-    added), the first-order bound for a ratio; unknown when either side was measured once."""
+    added), the first-order bound for a ratio; unknown when either side was measured once. Interval: the ratio's
+    from the sweep's pooled noise of tokens/s per device (noise.ratio_interval)."""
     base = baselines(configs)
+    per_device = noise(configs, tokens_per_second_per_device)
     found = []
     for config in configs:
         baseline = base.get((config.strategy, config.precision))
@@ -213,7 +226,9 @@ def efficiencies(configs: list[Configuration]) -> list[Efficiency]:
         spread = None
         if here.spread is not None and there.spread is not None:
             spread = value * (here.spread / here.mean + there.spread / there.mean)
-        found.append(Efficiency(config, baseline, Stat(value, spread, here.n)))
+        interval = ratio_interval([config.values(tokens_per_second_per_device)],
+                                  [baseline.values(tokens_per_second_per_device)], per_device)
+        found.append(Efficiency(config, baseline, Stat(value, spread, here.n), interval))
     return found
 
 

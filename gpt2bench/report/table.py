@@ -68,6 +68,9 @@ COLUMNS: list[tuple[str, Callable[[RunStatus], str]]] = [
     ("train s", lambda e: fmt(_figures(e).train_seconds, ".1f")),
     ("final loss", lambda e: fmt(_figures(e).final_loss, ".4f")),
     ("grad norm", lambda e: fmt(_figures(e).grad_norm, ".3f")),
+    # each rank's intra-op threads / its share of the pod's cores: runs compare fairly only where these match
+    ("threads / cores per rank", lambda e: f"{fmt(_figures(e).threads_per_rank, '.0f')} / "
+                                           f"{fmt(_figures(e).cores_per_rank, '.3g')}"),
     ("status", status_label),
 ]
 TEXT_COLUMNS = {"run", "strategy", "precision", "scale", "status"}
@@ -132,7 +135,8 @@ def print_table(doc: ResultsDocument, console: Any = None) -> None:
             table.add_column(header, overflow="fold", max_width=60)
         else:
             table.add_column(header, justify="left" if header in TEXT_COLUMNS else "right", no_wrap=True)
-    recommended = doc.analysis.recommended.run if doc.analysis and doc.analysis.recommended else None
+    # highlighted only when the noise allows a winner
+    recommended = doc.analysis.recommended.winner if doc.analysis and doc.analysis.recommended else None
     rows = table_rows(doc)
     for entry, row in zip(doc.runs, rows):
         table.add_row(*row, style="bold green" if configuration_name(entry) == recommended else None)

@@ -43,27 +43,39 @@ JOB_CREATION_LATENCY = prometheus_client.Histogram(
 # the counters it names benchmarks and runs: bounded by the benchmarks that exist, removed with them.
 RECOMMENDATION_INFO = prometheus_client.Gauge(
     "gpt2bench_operator_recommendation_info",
-    "A finished GPT2Benchmark's recommended run per objective and scale (docs/analysis.md); value 1.",
-    ["namespace", "benchmark", "objective", "scale", "run", "strategy", "precision", "decision"],
+    "A finished GPT2Benchmark's recommendation per objective and scale (docs/analysis.md): the winner (empty "
+    "unless the decision is clear or only-candidate), the top-ranked run and the decision; value 1.",
+    ["namespace", "benchmark", "objective", "scale", "winner", "run", "strategy", "precision", "decision"],
     registry=REGISTRY,
 )
-_exported: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+# One series per paper finding of a finished benchmark, value 1: its verdict under the same rules as results.md.
+FINDING_INFO = prometheus_client.Gauge(
+    "gpt2bench_operator_finding_info",
+    "A finished GPT2Benchmark's verdict on each paper claim (holds, does-not-hold, inconclusive, needs-repeats, "
+    "not-measurable; docs/analysis.md); value 1.",
+    ["namespace", "benchmark", "finding", "verdict"],
+    registry=REGISTRY,
+)
+_exported: dict[tuple[str, str], list[tuple[Any, tuple[str, ...]]]] = {}
 _exported_lock = threading.Lock()
 
 
 def export_recommendations(namespace: str, benchmark: str, analysis: Analysis | None) -> None:
-    """Replace the benchmark's recommendation series with `analysis`'s (None: remove them)."""
+    """Replace the benchmark's recommendation and finding series with `analysis`'s (None: remove them)."""
     with _exported_lock:
-        for labels in _exported.pop((namespace, benchmark), []):
-            RECOMMENDATION_INFO.remove(*labels)
+        for gauge, labels in _exported.pop((namespace, benchmark), []):
+            gauge.remove(*labels)
         series = []
         for rec in analysis.recommendations if analysis else []:
             if rec.run is None:  # not measurable: nothing to name
                 continue
-            labels = (namespace, benchmark, rec.objective, rec.scale or "all scales", rec.run, rec.strategy or "",
-                      rec.precision or "", rec.decision)
-            RECOMMENDATION_INFO.labels(*labels).set(1)
-            series.append(labels)
+            series.append((RECOMMENDATION_INFO, (namespace, benchmark, rec.objective, rec.scale or "all scales",
+                                                 rec.winner or "", rec.run, rec.strategy or "", rec.precision or "",
+                                                 rec.decision)))
+        for finding in analysis.findings if analysis else []:
+            series.append((FINDING_INFO, (namespace, benchmark, finding.id, finding.verdict)))
+        for gauge, labels in series:
+            gauge.labels(*labels).set(1)
         if series:
             _exported[(namespace, benchmark)] = series
 

@@ -29,6 +29,7 @@ from gpt2bench.status import (  # noqa: F401 (the phases are part of this module
     QUEUED_CONDITION,
     READY,
     RUNNING,
+    SKIPPED,
     SPEC_CHANGE_IGNORED,
     SUCCEEDED,
     TERMINAL_RUN_PHASES,
@@ -308,7 +309,8 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
         message = f"{done}/{len(runs)} runs done" + (f"; running {', '.join(active)}" if active else "")
         message += f"; queued {', '.join(queued)} (job suspended)" if queued else ""
     else:
-        message = f"{succeeded}/{len(runs)} runs succeeded"
+        skipped = sum(r.phase == SKIPPED for r in runs)
+        message = f"{succeeded}/{len(runs)} runs succeeded" + (f", {skipped} skipped" if skipped else "")
     generation = status.observed_generation
     return BenchmarkStatus(
         phase=phase,
@@ -317,7 +319,8 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
         runs_total=len(runs),
         runs_done=done,
         runs_succeeded=succeeded,
-        runs_failed=done - succeeded,
+        runs_failed=sum(r.phase == FAILED for r in runs),
+        runs_skipped=sum(r.phase == SKIPPED for r in runs),
         best=best_run(runs),
         analysis=None if phase == RUNNING else analyze(runs, _camel(spec)),
         conditions=sweep_conditions(status.conditions or [], phase, message, runs, generation, now),

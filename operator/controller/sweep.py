@@ -358,6 +358,8 @@ def _post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs:
             metrics.RUNS_FAILED.labels(namespace).inc()
             if len(failures[entry.reason or ""]) < GROUPED_EVENTS_FROM:
                 _event(body, "Warning", "RunFailed", f"{entry.name}: {entry.reason}")
+        elif entry.phase == rc.SKIPPED:  # the trainer chose not to train (e.g. emulated bf16): not a failure
+            _event(body, "Normal", "RunSkipped", f"{entry.name}: {entry.reason}")
     if summary.phase != rc.RUNNING and phase_before in (rc.RUNNING, rc.PENDING):
         best = summary.best
         text = (f"{summary.message}; best: {best.run if best else None} "
