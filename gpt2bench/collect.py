@@ -21,7 +21,7 @@ import zlib
 from typing import Any
 
 from gpt2bench.protocol import MAX_STEPS_JSON, STEPS_COLUMNS, STEPS_PREFIX, SUMMARY_PREFIX
-from gpt2bench.status import FAILED, SUCCEEDED, RunResults, RunStatus
+from gpt2bench.status import FAILED, SKIPPED, SUCCEEDED, RunResults, RunStatus
 
 MAX_REASON = 1000  # status stays small; a reason is a sentence, not a log
 
@@ -111,9 +111,9 @@ def summary_results(summary: dict[str, Any]) -> RunResults:
 
 
 def summary_failure(summary: dict[str, Any]) -> str | None:
-    """The trainer's own failure reason, or None when it says it succeeded."""
+    """The trainer's own failure reason, or None when it says it succeeded (or skipped the run)."""
     status = str(summary.get("status", "ok")).lower()
-    if status in ("ok", "succeeded", "success", "completed"):
+    if status in ("ok", "succeeded", "success", "completed", "skipped"):
         return None
     return str(summary.get("reason") or f"trainer reported status {status!r}")
 
@@ -143,13 +143,17 @@ def run_entry(
         phase=phase,
         start_time=start_time,
         completion_time=completion_time,
-        reason=(clean_reason(reason or "") or "failed without a reason") if phase == FAILED else None,
+        reason=(clean_reason(reason or "") or f"{phase.lower()} without a reason") if phase in (FAILED, SKIPPED)
+        else None,
         results=(results or RunResults()) if phase == SUCCEEDED else None,
     )
 
 
 def entry_from_summary(run: Any, summary: dict[str, Any], **times: str | None) -> RunStatus:
-    """Succeeded with the figures, or Failed with the trainer's reason."""
+    """Succeeded with the figures, Skipped when the trainer chose not to train (e.g. emulated bf16), or Failed
+    with the trainer's reason."""
+    if str(summary.get("status", "")).lower() == "skipped":
+        return run_entry(run, phase=SKIPPED, reason=str(summary.get("reason") or ""), **times)
     failure = summary_failure(summary)
     if failure:
         return run_entry(run, phase=FAILED, reason=failure, **times)

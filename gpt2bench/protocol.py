@@ -31,6 +31,11 @@ STEPS_COMPONENT = "steps"
 STEPS_CONFIGMAP_KEY = "steps.jsonl"
 STEPS_CONFIGMAP_SUFFIX = "-steps"
 
+# The CPU budget of one training pod, in cores (decimal): its CPU limit, else its request (render/pods.py); on one
+# machine, its share of the machine (local/executor.py). Every rank sets its intra-op threads to its share of it
+# (trainer/devices.py, cpu_budget), whatever launched it: torchrun sets OMP_NUM_THREADS=1, mpirun nothing.
+POD_CPUS_ENV = "GPT2BENCH_POD_CPUS"
+
 # ------------------------------------------------------------------ the jobs a run becomes
 PYTORCHJOB_API = "kubeflow.org/v1"
 MPIJOB_API = "kubeflow.org/v2beta1"

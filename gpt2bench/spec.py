@@ -152,6 +152,10 @@ class TrainingSpec(SpecModel):
                           "GPUs, off on CPU, where compiling takes longer than a short CPU run saves.")
     tf32: bool = Field(False, description="fp32 runs: matmuls on TF32 tensor cores, MFU against the TF32 peak "
                                           "(no effect on CPU).")
+    allow_emulated_precision: bool = Field(
+        False, description="Train bf16/fp16 runs even where the device has no native unit for them (a CPU without "
+                           "AVX512_BF16/AMX or Arm BF16, a GPU below compute capability 8.0 for bf16). Off: such "
+                           "runs end Skipped with the reason, since emulated timings say nothing about a GPU.")
 
     @model_validator(mode="after")
     def _warmup_below_steps(self) -> TrainingSpec:

@@ -28,7 +28,7 @@ TINY_ARGS = ["--model", "tiny", "--seq-len", "32", "--max-documents", "12", "--s
              "--micro-batch-size", "2", "--lr", "1e-3"]
 # fp16 and bf16 are emulated on CPUs without half-precision units (10-15x slower than fp32 on this machine):
 # tiny runs in them use 16-token sequences, a third of the time of 32 (what they test does not depend on it).
-HALF_PRECISION_ARGS = ["--seq-len", "16"]
+HALF_PRECISION_ARGS = ["--seq-len", "16", "--allow-emulated-precision"]
 
 
 def gpt2bench_executable() -> str:

@@ -19,6 +19,7 @@ from gpt2bench.collect import (
     summary_results,
 )
 from gpt2bench.plan import plan_runs
+from gpt2bench.protocol import SUMMARY_PREFIX
 from gpt2bench.spec import load_benchmark
 from gpt2bench.status import RunResults
 
@@ -53,6 +54,8 @@ SUMMARY = {
     "peak_host_memory_bytes": 2345678901,
     "setup_peak_device_memory_bytes": 600000000,
     "setup_peak_host_memory_bytes": 2000000000,
+    "threads_per_rank": 1,
+    "cores_per_rank": 0.5,
     "state_bytes": 83_886_080,
     "losses": [9.0, 8.0],  # extra keys are not results
 }
@@ -231,9 +234,18 @@ def test_a_real_trainer_summary_line(runs, run_schema):
     # null/absent figures left out: the line is older than deviceName and stateBytes, the device/host and
     # set-up memory split, compile seconds and skipped steps
     absent = {"mfu", "deviceName", "stateBytes", "peakFlopsPrecision", "compileSeconds", "skippedSteps",
-              "peakDeviceMemoryBytes", "peakHostMemoryBytes", "setupPeakDeviceMemoryBytes", "setupPeakHostMemoryBytes"}
+              "peakDeviceMemoryBytes", "peakHostMemoryBytes", "setupPeakDeviceMemoryBytes", "setupPeakHostMemoryBytes",
+              "threadsPerRank", "coresPerRank"}
     assert set(entry["results"]) == set(RESULT_FIELDS) - absent
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
+    run_schema.validate(entry)
+
+
+def test_a_skipped_run_is_skipped_with_the_trainers_reason_not_failed(runs, run_schema):
+    line = SUMMARY_PREFIX + '{"status":"skipped","reason":"bf16 is not native on this CPU","precision":"bf16"}'
+    entry = _collect_run(runs[0], job_succeeded=True, termination_message=line, **TIMES)
+    assert (entry["phase"], entry["reason"]) == ("Skipped", "bf16 is not native on this CPU")
+    assert "results" not in entry
     run_schema.validate(entry)
 
 

@@ -235,8 +235,8 @@ def test_horovod_mpijob_launcher_and_workers():
 # -- Pod Security "restricted" ----------------------------------------------------------------------------
 
 
-def _every_kind_of_run() -> list:
-    """Every strategy on CPU and on GPUs, on one node and on two (ps with its servers)."""
+def _every_kind_of_run(extra: dict | None = None) -> list:
+    """Every strategy on CPU and on GPUs, on one node and on two (ps with its servers); `extra`: more spec."""
     strategies = [{"name": s, **({"psServers": 2} if s.startswith("ps") else {})} for s in STRATEGIES]
     jobs = []
     for scales in ([{"nodes": 1, "processesPerNode": 2}, {"nodes": 2, "processesPerNode": 2}],
@@ -246,7 +246,7 @@ def _every_kind_of_run() -> list:
                 scale = [scales[0]]
             else:
                 scale = scales
-            jobs += render_all(benchmark({"sweep": {"strategies": [strategy], "scales": scale}}))
+            jobs += render_all(benchmark({"sweep": {"strategies": [strategy], "scales": scale}, **(extra or {})}))
     return jobs
 
 
@@ -286,6 +286,35 @@ def test_the_restricted_checker_catches_what_admission_refuses(mutate, check):
     assert any(check in v for v in violations(template)), violations(template)
 
 
+@pytest.mark.parametrize("resources, cores", [
+    ({"requests": {"cpu": "1"}, "limits": {"cpu": "1500m"}}, "1.5"),  # the limit is what the pod may use
+    ({"requests": {"cpu": "250m"}}, "0.25"),  # else the request
+])
+def test_every_job_kind_tells_every_container_its_pods_cpu_budget(resources, cores):
+    """The trainer divides this budget among the processes of its pod (threads per rank): every container of
+    every job kind carries it, an MPI launcher forwards it to the ranks it starts on the workers (`-x`), and
+    a TrainJob's trainer env carries it to its nodes."""
+    jobs = _every_kind_of_run({"resources": resources})
+    jobs += _every_kind_of_run({"resources": resources, "backend": "trainjob"})
+    assert {job["kind"] for job in jobs} == {"PyTorchJob", "MPIJob", "TrainJob"}
+    for job in jobs:
+        name = job["metadata"]["name"]
+        if job["kind"] == "TrainJob":
+            env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"]}
+            assert env["GPT2BENCH_POD_CPUS"] == cores, name
+            continue
+        for role, template in pod_templates(job).items():
+            (pod_container,) = template["spec"]["containers"]
+            env = {e["name"]: e.get("value") for e in pod_container.get("env", [])}
+            assert env.get("GPT2BENCH_POD_CPUS") == cores, f"{name} {role}"
+            if role == "Launcher":
+                command = pod_container["command"]
+                assert command[command.index("GPT2BENCH_POD_CPUS") - 1] == "-x", name
+    for job in _every_kind_of_run({"resources": {"requests": {"memory": "1Gi"}}}):  # no CPU figure: the trainer
+        for template in pod_templates(job).values():  # counts the cores it can see
+            assert all(e["name"] != "GPT2BENCH_POD_CPUS" for e in template["spec"]["containers"][0].get("env", []))
+
+
 def test_the_image_follows_the_device_type():
     scales = [{"nodes": 1, "devicesPerNode": 0}, {"nodes": 1, "devicesPerNode": 1}]
     spec = {"sweep": {"strategies": [{"name": "single"}, {"name": "horovod"}], "scales": scales}}
@@ -322,8 +351,8 @@ def test_render_cli_prints_a_yaml_stream(capsys):
     assert main([str(EXAMPLES / "cpu-sweep.yaml")]) == 0
     out = capsys.readouterr().out
     jobs = list(yaml.safe_load_all(out))
-    assert len(jobs) == 14 and "&id" not in out
-    assert [j["kind"] for j in jobs].count("MPIJob") == 2
+    assert len(jobs) == 20 and "&id" not in out  # 5 strategies x 2 precisions x 2 repeats
+    assert [j["kind"] for j in jobs].count("MPIJob") == 4
     for job in jobs:
         validate_job(job)
 

@@ -239,7 +239,7 @@ def test_render_cli_backend_flag_and_first_line(capsys):
     out = capsys.readouterr()
     assert out.out.startswith("# backend: trainjob (--backend)\n")
     jobs = list(yaml.safe_load_all(out.out))
-    assert len(jobs) == 14 and {j["kind"] for j in jobs} == {"TrainJob"}
+    assert len(jobs) == 20 and {j["kind"] for j in jobs} == {"TrainJob"}
     assert out.err == ""  # nothing in the CPU example that a TrainJob cannot apply
     assert main([example]) == 0  # spec.backend auto, rendered offline
     out = capsys.readouterr().out

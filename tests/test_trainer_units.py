@@ -225,3 +225,58 @@ def test_mfu_from_peak_flops_and_never_above_one(tmp_path):
     wrong = processor(1.0)  # a peak far too low: MFU would exceed 1, so it is left out and flagged
     assert one_step(wrong, 1, 0.5)["mfu"] is None and wrong.mfu_above_one
     assert one_step(processor(None), 1, 0.5)["mfu"] is None
+
+
+# ---------------------------------------------------------------- one CPU budget per rank
+def test_each_rank_gets_its_share_of_the_pods_cores_as_threads(monkeypatch):
+    from gpt2bench.trainer import devices
+
+    monkeypatch.setattr(devices, "available_cpus", lambda: 8)
+    budget = devices.cpu_budget
+    assert budget(2, {"GPT2BENCH_POD_CPUS": "4"}) == devices.CpuBudget(cores_per_rank=2.0, threads=2)
+    assert budget(3, {"GPT2BENCH_POD_CPUS": "2"}) == devices.CpuBudget(2 / 3, 1)  # ps: 2 workers + 1 server
+    assert budget(4, {}) == devices.CpuBudget(2.0, 2)  # no pod budget: what this process can see
+    assert budget(1, {"GPT2BENCH_POD_CPUS": "32"}) == devices.CpuBudget(8.0, 8)  # never more than it can see
+    assert budget(2, {"GPT2BENCH_POD_CPUS": "2.5"}).threads == 1  # 1.25 cores: one whole thread
+    with pytest.raises(RuntimeError, match="GPT2BENCH_POD_CPUS='two' is not a number of cores"):
+        budget(1, {"GPT2BENCH_POD_CPUS": "two"})
+
+
+def test_a_bad_budget_exits_2_naming_the_variable(monkeypatch, capsys):
+    monkeypatch.setenv("GPT2BENCH_POD_CPUS", "lots")
+    assert train.main(["--model", "tiny", "--steps", "2", "--warmup-steps", "1"]) == 2
+    assert "GPT2BENCH_POD_CPUS='lots'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- native half precision
+X86_NO_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512f\n"
+X86_BF16 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd fphp asimdhp bf16\n"
+
+
+def test_half_precision_is_native_only_with_its_cpu_units():
+    from gpt2bench.trainer.cpuflags import cpu_emulation_reason, cpu_flags
+
+    assert cpu_flags(X86_BF16) >= {"avx512_bf16"} and cpu_flags(ARM) >= {"bf16", "fphp", "asimdhp"}
+    assert cpu_emulation_reason("bf16", cpu_flags(X86_BF16)) is None
+    assert cpu_emulation_reason("bf16", cpu_flags(ARM)) is None and cpu_emulation_reason("fp16", cpu_flags(ARM)) is None
+    assert cpu_emulation_reason("fp32", set()) is None
+    reason = cpu_emulation_reason("bf16", cpu_flags(X86_NO_BF16))
+    assert reason.startswith("bf16 not native on this CPU (no avx512_bf16/amx_bf16/bf16 flag)")
+    assert "spec.training.allowEmulatedPrecision" in reason and len(reason) <= 160  # whole in a table's cell
+    assert cpu_emulation_reason("fp16", cpu_flags(X86_BF16)).startswith("fp16 not native")  # bf16 units only
+    assert cpu_emulation_reason("fp16", {"fphp"}) is not None  # Arm needs both halves
+
+
+def test_an_emulated_precision_run_is_skipped_by_every_rank_with_the_reason(monkeypatch, tmp_path, capsys):
+    from gpt2bench.trainer import devices
+
+    monkeypatch.setattr(devices, "cpu_emulation_reason", lambda precision, flags=None: f"{precision} emulated here")
+    monkeypatch.setenv("GPT2BENCH_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    args = ["--model", "tiny", "--steps", "2", "--warmup-steps", "1", "--precision", "bf16", "--output", str(tmp_path)]
+    assert train.main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["reason"]) == ("skipped", "bf16 emulated here")
+    assert "skipped: bf16 emulated here" in capsys.readouterr().err
+    assert json.loads((tmp_path / "termination-log").read_text())["status"] == "skipped"  # what the operator reads
+    assert train.main([*args, "--allow-emulated-precision", "--fail-at-step", "1"]) == 1  # opted in: it trains

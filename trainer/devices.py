@@ -19,6 +19,9 @@ from pathlib import Path
 
 import torch
 
+from gpt2bench.protocol import POD_CPUS_ENV
+from gpt2bench.trainer.cpuflags import cpu_emulation_reason
+
 
 def device_name(device: torch.device) -> str:
     """What the figures were measured on: the GPU's name, else the CPU's model name (Linux), else 'cpu'."""
@@ -173,12 +176,54 @@ def host_peak_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+# --------------------------------------------------------------------------------- native half precision
+def emulated_precision(precision: str, device_type: str, flags: set[str] | None = None) -> str | None:
+    """Why `precision` would be emulated on this device, or None when it is native (fp32 always is)."""
+    if precision == "fp32":
+        return None
+    if device_type == "cuda":
+        if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return f"{torch.cuda.get_device_name()} has no native bf16 (compute capability below 8.0)"
+        return None
+    return cpu_emulation_reason(precision, flags)
+
+
 # ------------------------------------------------------------------------------------------------ cores
 def available_cpus() -> int:
     """Cores this process may use: its CPU affinity, capped by the container's CPU quota (cgroup v2 or v1)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     quota = _cgroup_quota()
     return max(1, min(cores, math.ceil(quota))) if quota else max(1, cores)
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """One rank's share of the cores its pod may use, and the intra-op threads that share gives it."""
+
+    cores_per_rank: float
+    threads: int
+
+
+def cpu_budget(local_processes: int, environ: dict[str, str] | None = None) -> CpuBudget:
+    """The pod's budget (GPT2BENCH_POD_CPUS, capped by what this process can see) divided by the processes the
+    launcher started in it; at least one thread. The same rule for every strategy and launcher, so that runs
+    compare strategies, not thread counts (torchrun would set 1 thread per rank, mpirun none, torch all cores)."""
+    environ = os.environ if environ is None else environ
+    cores: float = available_cpus()
+    declared = environ.get(POD_CPUS_ENV)
+    if declared:
+        try:
+            cores = min(cores, float(declared))
+        except ValueError:
+            raise RuntimeError(f"{POD_CPUS_ENV}={declared!r} is not a number of cores") from None
+    share = cores / max(1, local_processes)
+    return CpuBudget(cores_per_rank=share, threads=max(1, math.floor(share + 1e-9)))
+
+
+def apply_cpu_budget(local_processes: int) -> CpuBudget:
+    budget = cpu_budget(local_processes)
+    torch.set_num_threads(budget.threads)
+    return budget
 
 
 def _cgroup_quota() -> float | None:

@@ -247,6 +247,10 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "device_name": lead.get("device_name"),
         "state_bytes": max((p.get("state_bytes") or 0 for p in payloads), default=None),
         "state_bytes_per_rank": [p.get("state_bytes") for p in payloads],
+        # every process's intra-op threads, read inside it (servers included), and its share of its pod's cores
+        "threads_by_rank": [p.get("threads") for p in sorted(payloads, key=lambda p: p.get("job_rank", 0))],
+        "threads_per_rank": max((p.get("threads") or 0 for p in payloads), default=0) or None,
+        "cores_per_rank": max((p.get("cores_per_rank") or 0 for p in payloads), default=0) or None,
         "param_checksums": [p.get("param_checksum") for p in workers],
         "train_seconds": lead.get("train_seconds"),
         "startup_seconds": lead.get("startup_seconds"),

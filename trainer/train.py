@@ -11,7 +11,10 @@ import logging
 import sys
 import time
 
+import torch
+
 from gpt2bench.trainer.config import ConfigError, parse_config
+from gpt2bench.trainer.devices import apply_cpu_budget, emulated_precision
 from gpt2bench.trainer.env import detect_env, process_start_time
 from gpt2bench.trainer.exporter import PrometheusExporter
 from gpt2bench.trainer.model import build_model
@@ -31,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     env = detect_env()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{env.rank} %(levelname)s %(message)s")
     try:
+        budget = apply_cpu_budget(env.local_world_size)
+    except RuntimeError as exc:
+        print(f"gpt2bench train: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         parallel = strategy_class(config.strategy.name)(config, env)
     except (ImportError, RuntimeError) as exc:  # e.g. horovod not installed, --device cuda without CUDA
         reason = f"--strategy {config.strategy.name} needs {exc.name}: {exc}" if isinstance(exc, ImportError) else str(exc)
@@ -39,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
             publish_summary({"status": "failed", "reason": reason, "strategy": config.strategy.name,
                              "precision": config.precision}, config.process.output)
         return 1
+    emulated = None if config.training.allow_emulated_precision else emulated_precision(
+        config.precision, config.process.device)
+    if emulated:  # every rank sees the same device, so every rank stops here, before any rendezvous
+        print(f"gpt2bench train: skipped: {emulated}", file=sys.stderr)
+        if env.rank == 0:
+            publish_summary({"status": "skipped", "reason": emulated, "strategy": config.strategy.name,
+                             "precision": config.precision}, config.process.output)
+        return 0
     payload, exporter = {"job_rank": env.rank}, None
     try:
         parallel.setup()
@@ -53,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             served = parallel.serve(lambda: build_model(config)) or {}
             payload = {"job_rank": env.rank, "is_worker": False, "role": "server", "status": "succeeded", **served}
+        # read back here, at the end: what the rank really ran with, not what was asked
+        payload.update(threads=torch.get_num_threads(), cores_per_rank=budget.cores_per_rank)
         payloads = parallel.gather_to_reporter(payload)
         if parallel.is_reporter:
             summary = build_summary(config, env, parallel, payloads)

@@ -44,6 +44,7 @@ from gpt2bench.protocol import (
     LAUNCHER_CONTAINER,
     MPIJOB_API,
     OUTPUT_ENV,
+    POD_CPUS_ENV,
     PYTORCH_CONTAINER,
     PYTORCHJOB_API,
     SUMMARY_PREFIX,
@@ -137,6 +138,23 @@ def container_env(container: dict[str, Any], injected: dict[str, str], pod: dict
 # ---------------------------------------------------------------- replicas from a job
 
 
+def share_machine(replicas: list[Replica], pods_each: int = 1) -> list[Replica]:
+    """Pods that would each have a node's CPUs share this machine's: each replica gets cores ÷ replicas as its
+    pod's budget (protocol.POD_CPUS_ENV), capped by the budget the job rendered. An MPI launcher stands for the
+    `pods_each` worker pods whose ranks it starts here, so its cap is theirs together."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = cores / max(1, len(replicas))
+    for replica in replicas:
+        rendered = replica.env.get(POD_CPUS_ENV)
+        try:
+            budget = share if rendered is None else min(share, float(rendered) * pods_each)
+        except ValueError:
+            raise JobSpecError(f"env {POD_CPUS_ENV}={rendered!r} is not a number of cores") from None
+        replica.env[POD_CPUS_ENV] = f"{budget:g}"
+    return replicas
+
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -224,7 +242,7 @@ def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, master_port: int | N
             replicas.append(
                 make_replica(role, index, container, injected, run_dir, job["metadata"]["name"], _gpus(container))
             )
-    return replicas
+    return share_machine(replicas)
 
 
 def mpijob_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
@@ -258,7 +276,8 @@ def mpijob_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
     container = _container(replica_specs["Launcher"]["template"], LAUNCHER_CONTAINER)
     # The ranks run here, under mpirun: they need the GPUs the Worker pods would have had.
     worker_gpus = _gpus(_container(replica_specs["Worker"]["template"], WORKER_CONTAINER)) if workers else 0
-    return [make_replica("Launcher", 0, container, injected, run_dir, job["metadata"]["name"], worker_gpus * workers)]
+    launcher = make_replica("Launcher", 0, container, injected, run_dir, job["metadata"]["name"], worker_gpus * workers)
+    return share_machine([launcher], pods_each=max(workers, 1))
 
 
 def job_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, dict] | None = None) -> list[Replica]:

@@ -8,7 +8,7 @@ from typing import Any, Self
 
 from gpt2bench.plan import Run
 from gpt2bench.protocol import STEPS_FILE
-from gpt2bench.status import SUCCEEDED, LocalRun, status_label
+from gpt2bench.status import SKIPPED, SUCCEEDED, LocalRun, status_label
 
 
 class StepsTail:
@@ -99,4 +99,5 @@ class Display:
         tokens = entry.results.tokens_per_second if entry.results else None
         if tokens is not None:
             line += f" ({tokens:,.0f} tokens/s)"
-        self.console.print(line, style="green" if entry.phase == SUCCEEDED else "red", highlight=False)
+        style = {SUCCEEDED: "green", SKIPPED: "yellow"}.get(entry.phase, "red")
+        self.console.print(line, style=style, highlight=False)

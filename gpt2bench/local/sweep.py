@@ -41,6 +41,7 @@ from gpt2bench.status import (
     best_run,
     overall_phase,
 )
+from gpt2bench.trainer.cpuflags import cpu_emulation_reason
 
 
 def rfc3339(moment: datetime | None = None) -> str:
@@ -148,6 +149,13 @@ def _with_files(entry: LocalRun, directory: Path, run_dir: Path) -> LocalRun:
     })
 
 
+def emulation_skip(benchmark: Benchmark, run: Run) -> str | None:
+    """Why a CPU run in bf16/fp16 would only measure fp32 emulation on this machine (None: run it)."""
+    if run.devices_per_node or benchmark.spec.training.allow_emulated_precision:
+        return None
+    return cpu_emulation_reason(run.precision)
+
+
 def child_env() -> dict[str, str]:
     """The local 'image': this environment, with this Python's scripts (gpt2bench, torchrun) on PATH."""
     env = dict(os.environ)
@@ -185,7 +193,12 @@ def run_sweep(
         try:
             for index, (run, job) in enumerate(zip(runs, jobs)):
                 display.start_run(index, len(runs), run)
-                execute_run(sweep, index, job, display, base_env)
+                if reason := emulation_skip(benchmark, run):  # the trainer would skip it too, after its start-up
+                    entry = collect.run_entry(run, phase=SKIPPED, reason=reason, start_time=rfc3339(),
+                                              completion_time=rfc3339())
+                    sweep.set_entry(index, local_entry(entry))
+                else:
+                    execute_run(sweep, index, job, display, base_env)
                 display.end_run(sweep.doc.runs[index])
         except KeyboardInterrupt:
             sweep.interrupted = True

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.local.executor import JobSpecError, Replica, free_port, make_replica
+from gpt2bench.local.executor import JobSpecError, Replica, free_port, make_replica, share_machine
 from gpt2bench.protocol import TRAINJOB_CONTAINER
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
@@ -100,7 +100,7 @@ def trainjob_replicas(
                 "JOB_COMPLETION_INDEX": str(rank),
             }
             replicas.append(make_replica("Node", rank, container, injected, run_dir, name, _gpus(container)))
-        return replicas
+        return share_machine(replicas)
     if "mpi" in policy:
         mpi = policy["mpi"]
         if mpi.get("mpiImplementation", "OpenMPI") != "OpenMPI":
@@ -120,5 +120,6 @@ def trainjob_replicas(
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         }
         # The ranks run here, under mpirun: they need the GPUs of the pods whose slots they fill.
-        return [make_replica("Launcher", 0, container, injected, run_dir, name, _gpus(container) * nodes)]
+        launcher = make_replica("Launcher", 0, container, injected, run_dir, name, _gpus(container) * nodes)
+        return share_machine([launcher], pods_each=hosts)
     raise JobSpecError(f"runtime {runtime['metadata']['name']}: only torch and MPI runtimes run locally")

@@ -11,7 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from gpt2bench.plan import Run
-from gpt2bench.protocol import LAUNCHER_CONTAINER, MPIJOB_API, OUTPUT_ENV, SSH_PORT, TRAINER_HOME, WORKER_CONTAINER
+from gpt2bench.protocol import (
+    LAUNCHER_CONTAINER,
+    MPIJOB_API,
+    OUTPUT_ENV,
+    POD_CPUS_ENV,
+    SSH_PORT,
+    TRAINER_HOME,
+    WORKER_CONTAINER,
+)
 from gpt2bench.render.pods import container_env, job_metadata, pod_template, restart_policy, run_policy
 from gpt2bench.spec import Benchmark
 
@@ -21,7 +29,7 @@ SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{TRAINER_HOME}/.sshd_config"]
 # ConnectionAttempts is repeated here.
 RSH_ARGS = f"-p {SSH_PORT} -o ConnectionAttempts=10"
 # Forwarded from the launcher to every rank (an unset one only draws a warning from mpirun).
-MPI_FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", OUTPUT_ENV)
+MPI_FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", OUTPUT_ENV, POD_CPUS_ENV)
 
 
 def mpirun_command(run: Run) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from gpt2bench.kubesyntax import quantity_value
 from gpt2bench.plan import Run
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
@@ -20,6 +21,7 @@ from gpt2bench.protocol import (
     MANAGED_BY_LABEL,
     OUTPUT_DIR,
     OUTPUT_ENV,
+    POD_CPUS_ENV,
     PRECISION_LABEL,
     RUN_LABEL,
     STRATEGY_LABEL,
@@ -92,6 +94,15 @@ def container_resources(benchmark: Benchmark, gpus: int) -> dict[str, Any]:
     return resources
 
 
+def budget_env(benchmark: Benchmark) -> dict[str, str]:
+    """A training pod's CPU budget in cores (protocol.POD_CPUS_ENV): its CPU limit, else its request, else
+    nothing (the trainer then divides what it can see). Every container of the job gets the training pods'
+    value, so that an MPI launcher forwards the workers' budget, not its own."""
+    resources = benchmark.spec.resources
+    cpu = resources.limits.get("cpu", resources.requests.get("cpu"))
+    return {} if cpu is None else {POD_CPUS_ENV: format(quantity_value(cpu).normalize(), "f")}
+
+
 def container_env(extra: dict[str, str] | None = None) -> list[dict[str, str]]:
     env = {OUTPUT_ENV: OUTPUT_DIR, "PYTHONUNBUFFERED": "1", **(extra or {})}
     return [{"name": name, "value": value} for name, value in env.items()]
@@ -158,6 +169,9 @@ def pod_template(
                     "prometheus.io/path": "/metrics",
                 }
             )
+    budget = [{"name": name, "value": value} for name, value in budget_env(benchmark).items()]
+    if budget:
+        container["env"] = [*container.get("env", []), *budget]
     resources = container_resources(benchmark, gpus)
     if resources:
         container["resources"] = resources

@@ -25,6 +25,7 @@ from gpt2bench.plan import Run
 from gpt2bench.protocol import RESULT_REPLICATED_JOB_ANNOTATION, TRAINJOB_API, TRAINJOB_CONTAINER
 from gpt2bench.render.mpijob import mpirun_command
 from gpt2bench.render.pods import (
+    budget_env,
     container_env,
     container_resources,
     container_security_context,
@@ -106,7 +107,7 @@ def render_trainjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
     trainer: dict[str, Any] = {
         "image": spec.trainer_image(gpus=run.devices_per_node > 0),
         "command": mpi_launcher_command(run) if horovod else torchrun_command(run),
-        "env": container_env(),
+        "env": container_env(budget_env(benchmark)),
         "numNodes": run.nodes,
         # torch: PET_NPROC_PER_NODE (never "auto": the CPU count of a request would be guessed);
         # MPI: slots per host in the hostfile.

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from gpt2bench.trainer.devices import PeakMemory, available_cpus
+from gpt2bench.trainer.devices import PeakMemory
 from gpt2bench.trainer.parallel.base import Parallelism, adamw, state_bytes
 from gpt2bench.trainer.parallel.ps_memory import SharedBuffer, device_sync, open_shared, shm_room
 
@@ -282,8 +282,6 @@ class ParameterServerParallelism(Parallelism):
     # ------------------------------------------------------------------- server
     def serve(self, model_factory: Callable[[], torch.nn.Module]) -> dict[str, Any]:
         memory = PeakMemory(self.device)
-        if self.device.type == "cpu":  # AdamW over the shard: every core this process may use
-            torch.set_num_threads(available_cpus())
         index = self.servers.index(self.env.rank)
         params = list(model_factory().parameters())
         flat = torch.cat([p.detach().reshape(-1) for p in params])
