@@ -176,7 +176,8 @@ print(yaml.safe_dump(b))' "$EXAMPLE" >"$WORKDIR/example.yaml"
   kubectl apply -n "$BENCH_NAMESPACE" -f "$WORKDIR/example.yaml"
   wait_complete "$name" "${E2E_TIMEOUT_S:-2700}"
   kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$name" -o wide
-  "$PYTHON" -m gpt2bench report --cluster "$name" -n "$BENCH_NAMESPACE" --output "$WORKDIR/report"
+  "$PYTHON" -m gpt2bench report --cluster "$name" -n "$BENCH_NAMESPACE" --output "$WORKDIR/report" --quiet
+  cat "$WORKDIR/report/results.md"  # the recommendation, then every run's figures
 }
 
 # `kubectl wait --for=condition=Complete`, a minute at a time, giving up at once when the benchmark is Failed
@@ -249,7 +250,6 @@ run_backend() {
   rm -rf "$WORKDIR/report"
   up "$1"
   example
-  if [ -f "$WORKDIR/report/results.md" ]; then cat "$WORKDIR/report/results.md"; fi
   check "$1"
   log "$1: passed"
 }
