@@ -73,9 +73,11 @@ use_cluster() {
   export KUBECONFIG=$WORKDIR/kubeconfig
 }
 
+# The tools a command needs (default: all of them), and a running Docker engine.
 require() {
   local tool
-  for tool in docker kind kubectl "$HELM" "$PYTHON"; do
+  [ $# -gt 0 ] || set -- docker kind kubectl "$HELM" "$PYTHON"
+  for tool in "$@"; do
     command -v "$tool" >/dev/null || die "$tool is not installed (docs/ci.md lists what the e2e needs)"
   done
   docker info --format '{{.ServerVersion}}' >/dev/null 2>&1 || die "no Docker engine is reachable (docker info failed)"
@@ -212,7 +214,7 @@ diagnostics() {
       kubectl logs -n "$namespace" "$pod" --all-containers --prefix >"$ARTIFACTS/logs/$namespace.$pod.log" 2>&1 || true
       kubectl logs -n "$namespace" "$pod" --all-containers --prefix --previous \
         >"$ARTIFACTS/logs/$namespace.$pod.previous.log" 2>/dev/null || rm -f "$ARTIFACTS/logs/$namespace.$pod.previous.log"
-    done
+    done || true  # a cluster that never came up has no pods to list
 }
 
 down() {
@@ -257,7 +259,7 @@ run_backend() {
 main() {
   local command=${1:-all}
   case "$command" in
-    build) require; build_images ;;
+    build) require docker; build_images ;;
     up) [ $# -eq 2 ] || die "usage: $0 up BACKEND"; require; use_cluster "$2"; up "$2" ;;
     example) use_cluster; example ;;
     diagnostics) use_cluster; diagnostics ;;

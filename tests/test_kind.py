@@ -97,6 +97,8 @@ pytestmark = [
     pytest.mark.kind,
     pytest.mark.slow,
     pytest.mark.skipif(MISSING is not None, reason=f"kind e2e needs Docker + kind: {MISSING}"),
+    # the cluster fixture builds images, installs operators and runs the example: far beyond the 600 s default
+    pytest.mark.timeout(3 * 3600),
 ]
 
 

