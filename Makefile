@@ -2,7 +2,7 @@
 PYTHON ?= python3
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: install demo test test-fast generate lint
+.PHONY: install demo test test-fast generate lint e2e-kind
 
 install:
 	bash scripts/install.sh
@@ -26,3 +26,7 @@ generate:
 # Unused or undefined names and import order (tests/test_layout.py runs the same check).
 lint:
 	ruff check .
+
+# The kind end to end, both backends, as CI's e2e workflow runs it (needs Docker and kind: docs/ci.md).
+e2e-kind: install
+	PYTHON=$(PYTHON) bash scripts/e2e-kind.sh

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpt2bench import kubesyntax
+from gpt2bench import __version__, kubesyntax
 from gpt2bench.fielderrors import RuleError
 from gpt2bench.kubesyntax import DNS1123_SUBDOMAIN_PATTERN, IMAGE_PATTERN, shown
 from gpt2bench.spectypes import Annotations, Labels, LabelValue, ResourceList, SpecModel, cel
@@ -61,9 +61,11 @@ Preset = Literal["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "custom
 assert typing.get_args(Preset) == MODEL_PRESETS and typing.get_args(StrategyName) == STRATEGIES
 
 # Trainer images by device type (Dockerfile targets `trainer` and `trainer-cuda`), when neither the spec nor
-# the operator (`--trainer-image-cpu/-gpu`, the chart's `trainerImage`) names one.
-DEFAULT_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0"
-DEFAULT_GPU_IMAGE = "ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda"
+# the operator (`--trainer-image-cpu/-gpu`, the chart's `trainerImage`) names one: the release of this
+# version (.github/workflows/release.yml pushes them; tests/test_versions.py keeps every copy in step).
+TRAINER_REPOSITORY = "ghcr.io/gpt2bench/gpt2bench"
+DEFAULT_IMAGE = f"{TRAINER_REPOSITORY}:{__version__}"
+DEFAULT_GPU_IMAGE = f"{TRAINER_REPOSITORY}:{__version__}-cuda"
 
 # Runs per GPT2Benchmark (strategies x precisions x scales, as written). Each run is an entry of a few
 # hundred bytes in the status (1.7 KB at most: a 1,000-character failure reason and every figure), which

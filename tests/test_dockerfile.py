@@ -14,10 +14,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from gpt2bench.protocol import SSH_PORT, TRAINER_HOME, TRAINER_UID
 from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND

