@@ -35,7 +35,7 @@ COPY operator/ operator/
 RUN python -m venv /opt/venv \
  && pip install "setuptools==75.8.0" "wheel==0.45.1" \
  && pip install --no-deps . \
- && pip install "pydantic>=2.6" "pyyaml>=6" "prometheus-client>=0.20" "kopf>=1.37" "kubernetes>=29" \
+ && pip install "pydantic>=2.6" "pyyaml>=6" "prometheus-client>=0.20" "kopf>=1.37" "kubernetes>=29" "scipy>=1.10" \
  && python -m compileall -q /opt/venv \
  && gpt2bench operator --help >/dev/null
 
