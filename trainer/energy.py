@@ -23,6 +23,7 @@ class EnergyMeter:
     source: str | None = None  # "nvml" | "rapl"
     scope: str = "device"  # "device": one GPU per reading; "node": a CPU package, shared by the node's processes
     reason: str | None = None
+    reads = True  # False where another worker reads this meter's counter (the node's CPU package)
     devices: list[str]
 
     def read(self) -> float | None:  # pragma: no cover - interface
@@ -30,8 +31,8 @@ class EnergyMeter:
 
 
 class Unavailable(EnergyMeter):
-    def __init__(self, reason: str):
-        self.reason, self.devices = reason, []
+    def __init__(self, reason: str, reads: bool = True):
+        self.reason, self.devices, self.reads = reason, [], reads
 
     def read(self) -> None:
         return None
@@ -133,7 +134,7 @@ def energy_meter(device: torch.device, devices_per_worker: int, *, reads_node: b
         first = device.index or 0
         return nvml_meter(list(range(first, first + devices_per_worker)), nvml)
     if not reads_node:
-        return Unavailable("CPU package energy is read by the node's first worker")
+        return Unavailable("CPU package energy is read by the node's first worker", reads=False)
     return rapl_meter(powercap)
 
 

@@ -229,7 +229,7 @@ class MetricsProcessor:
         measured = [r.get("energy_joules") for r in self.records if not r["warmup"]]
         known = bool(measured) and all(j is not None for j in measured)
         return {"energy_joules": sum(measured) if known else None, "energy_source": meter.source,
-                "energy_scope": meter.scope, "energy_devices": meter.devices, "energy_reason": meter.reason,
+                "energy_scope": meter.scope, "energy_reads": meter.reads, "energy_devices": meter.devices, "energy_reason": meter.reason,
                 "energy_measured_steps": len(measured)}
 
     def close(self) -> None:
