@@ -103,10 +103,10 @@ class CommTimer:
                 self._step.windows.append(self._window)
             self._window = []
 
-    def expose(self, transfer: Transfer) -> None:
-        """The step waited for this whole transfer (a blocking collective)."""
+    def expose(self, transfer: Transfer, until: Transfer | None = None) -> None:
+        """The step waited from this transfer's launch to its completion (or to `until`'s completion)."""
         with self._lock:
-            self._step.waits.append((transfer.start, transfer.end))
+            self._step.waits.append((transfer.start, (until or transfer).end))
 
     @contextmanager
     def waiting(self) -> Iterator[None]:

@@ -259,13 +259,13 @@ class ParameterServerParallelism(Parallelism):
     def _timed_push_pull(self, push, sends: list, receives: list) -> None:
         """Wait for the pushes, then for the replies (every receive was posted first), each timed."""
         comm = self.comm
-        with comm.waiting():
-            for work in sends:
-                work.wait()
-            comm.complete(push)
-            pull = comm.launch("pull", self.payload_bytes, 2)
-            self._finish_receives(receives)
-            comm.complete(pull)
+        for work in sends:
+            work.wait()
+        comm.complete(push)
+        pull = comm.launch("pull", self.payload_bytes, 2)
+        self._finish_receives(receives)
+        comm.complete(pull)
+        comm.expose(push, until=pull)  # nothing computes from the first send to the last reply
 
     def _receive_params(self) -> None:
         self._finish_receives(self._post_receives())
