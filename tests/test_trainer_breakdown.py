@@ -196,3 +196,18 @@ def test_breakdown_option_round_trips():
     assert config.process.breakdown is False and config.process.comm_delay_seconds == 0.1
     assert TrainConfig.from_argv(config.to_argv()) == config
     assert TrainConfig().process.breakdown is True
+
+
+def test_collectives_benchmark_sizes_and_bus_factors_match_the_trainers():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_collectives.py"
+    spec = importlib.util.spec_from_file_location("bench_collectives", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.parse_bytes("4K") == 4096 and bench.parse_bytes("2M") == 2 << 20 and bench.parse_bytes("64") == 64
+    assert bench.sizes(1024, 16384, 4) == [1024, 4096, 16384]
+    for kind in bench.KINDS:
+        for ranks in (2, 4, 8):
+            assert bench.bus_factor(kind, ranks) == bus_factor(kind, ranks)
