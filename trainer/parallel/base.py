@@ -11,6 +11,7 @@ hooks below, in this order, so that a strategy is one class in one module and th
         p.compile(model)                    #   torch.compile per block, when training.compile is on
         model = p.wrap(model)               #   DDP / FSDP / DataParallel / broadcast from rank 0 ...
         opt = p.build_optimizer(model, lr); scaler = p.build_scaler()
+        p.instrument(model, opt, comm)      #   --breakdown: time the strategy's communication (breakdown.py)
         for step in 1..steps:
             for micro in range(grad_accum):
                 with p.no_sync(model, last_micro_step=micro == grad_accum - 1), p.autocast():
