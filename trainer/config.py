@@ -61,10 +61,17 @@ class ProcessOptions(BaseModel):
     log_every: int = Field(10, ge=1, description="read the steps' figures back, log and export them every N steps "
                                                  "and at the last (the loop's only host sync; a non-finite loss is "
                                                  "seen there)")
+    breakdown: bool = Field(True, description="time each step's phases (data, forward, backward, optimizer) and "
+                                              "its communication, total and exposed, with bytes and bus bandwidth "
+                                              "per collective (docs/metrics.md, Step breakdown); off: no timing "
+                                              "hooks, the breakdown fields are null")
     fail_at_step: int | None = Field(None, ge=1, description="test hook: the first worker raises at this step")
     nan_at_step: int | None = Field(None, ge=1, description="test hook: the loss becomes NaN at this step")
     slow_worker_seconds: float | None = Field(None, gt=0, description="test hook: the last worker sleeps this long "
                                                                       "in every step")
+    comm_delay_seconds: float | None = Field(None, gt=0, description="test hook: under ddp with --breakdown, "
+                                                                     "every step's last gradient all-reduce "
+                                                                     "completes this much later (a slow network)")
 
 
 class TrainConfig(BaseModel):

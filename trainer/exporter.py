@@ -43,7 +43,15 @@ class PrometheusExporter:
                               "CUDA max allocated, or peak RSS (high-water mark) on CPU.")),
         "peak_memory_reserved_bytes": ("gpt2bench_train_memory_peak_reserved_bytes", ("Peak CUDA memory reserved by "
                                        "the caching allocator during the last step (peak RSS on CPU).")),
+        "comm_seconds": ("gpt2bench_train_communication_seconds", ("Time of the last step during which this rank "
+                         "had communication in flight (union of its collectives' intervals; --breakdown).")),
+        "comm_exposed_seconds": ("gpt2bench_train_communication_exposed_seconds", ("Time of the last step this rank "
+                                 "waited for communication with no computation to overlap it (--breakdown).")),
+        "energy_joules": ("gpt2bench_train_step_energy_joules", ("Energy of the last step on this rank's devices "
+                          "(NVML per GPU; RAPL per CPU package, on the node's first worker): its log interval's "
+                          "joules / its steps.")),
     }
+    PHASES = ("data", "forward", "backward", "optimizer", "other")
 
     def __init__(self, config, *, rank: int, strategy: str, local_rank: int, workers: int):
         self.workers = max(1, workers)
@@ -69,6 +77,22 @@ class PrometheusExporter:
         self._seconds = Counter("gpt2bench_train_step_seconds", "Total wall time spent in optimizer steps on this "
                                 "rank; rate(tokens_total)/rate(step_seconds_total) gives mean tokens/s.",
                                 names, registry=None).labels(**labels)
+        self._phase = Gauge("gpt2bench_train_phase_seconds", "Time of the last step in one phase on this rank "
+                            "(data, forward, backward, optimizer, other), exposed communication taken out; with "
+                            "gpt2bench_train_communication_exposed_seconds they add up to the step duration "
+                            "(--breakdown).", [*names, "phase"], registry=None, multiprocess_mode="mostrecent")
+        self._labels = labels
+        self._comm_bytes = Counter("gpt2bench_train_communication_bytes", "Bytes of this rank's collectives by kind "
+                                   "(nccl-tests' size: the all-reduce buffer, the full all-gathered / reduce-scattered "
+                                   "tensor, the ps push / pull payload; --breakdown).", [*names, "kind"],
+                                   registry=None)
+        self._busbw = Gauge("gpt2bench_train_communication_bus_bandwidth_bytes_per_second", "Achieved bus bandwidth "
+                            "of the last step by collective kind (nccl-tests' busbw: bytes / time x 2(n-1)/n for "
+                            "all-reduce, x (n-1)/n for all-gather and reduce-scatter; --breakdown).",
+                            [*names, "kind"], registry=None, multiprocess_mode="mostrecent")
+        self._energy = Counter("gpt2bench_train_energy_joules", "Energy of this rank's devices during its steps "
+                               "(NVML per GPU; RAPL per CPU package, counted on the node's first worker).",
+                               names, registry=None).labels(**labels)
         self.server = None
         if local_rank == 0:
             registry = CollectorRegistry()
@@ -83,6 +107,15 @@ class PrometheusExporter:
         for key, gauge in self._gauges.items():
             if record.get(key) is not None:
                 gauge.set(float(record[key]))
+        for phase in self.PHASES:
+            if record.get(f"{phase}_seconds") is not None:
+                self._phase.labels(**self._labels, phase=phase).set(float(record[f"{phase}_seconds"]))
+        for kind, nbytes in (record.get("comm_bytes") or {}).items():
+            self._comm_bytes.labels(**self._labels, kind=kind).inc(nbytes)
+        for kind, bandwidth in (record.get("comm_bus_bandwidth") or {}).items():
+            self._busbw.labels(**self._labels, kind=kind).set(bandwidth)
+        if record.get("energy_joules") is not None:
+            self._energy.inc(record["energy_joules"])
         self._steps.inc()
         self._tokens.inc(record["tokens"] / self.workers)
         self._seconds.inc(record["step_seconds"])

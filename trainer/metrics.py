@@ -6,7 +6,9 @@ Definitions of every number: docs/metrics.md. In short (torchtitan's conventions
   time; per device = global / devices; MFU = flops_per_token x tokens/s per device / peak FLOP/s;
 - loss: mean over workers of each worker's mean micro-step loss; grad norm: global L2 after sync, before
   clipping; skipped: the fp16 loss scaler skipped the update;
-- memory: peaks of the step (device: CUDA allocator; host: RSS high-water mark), reset at each step start.
+- memory: peaks of the step (device: CUDA allocator; host: RSS high-water mark), reset at each step start;
+- breakdown (`breakdown.py`): the step's phases and its communication, from marks on the same timeline;
+- energy (`energy.py`): joules of each interval between log steps, spread evenly over its steps.
 
 Nothing here waits for the device during a step. A step leaves its marks and its loss / grad-norm tensors
 pending; `flush()` (at log steps, outside the timed steps) reads the times of every pending step, reduces
@@ -26,9 +28,14 @@ from typing import Any
 import torch
 
 from gpt2bench.protocol import STEPS_FILE
+from gpt2bench.trainer.breakdown import CommTimer, StepComm, StepPhases, resolve
 from gpt2bench.trainer.devices import PeakMemory, StepClock
+from gpt2bench.trainer.energy import EnergyLog, EnergyMeter, Unavailable
 from gpt2bench.trainer.exporter import PrometheusExporter
 from gpt2bench.trainer.summary import finite
+
+BREAKDOWN_FIELDS = ("data_seconds", "forward_seconds", "backward_seconds", "optimizer_seconds", "other_seconds",
+                    "comm_seconds", "comm_exposed_seconds", "comm_bytes", "comm_kind_seconds", "comm_bus_bandwidth")
 
 
 class CompileWatch:
@@ -68,6 +75,8 @@ class _Pending:
     data_seconds: float
     compile_seconds: float
     memory: dict[str, int | None]
+    marks: list[tuple[str, Any]]
+    comm: StepComm | None
 
 
 class MetricsProcessor:
@@ -80,12 +89,19 @@ class MetricsProcessor:
 
     def __init__(self, *, config, rank: int, tokens_per_step: int, devices: int, device: torch.device,
                  flops_per_token: float, peak_flops: float | None, exporter: PrometheusExporter | None = None,
-                 compile_watch: CompileWatch | None = None):
+                 compile_watch: CompileWatch | None = None, energy: EnergyMeter | None = None,
+                 measure_comm: bool = True):
         self.config, self.rank = config, rank
         self.tokens_per_step, self.devices = tokens_per_step, devices
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.clock, self.memory = StepClock(device), PeakMemory(device)
         self.compile_watch = compile_watch
+        # the breakdown: the loop marks phases, the strategy's hooks record communication (`comm`)
+        self.breakdown = bool(config.process.breakdown)
+        self.phases = StepPhases(self.clock, enabled=self.breakdown)
+        self.comm = CommTimer(self.clock)
+        self.measure_comm = measure_comm  # False where communication hides inside forward/backward (DataParallel)
+        self.energy = EnergyLog(energy or Unavailable("not measured"))
         self.exporter = exporter
         self.records: list[dict[str, Any]] = []
         self.step_end_times: list[float] = []  # wall clock (time.time) at each step's end mark
@@ -110,6 +126,9 @@ class MetricsProcessor:
         self.end_setup()
         self.memory.reset()
         self._step_compile_start = self._compile_seconds()
+        self.energy.start()
+        self.phases.take()
+        self.comm.take()  # communication outside steps (set-up, log-step reductions) is not the step's
         return self.clock.mark()
 
     def end_step(self, step: int, start, loss: torch.Tensor, grad_norm: torch.Tensor, skipped: torch.Tensor | bool,
@@ -118,7 +137,8 @@ class MetricsProcessor:
         end = self.clock.mark()
         self.step_end_times.append(time.time())
         self._pending.append(_Pending(step, start, end, loss.detach(), grad_norm.detach(), skipped, lr, data_seconds,
-                                      self._compile_seconds() - self._step_compile_start, self.memory.read()))
+                                      self._compile_seconds() - self._step_compile_start, self.memory.read(),
+                                      self.phases.take(), self.comm.take() if self.breakdown else None))
 
     def _compile_seconds(self) -> float:
         return self.compile_watch.seconds if self.compile_watch else 0.0
@@ -136,6 +156,9 @@ class MetricsProcessor:
         skipped = torch.stack([torch.as_tensor(p.skipped, dtype=torch.float32).reshape(()).to(device) for p in pending])
         losses, norms, skipped = torch.stack([losses.to(device), norms, skipped]).cpu().tolist()  # one transfer
         records = [self._record(p, loss, norm, bool(skip)) for p, loss, norm, skip in zip(pending, losses, norms, skipped)]
+        joules = self.energy.per_step(len(pending))  # the device has finished these steps: read its counter
+        for record in records:
+            record["energy_joules"] = joules
         for record in records:
             if self._steps_file:
                 self._steps_file.write(json.dumps(finite(record), allow_nan=False) + "\n")
@@ -166,7 +189,13 @@ class MetricsProcessor:
             "peak_memory_bytes": memory["device_bytes"] if on_device else memory["host_bytes"],
             "peak_memory_reserved_bytes": memory["device_reserved_bytes"] if on_device else memory["host_bytes"],
             "host_peak_memory_bytes": memory["host_bytes"],
+            **self._breakdown(pending),
         }
+
+    def _breakdown(self, pending: _Pending) -> dict[str, Any]:
+        if not self.breakdown:
+            return dict.fromkeys(BREAKDOWN_FIELDS)
+        return resolve(self.clock, pending.start, pending.end, pending.marks, pending.comm, self.measure_comm)
 
     def mfu(self, tokens_per_second_per_device: float | None) -> float | None:
         if not self.peak_flops or tokens_per_second_per_device is None:
@@ -193,6 +222,15 @@ class MetricsProcessor:
             "setup_host_peak_bytes": self.setup_memory.get("host_bytes"),
             "host_peak_since_start": self.memory.host_since_start,
         }
+
+    def energy_payload(self) -> dict[str, Any]:
+        """This worker's joules over its measured steps, and what they were read from (or why not)."""
+        meter = self.energy.meter
+        measured = [r.get("energy_joules") for r in self.records if not r["warmup"]]
+        known = bool(measured) and all(j is not None for j in measured)
+        return {"energy_joules": sum(measured) if known else None, "energy_source": meter.source,
+                "energy_scope": meter.scope, "energy_reads": meter.reads, "energy_devices": meter.devices, "energy_reason": meter.reason,
+                "energy_measured_steps": len(measured)}
 
     def close(self) -> None:
         if self._steps_file:

@@ -77,7 +77,7 @@ def compact(summary: dict[str, Any]) -> str:
         if isinstance(small.get(key), str) and len(small[key]) > 1000:
             small[key] = small[key][:997] + "..."
     text = json.dumps(small, separators=(",", ":"), allow_nan=False, default=str)
-    for bulky in ("memory_per_rank", "param_checksums", "state_bytes_per_rank", "peak_memory_bytes_per_rank",
+    for bulky in ("memory_per_rank", "energy_joules_per_device", "breakdown_method", "param_checksums", "state_bytes_per_rank", "peak_memory_bytes_per_rank",
                   "worker_tokens_per_second", "steps_when_first_worker_done", "note"):
         if len(text.encode()) <= COMPACT_LIMIT_BYTES:
             break
@@ -264,6 +264,45 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "config_hash": config.config_hash(),
         "config": config.as_dict(),
     }
+    summary.update(breakdown_summary(config, parallel, lead.get("records") or []))
+    summary.update(energy_summary(workers, figures["measured_steps"], config.tokens_per_step_per_worker * devices,
+                                  parallel.independent_steps))
     if parallel.independent_steps:
         summary["steps_when_first_worker_done"] = steps_when_first_done(workers)
     return summary
+
+
+def breakdown_summary(config, parallel, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Worker 0's step breakdown over its measured steps (docs/metrics.md, Step breakdown)."""
+    from gpt2bench.trainer.breakdown import PHASES, summarize_breakdown
+
+    keys = [f"{name}_seconds_mean" for name in PHASES] + [
+        "comm_seconds_mean", "comm_exposed_seconds_mean", "comm_hidden_ratio", "comm_bytes_per_step",
+        "comm_bus_bandwidth"]
+    figures = summarize_breakdown(records) if config.process.breakdown else {}
+    return {"breakdown": bool(config.process.breakdown) and bool(figures),
+            "breakdown_method": parallel.breakdown_method if figures else None,
+            **{key: figures.get(key) for key in keys}}
+
+
+def energy_summary(workers: list[dict[str, Any]], measured_steps: int, tokens_per_step: int,
+                   independent: bool) -> dict[str, Any]:
+    """Joules over the measured steps, summed over the run's devices (GPUs) or nodes (CPU packages), per step
+    and per 1 M tokens; null with the reason when a reading is missing (docs/metrics.md, Energy)."""
+    readers = [w for w in workers if w.get("energy_reads")]
+    joules = [w.get("energy_joules") for w in readers]
+    reasons = sorted({w.get("energy_reason") for w in readers if w.get("energy_reason")})
+    if not readers or any(j is None for j in joules) or not measured_steps:
+        return {"energy_joules": None, "energy_joules_per_step": None, "energy_joules_per_million_tokens": None,
+                "energy_joules_per_device": None, "energy_source": None,
+                "energy_unavailable_reason": "; ".join(reasons) or "no measured step"}
+    total = sum(joules)
+    # async ps: workers' steps are their own; the job's tokens are every worker's measured tokens
+    tokens = (sum(w.get("energy_measured_steps") or 0 for w in workers) * tokens_per_step // max(1, len(workers))
+              if independent else measured_steps * tokens_per_step)
+    return {"energy_joules": total, "energy_joules_per_step": total / measured_steps,
+            "energy_joules_per_million_tokens": total / tokens * 1e6 if tokens else None,
+            "energy_joules_per_device": [{"device": ", ".join(w.get("energy_devices") or []),
+                                          "job_rank": w.get("job_rank"), "joules": w.get("energy_joules")}
+                                         for w in readers],
+            "energy_source": readers[0].get("energy_source"), "energy_unavailable_reason": None}

@@ -4,7 +4,9 @@ One step: for each micro-step, take the prefetched batch, forward + loss under t
 autocast, backward, and prefetch the next batch while the device computes; then the strategy's `step`
 (synchronise gradients, unscale, norm, clip, update). Between two marks on the device's timeline
 (`MetricsProcessor.start_step` / `end_step`) nothing waits for the device: losses and norms stay tensors
-until a log step, where `flush` reads every pending step at once, outside the timed steps.
+until a log step, where `flush` reads every pending step at once, outside the timed steps. With
+`--breakdown` the loop also marks where each phase ends (`phases.mark`), and the strategy's `instrument` hooks
+time its communication (docs/metrics.md, Step breakdown).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from gpt2bench.trainer.config import TrainConfig
 from gpt2bench.trainer.data import BatchLoader, ShardedBatches, load_tokens
 from gpt2bench.trainer.devices import allow_tf32, device_name, math_precision, peak_flops_per_device
+from gpt2bench.trainer.energy import energy_meter
 from gpt2bench.trainer.exporter import PrometheusExporter
 from gpt2bench.trainer.loss import cross_entropy
 from gpt2bench.trainer.metrics import CompileWatch, MetricsProcessor
@@ -70,24 +73,33 @@ class Trainer:
             flops_per_token=flops_per_token(self.model_config, training.seq_len, self.n_params),
             peak_flops=peak_flops_per_device(p.device, config.precision, training.tf32, config.process.peak_flops),
             exporter=exporter, compile_watch=self.compile_watch,
+            energy=energy_meter(p.device, p.devices_per_worker, reads_node=p.first_worker_on_node()),
+            measure_comm=p.comm_measurable,
         )
+        if config.process.breakdown:
+            p.instrument(self.model, self.optimizer, self.metrics.comm)
 
     # ------------------------------------------------------------------ one step
     def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | bool]:
         """One optimizer step (0-based `step`): (this worker's mean loss, grad norm, skipped), all unread."""
-        p, accum = self.parallel, self.config.training.grad_accum
+        p, accum, phases = self.parallel, self.config.training.grad_accum, self.metrics.phases
         loss_sum = None
         for micro in range(accum):
             block = self.batches.get(step, micro)
+            phases.mark("data")
             with p.no_sync(self.model, last_micro_step=micro == accum - 1), p.autocast():
                 logits = self.model(input_ids=block[:, :-1], use_cache=False).logits
                 loss = self.loss_fn(logits, block[:, 1:], self.vocab_size)
                 if step + 1 == self.config.process.nan_at_step and p.rank == 0:
                     loss = loss * float("nan")  # failure injection: one worker's loss goes bad
+                phases.mark("forward")
                 self.scaler.scale(loss / accum).backward()
-            self.batches.prefetch_after(step, micro)  # host work while the device runs the backward
+            phases.mark("backward")
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            self.batches.prefetch_after(step, micro)  # host work while the device runs the backward
+            phases.mark("data")
         grad_norm, skipped = p.step(self.model, self.optimizer, self.scaler, self.config.training.max_grad_norm)
+        phases.mark("optimizer")
         if self.config.process.slow_worker_seconds and p.rank == p.world_size - 1:
             time.sleep(self.config.process.slow_worker_seconds)  # test hook: the last worker is slower
         return loss_sum / accum, grad_norm, skipped
@@ -107,7 +119,8 @@ class Trainer:
             start = self.metrics.start_step()
             loss, grad_norm, skipped = self.train_step(step - 1)
             self.metrics.end_step(step, start, loss, grad_norm, skipped, lr, self.batches.seconds)
-            if step % config.process.log_every == 0 or step == steps[-1]:
+            # also at the end of warm-up: the energy counter is read at flushes, so warm-up's joules stay apart
+            if step % config.process.log_every == 0 or step == steps[-1] or step == config.training.warmup_steps:
                 self.report(self.metrics.flush(p.mean_over_workers))
 
     def report(self, records: list[dict[str, Any]]) -> None:
@@ -152,4 +165,5 @@ class Trainer:
             "devices": self.devices,
             "device_type": p.device.type,
             "device_name": device_name(p.device),
+            **metrics.energy_payload(),
         }

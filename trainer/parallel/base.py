@@ -11,6 +11,7 @@ hooks below, in this order, so that a strategy is one class in one module and th
         p.compile(model)                    #   torch.compile per block, when training.compile is on
         model = p.wrap(model)               #   DDP / FSDP / DataParallel / broadcast from rank 0 ...
         opt = p.build_optimizer(model, lr); scaler = p.build_scaler()
+        p.instrument(model, opt, comm)      #   --breakdown: time the strategy's communication (breakdown.py)
         for step in 1..steps:
             for micro in range(grad_accum):
                 with p.no_sync(model, last_micro_step=micro == grad_accum - 1), p.autocast():
@@ -55,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:  # only for annotations; avoids an import cycle
+    from gpt2bench.trainer.breakdown import CommTimer
     from gpt2bench.trainer.config import TrainConfig
     from gpt2bench.trainer.env import DistEnv
 
@@ -80,6 +82,8 @@ class Parallelism:
     """
 
     name = "single"
+    # how `instrument` times this strategy's communication (the summary's `breakdown_method`; docs/metrics.md)
+    breakdown_method = "no communication"
 
     def __init__(self, config: TrainConfig, env: DistEnv):
         self.config = config
@@ -131,6 +135,20 @@ class Parallelism:
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to `self.device` and wrap it (DDP, FSDP, ...). Return what the loop calls."""
         return model.to(self.device)
+
+    def instrument(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: CommTimer) -> None:
+        """--breakdown: hook `comm` (a `breakdown.CommTimer`) into this strategy's communication, after `wrap`
+        and `build_optimizer`: record every collective's kind, bytes, launch and completion, and the intervals
+        in which the step waits for it (exposed). No host sync inside a step. Default: nothing to time."""
+
+    @property
+    def comm_measurable(self) -> bool:
+        """False where communication runs inside forward/backward and cannot be timed apart (DataParallel)."""
+        return True
+
+    def first_worker_on_node(self) -> bool:
+        """This worker reads the node's CPU package energy (RAPL): the node's first worker."""
+        return self.env.local_rank == 0
 
     def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
         """AdamW over the wrapped model's parameters (Horovod wraps it in DistributedOptimizer): fused (one

@@ -39,6 +39,12 @@ class AutocastForward(torch.nn.Module):
 
 class DataParallelism(Parallelism):
     name = "dataparallel"
+    breakdown_method = ("dataparallel: scatter, replication and gather run inside forward and the gradient "
+                        "reduction inside backward, on GPUs: not timed apart (null with 2+ GPUs)")
+
+    @property
+    def comm_measurable(self) -> bool:
+        return self.devices_per_worker < 2
 
     def __init__(self, config, env):
         super().__init__(config, env)

@@ -3,21 +3,33 @@
 Gradients are all-reduced in buckets during backward (`--bucket-cap-mb`); with `--grad-accum` the
 micro-steps before the last run under `no_sync()`, so the all-reduce happens once per optimizer step.
 gloo on CPU, nccl on GPU.
+
+Breakdown (`instrument`): a communication hook that runs torch's own all-reduce hook per bucket and records its
+launch (when the bucket is ready, on the compute stream) and its completion (in the future's callback, which
+on CUDA runs on a stream that waits for the all-reduce); the reducer waits for every bucket at the end of
+backward, so the exposed time is last launch -> last completion (docs/metrics.md, Step breakdown).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from gpt2bench.trainer.breakdown import CommTimer
 from gpt2bench.trainer.parallel.collective import CollectiveParallelism
 
 
 class DDPParallelism(CollectiveParallelism):
     name = "ddp"
+    breakdown_method = "ddp communication hook: per-bucket all-reduce launch/completion; exposed = last launch to " \
+                       "last completion"
 
     def __init__(self, config, env):
         super().__init__(config, env)
@@ -39,6 +51,10 @@ class DDPParallelism(CollectiveParallelism):
         # DDP broadcasts rank 0's parameters at construction, so replicas start identical.
         return DistributedDataParallel(model.to(self.device), device_ids=device_ids, **options)
 
+    def instrument(self, model, optimizer, comm: CommTimer) -> None:
+        model.register_comm_hook(TimedAllReduce(comm, dist.group.WORLD, self.world_size,
+                                                self.config.process.comm_delay_seconds), timed_allreduce_hook)
+
     def no_sync(self, model: torch.nn.Module, last_micro_step: bool) -> contextlib.AbstractContextManager:
         if last_micro_step or not self.accumulate_locally:
             return contextlib.nullcontext()
@@ -46,3 +62,33 @@ class DDPParallelism(CollectiveParallelism):
 
     def model_checksum(self, model: torch.nn.Module) -> float:
         return super().model_checksum(model.module)
+
+
+@dataclass
+class TimedAllReduce:
+    """State of `timed_allreduce_hook`: where to record, over which group; `delay` is the test hook that makes
+    the last bucket's all-reduce complete later (--comm-delay-seconds)."""
+
+    comm: CommTimer
+    group: Any
+    ranks: int
+    delay: float | None = None
+
+
+def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them as objects, this module has strings
+    """torch's `allreduce_hook` (divide by the world size, all-reduce), timed. `state`: a TimedAllReduce;
+    `bucket`: a dist.GradBucket; returns a Future of the reduced bucket."""
+    buffer = bucket.buffer()
+    last = bucket.is_last()
+    transfer = state.comm.launch("allreduce", buffer.numel() * buffer.element_size(), state.ranks)
+    if last:
+        state.comm.close_window()  # the reducer waits for this window's buckets at the end of backward
+    delay = state.delay if last else None
+
+    def done(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        if delay:
+            time.sleep(delay)  # test hook: a slower network, seen only by this all-reduce's completion
+        state.comm.complete(transfer)
+        return future.value()
+
+    return allreduce_hook(state.group, bucket).then(done)

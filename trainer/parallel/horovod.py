@@ -10,10 +10,17 @@ Launched by `horovodrun --gloo -np N -H host:N gpt2bench train ...` or, as an MP
 - step: `optimizer.synchronize()` (wait for the all-reduces), `scaler.unscale_`, clip, then
   `scaler.step(optimizer)` inside `optimizer.skip_synchronize()` (Horovod's AMP recipe), so the grad
   norm is that of the averaged gradient and fp16 overflow is seen (and skipped) on every rank alike.
+
+Breakdown (`instrument`): the optimizer's `_allreduce_grad_async` (called by its backward hooks) is wrapped to
+record each gradient's all-reduce launch and bytes; `synchronize()` is the wait on the handles, so its interval
+is the exposed communication. Horovod's handles have no completion callback: a handle already done when
+`synchronize()` starts (`hvd.poll`) completes there, the others when it returns, so the total is an upper
+bound (docs/metrics.md, Step breakdown).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -25,11 +32,15 @@ except ImportError as exc:  # the registry imports this module only for --strate
         f"--strategy horovod needs Horovod built against this torch (scripts/install.sh builds it): {exc}"
     ) from exc
 
+from gpt2bench.trainer.breakdown import CommTimer
 from gpt2bench.trainer.parallel.base import Parallelism, distinct_tensors, update_scaler
 
 
 class HorovodParallelism(Parallelism):
     name = "horovod"
+    breakdown_method = ("horovod: per-gradient all-reduce launch from the backward hooks; exposed = "
+                        "optimizer.synchronize(); completion at synchronize (upper bound)")
+    comm: CommTimer | None = None
 
     def setup(self) -> None:
         hvd.init()
@@ -73,8 +84,34 @@ class HorovodParallelism(Parallelism):
         optimizer.zero_grad()  # DistributedOptimizer.zero_grad() takes no set_to_none
         return optimizer
 
+    def instrument(self, model, optimizer, comm: CommTimer) -> None:
+        self.comm, self._in_flight = comm, {}
+        launch = optimizer._allreduce_grad_async
+
+        def timed_launch(p):
+            grad = p.grad if p.grad is not None else p  # Horovod all-reduces zeros shaped like p when None
+            transfer = comm.launch("allreduce", grad.numel() * grad.element_size(), self.world_size)
+            handle, ctx = launch(p)
+            self._in_flight[handle] = transfer
+            return handle, ctx
+
+        optimizer._allreduce_grad_async = timed_launch
+
+    def _synchronize(self, optimizer) -> None:
+        """`optimizer.synchronize()`, timed as the step's wait for its all-reduces when instrumented."""
+        if self.comm is None:
+            optimizer.synchronize()
+            return
+        in_flight, self._in_flight = self._in_flight, {}
+        with self.comm.waiting():
+            for handle in [h for h in in_flight if _polled(h)]:
+                self.comm.complete(in_flight.pop(handle))  # done before the wait began
+            optimizer.synchronize()
+        for transfer in in_flight.values():
+            self.comm.complete(transfer)
+
     def step(self, model, optimizer, scaler, max_grad_norm: float):
-        optimizer.synchronize()  # the gradients are now averaged over every rank
+        self._synchronize(optimizer)  # the gradients are now averaged over every rank
         scaler.unscale_(optimizer)
         norm = self.clip_grad_norm(model, max_grad_norm)
         with optimizer.skip_synchronize():
@@ -89,3 +126,9 @@ class HorovodParallelism(Parallelism):
     def gather_to_reporter(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
         gathered = hvd.allgather_object(payload, name="gpt2bench.payloads")
         return gathered if self.is_reporter else None
+
+
+def _polled(handle) -> bool:
+    with contextlib.suppress(Exception):  # a handle Horovod no longer knows: not done before the wait
+        return bool(hvd.poll(handle))
+    return False

@@ -29,6 +29,12 @@ Grad norm: of the averaged gradient, on the server(s), before clipping; sync ps-
 the shards' squared norms among the servers. Async ps-sharded has no place where a whole gradient
 lives, so the worker sends the norm of its own (unscaled) gradient and the servers clip with it.
 
+Breakdown (`instrument`): a worker's step waits for its push (the sends of its gradient ranges, completed when
+every server has received them) and then for its pull (the servers' replies, which come after the update:
+the pull's time includes the servers' averaging and AdamW step, which the worker cannot tell apart). Both are
+exposed: nothing computes meanwhile. Bytes are the gradient / parameter ranges, whether they travel in
+messages or through shared memory (headers left out).
+
 Failure: every receive is bounded by --timeout-seconds; a dead peer closes its gloo connections and
 the receive raises at once ("Connection closed by peer"), so the job ends instead of hanging.
 """
@@ -45,6 +51,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from gpt2bench.trainer.breakdown import CommTimer
 from gpt2bench.trainer.devices import PeakMemory
 from gpt2bench.trainer.parallel.base import Parallelism, adamw, state_bytes
 from gpt2bench.trainer.parallel.ps_memory import SharedBuffer, device_sync, open_shared, shm_room
@@ -106,6 +113,8 @@ class _ServerSideOptimizer(torch.optim.Optimizer):
 class ParameterServerParallelism(Parallelism):
     name = "ps"
     sharded = False
+    breakdown_method = "ps: push = the gradient sends, pull = the wait for the servers' replies; both exposed"
+    comm: CommTimer | None = None
 
     def __init__(self, config, env):
         # roles first: the device a process gets depends on them (base __init__ picks it)
@@ -223,17 +232,40 @@ class ParameterServerParallelism(Parallelism):
         # Post the replies' receives before waiting on the pushes: a gloo send completes only once its
         # receiver is ready, and in async ps-sharded server 0 may be answering this worker while
         # server 1 answers another; waiting on our sends first would close a cycle of waits.
-        works = self._post_receives()
+        receives = self._post_receives()
+        push = self.comm.launch("push", self.payload_bytes, 2) if self.comm else None
+        sends = []
         for i, (server, (lo, hi)) in enumerate(zip(self.servers, self.ranges)):
-            works.append(dist.isend(header, server, tag=TAG_PUSH_HEADER))
+            sends.append(dist.isend(header, server, tag=TAG_PUSH_HEADER))
             if i in remote:
-                works.append(dist.isend(self.wire_grad[lo:hi], server, tag=TAG_PUSH_GRAD))
-        self._finish_receives(works)
+                sends.append(dist.isend(self.wire_grad[lo:hi], server, tag=TAG_PUSH_GRAD))
+        if push is None:
+            self._finish_receives(receives + sends)
+        else:
+            self._timed_push_pull(push, sends, receives)
         self.flat_grad.zero_()
         if scaler.is_enabled():
             scaler.update(min(float(h[REPLY_SCALE]) for h in self.reply_headers))
         skipped = any(float(h[REPLY_STATUS]) == SKIPPED for h in self.reply_headers)
         return self.reply_headers[0][REPLY_NORM].to(torch.float32), skipped
+
+    def instrument(self, model, optimizer, comm: CommTimer) -> None:
+        self.comm = comm
+        self.payload_bytes = 4 * sum(hi - lo for lo, hi in self.ranges)  # float32 ranges, to every server
+
+    def first_worker_on_node(self) -> bool:
+        return self.env.rank == min(r for r in self._node_ranks(self.env.rank) if r in self.workers)
+
+    def _timed_push_pull(self, push, sends: list, receives: list) -> None:
+        """Wait for the pushes, then for the replies (every receive was posted first), each timed."""
+        comm = self.comm
+        for work in sends:
+            work.wait()
+        comm.complete(push)
+        pull = comm.launch("pull", self.payload_bytes, 2)
+        self._finish_receives(receives)
+        comm.complete(pull)
+        comm.expose(push, until=pull)  # nothing computes from the first send to the last reply
 
     def _receive_params(self) -> None:
         self._finish_receives(self._post_receives())
