@@ -100,6 +100,8 @@ def summary_results(summary: dict[str, Any]) -> RunResults:
     results: dict[str, Any] = {}
     for name, field in RunResults.model_fields.items():
         raw = flat.get(field.alias or name)
+        if isinstance(raw, dict):  # per kind (bytes per collective): the run's total
+            raw = sum(v for v in raw.values() if _number(v) is not None) if raw else None
         if field.annotation == str | None:
             value = clean_reason(raw)[:200] if isinstance(raw, str) and raw.strip() else None
         else:

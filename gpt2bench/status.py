@@ -108,6 +108,26 @@ class RunResults(StatusModel):
         None, description="Largest host memory peak of any process during set-up (before step 1).")
     state_bytes: int | None = Field(
         None, description="Largest model state (parameters, gradients, optimizer state) resident in one process.")
+    # The step breakdown (docs/metrics.md, Step breakdown): worker 0's means over the measured steps.
+    data_seconds_mean: float | None = Field(None, description="Waiting for the next batch, per step.")
+    forward_seconds_mean: float | None = Field(None, description="Forward pass and loss, per step.")
+    backward_seconds_mean: float | None = Field(
+        None, description="Backward pass, per step, less the communication it waited for (exposed).")
+    optimizer_seconds_mean: float | None = Field(
+        None, description="Clipping, optimizer step and zeroing, per step, less exposed communication.")
+    other_seconds_mean: float | None = Field(None, description="The rest of the step (logging, bookkeeping).")
+    comm_seconds_mean: float | None = Field(
+        None, description="Communication per step, launch to completion of every collective / push / pull.")
+    comm_exposed_seconds_mean: float | None = Field(
+        None, description="Communication per step that computation did not hide: the step waited for it.")
+    comm_hidden_ratio: float | None = Field(
+        None, description="1 - exposed / total communication: the share overlap hid (Li 2020).")
+    comm_bytes_per_step: int | None = Field(
+        None, description="Bytes one rank sends per step, every collective kind together.")
+    energy_joules_per_million_tokens: float | None = Field(
+        None, description="Energy of the measured steps (NVML on GPUs, RAPL on CPUs) per 10^6 tokens.")
+    energy_source: str | None = Field(None, description="Where the energy figure comes from (nvml, rapl).")
+    energy_unavailable_reason: str | None = Field(None, description="Why the run has no energy figure.")
     threads_per_rank: int | None = Field(
         None, description="Intra-op CPU threads of each process (torch.get_num_threads() read inside every rank; "
                           "the largest if they differ).")
@@ -158,7 +178,7 @@ class BestRun(StatusModel):
 READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 
-Objective = Literal["fastest", "leanest", "cheapest", "scalable"]
+Objective = Literal["fastest", "leanest", "cheapest", "scalable", "efficient"]
 Decision = Literal["clear", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
 Verdict = Literal["holds", "does-not-hold", "inconclusive", "needs-repeats", "not-measurable"]
 

@@ -243,7 +243,7 @@ def test_headline_is_the_fastest_at_the_largest_scale_and_every_objective_is_ans
     assert by(analysis.recommendations, "leanest", "1×2 GPU").run == "b-fsdp-fp32-1x2g"
     assert {(r.objective, r.scale) for r in analysis.recommendations} == {
         (o, s) for o in ("fastest", "leanest", "cheapest") for s in ("1×1 GPU", "1×2 GPU")
-    } | {("cheapest", None), ("scalable", "1×2 GPU")}
+    } | {("cheapest", None), ("scalable", "1×2 GPU"), ("efficient", None)}
     assert all(r.winner is None for r in analysis.recommendations)  # single measurements all
 
 
@@ -309,11 +309,12 @@ def finding(analysis, id_):
 
 def test_every_finding_is_not_measurable_without_its_comparison():
     analysis = analyze([run("b-single-fp32-1x1", "single", tokens_per_second=1.0, final_loss=5.0)])
-    assert [f.verdict for f in analysis.findings] == ["not-measurable"] * 6
+    assert [f.verdict for f in analysis.findings] == ["not-measurable"] * 7
     assert all(f.measured.startswith("needs ") for f in analysis.findings)
     assert {f.id for f in analysis.findings} == {
         "fsdp-memory-below-ddp", "mixed-precision-faster", "ddp-mixed-precision-fastest-on-one-node",
-        "horovod-most-robust-across-nodes", "synchronous-strategies-converge-alike", "ddp-scales-near-linearly"}
+        "horovod-most-robust-across-nodes", "synchronous-strategies-converge-alike", "ddp-scales-near-linearly",
+        "ddp-overlap-hides-communication"}
 
 
 def test_a_single_measurement_decides_no_finding():
@@ -415,3 +416,29 @@ def test_ddp_near_linear_scaling_needs_the_whole_interval_at_or_above_0_9():
     f = finding(analyze(ddp(60.0)), "ddp-scales-near-linearly")
     assert f.verdict == "does-not-hold" and "1×1 GPU → 1×2 GPU: scaling efficiency: 0.60 [0.58, 0.62]" in f.measured
     assert findings.NEAR_LINEAR == 0.9
+
+
+def test_the_most_efficient_configuration_uses_the_least_energy_per_token_beyond_the_noise():
+    def energy(name, strategy, joules):
+        return [run(f"{name}-r{k}", strategy, gpus=2, repeat=k, tokens_per_second=100.0,
+                    energy_joules_per_million_tokens=j, energy_source="nvml") for k, j in enumerate(joules, start=1)]
+    runs = energy("e-ddp", "ddp", [900.0, 920.0]) + energy("e-fsdp", "fsdp", [1200.0, 1180.0])
+    rec = by(analyze(runs).recommendations, "efficient", "1×2 GPU")
+    assert (rec.decision, rec.winner, rec.unit) == ("clear", "e-ddp", "J per 1M tokens")
+    assert rec.value == pytest.approx(910.0) and rec.margin == pytest.approx(1 - 910 / 1190)
+    cpu = [run("c-ddp", "ddp", devices=2, tokens_per_second=1.0,
+               energy_unavailable_reason="no readable /sys/class/powercap/intel-rapl:* energy_uj")]
+    rec = by(analyze(cpu).recommendations, "efficient", None)
+    assert rec.decision == "not-measurable" and "powercap" in rec.note and rec.note.startswith("energy not measurable")
+
+
+def test_li_2020s_overlap_claim_holds_when_most_of_ddps_communication_is_hidden_beyond_the_noise():
+    def ddp(hidden):
+        return [run(f"o-ddp-r{k}", "ddp", gpus=2, repeat=k, tokens_per_second=1.0, comm_hidden_ratio=h)
+                for k, h in enumerate(hidden, start=1)]
+    f = finding(analyze(ddp([0.80, 0.82])), "ddp-overlap-hides-communication")
+    # mean 0.81, s = 0.01414: 0.81 ± 12.706 · 0.01414 / √2 = [0.68, 0.94], above 1/2
+    assert f.verdict == "holds" and f.low == pytest.approx(0.81 - 12.706205 * 0.0141421 / 2**0.5, rel=1e-4)
+    assert finding(analyze(ddp([0.10, 0.12])), "ddp-overlap-hides-communication").verdict == "does-not-hold"
+    assert finding(analyze(ddp([0.2, 0.8])), "ddp-overlap-hides-communication").verdict == "inconclusive"
+    assert finding(analyze(ddp([0.8])), "ddp-overlap-hides-communication").verdict == "needs-repeats"

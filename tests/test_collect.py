@@ -56,6 +56,11 @@ SUMMARY = {
     "setup_peak_host_memory_bytes": 2000000000,
     "threads_per_rank": 1,
     "cores_per_rank": 0.5,
+    "data_seconds_mean": 0.001, "forward_seconds_mean": 0.05, "backward_seconds_mean": 0.1,
+    "optimizer_seconds_mean": 0.02, "other_seconds_mean": 0.001, "comm_seconds_mean": 0.04,
+    "comm_exposed_seconds_mean": 0.01, "comm_hidden_ratio": 0.75,
+    "comm_bytes_per_step": {"allreduce": 27867136, "broadcast": 8},  # per kind: the entry keeps the total
+    "energy_joules_per_million_tokens": 900.0, "energy_source": "nvml", "energy_unavailable_reason": "n/a",
     "state_bytes": 83_886_080,
     "losses": [9.0, 8.0],  # extra keys are not results
 }
@@ -90,6 +95,7 @@ def test_results_are_camel_case_and_complete():
     assert set(results) == set(RESULT_FIELDS)
     assert results["tokensPerSecond"] == 1234.5 and results["worldSize"] == 2
     assert results["peakMemoryBytes"] == 123456789 and isinstance(results["peakMemoryBytes"], int)
+    assert results["commBytesPerStep"] == 27867136 + 8
     camel = {"tokensPerSecond": 10.0, "finalLoss": 2.0}
     assert _summary_results(camel) == camel  # camelCase summaries work too
 
@@ -235,7 +241,10 @@ def test_a_real_trainer_summary_line(runs, run_schema):
     # set-up memory split, compile seconds and skipped steps
     absent = {"mfu", "deviceName", "stateBytes", "peakFlopsPrecision", "compileSeconds", "skippedSteps",
               "peakDeviceMemoryBytes", "peakHostMemoryBytes", "setupPeakDeviceMemoryBytes", "setupPeakHostMemoryBytes",
-              "threadsPerRank", "coresPerRank"}
+              "threadsPerRank", "coresPerRank", "dataSecondsMean", "forwardSecondsMean", "backwardSecondsMean",
+              "optimizerSecondsMean", "otherSecondsMean", "commSecondsMean", "commExposedSecondsMean",
+              "commHiddenRatio", "commBytesPerStep", "energyJoulesPerMillionTokens", "energySource",
+              "energyUnavailableReason"}
     assert set(entry["results"]) == set(RESULT_FIELDS) - absent
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
     run_schema.validate(entry)

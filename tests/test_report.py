@@ -100,12 +100,12 @@ def assert_png(path: Path) -> None:
 def test_table_cells_are_the_documents_values_formatted():
     rows = table.table_rows(synthetic_doc())
     assert rows[0] == ["demo-ddp-bf16-2x4g", "ddp", "bf16", "2×4 GPU", "12,346", "1,543", "12.3 / 20.0", "1,500.0",
-                       "61.3", "3.1416", "0.988", "Succeeded"]
+                       "61.3", "3.1416", "0.988", "— / —", "Succeeded"]  # no threads/cores in this document
     assert rows[1] == ["demo-single-fp32-1x1g", "single", "fp32", "1×1 GPU", "999", "999", "1500.0 / 2250.0",
-                       "100.0", "120.0", "4.5000", "12.000", "Succeeded"]
+                       "100.0", "120.0", "4.5000", "12.000", "— / —", "Succeeded"]
     nothing = table.NO_VALUE
     assert rows[2] == ["demo-horovod-fp16-2x4g", "horovod", "fp16", "2×4 GPU", nothing, nothing,
-                       f"{nothing} / {nothing}", nothing, nothing, nothing, nothing,
+                       f"{nothing} / {nothing}", nothing, nothing, nothing, nothing, f"{nothing} / {nothing}",
                        "Failed: Horovod is not installed | pip install horovod"]
 
 
@@ -214,7 +214,7 @@ def test_every_plot_is_titled_with_what_and_where_grouped_by_strategy_coloured_b
                       results={**DDP_RESULTS, "tokensPerSecondPerDevice": 80.0}))
     doc = with_steps(synthetic_doc(runs=runs), tmp_path)
     report.write_report(doc, tmp_path)
-    assert set(seen) == set(plots.ALL_PLOTS)
+    assert set(seen) == set(plots.ALL_PLOTS) - {"breakdown.png"}  # no breakdown in these results
     measured = {"throughput.png": "throughput", "peak_memory.png": "Peak memory", "train_time.png": "Training time",
                 "grad_norm.png": "gradient norm", "loss.png": "Loss per step", "loss_time.png": "wall-clock second",
                 "grad_norm_steps.png": "Gradient norm per step", "scaling.png": "Scaling efficiency"}
@@ -416,3 +416,24 @@ def test_compare_applies_the_noise_rule():
     assert compare.beyond_noise(Interval(1.10, 1.04, 1.16, 0.95)) == "yes: B higher"
     assert compare.beyond_noise(Interval(0.90, 0.85, 0.95, 0.95)) == "yes: B lower"
     assert compare.beyond_noise(None).startswith("not decided: needs repeats")
+
+
+def test_the_breakdown_section_and_plot_split_each_configurations_step(tmp_path):
+    parts = {"dataSecondsMean": 0.001, "forwardSecondsMean": 0.004, "backwardSecondsMean": 0.006,
+             "optimizerSecondsMean": 0.002, "otherSecondsMean": 0.0005, "commSecondsMean": 0.005,
+             "commExposedSecondsMean": 0.0015, "commHiddenRatio": 0.7, "commBytesPerStep": 2 * 2**20,
+             "energyJoulesPerMillionTokens": 850.0}
+    runs = [entry("demo-ddp-bf16-1x2g", "ddp", "bf16", gpus=2, results={**DDP_RESULTS, **parts}),
+            entry("demo-single-bf16-1x1g", "single", "bf16", procs=1, gpus=1, results=SINGLE_RESULTS)]
+    written = [p.name for p in report.write_report(synthetic_doc(runs=runs), tmp_path)]
+    markdown = (tmp_path / "results.md").read_text()
+    # ms: data 1.0, forward 4.0, backward 6.0, optimizer 2.0, other 0.5, exposed 1.5; comm 5.0, 70 % hidden
+    assert ("| demo-ddp-bf16-1x2g | 1×2 GPU | 1.0 | 4.0 | 6.0 | 2.0 | 0.5 | 1.5 | 5.0 | 70% | 2.0 | 850 |"
+            in markdown)
+    assert "demo-single-bf16-1x1g | 1×1 GPU" not in markdown.split("## Where the step time goes")[1].split("##")[0]
+    assert "breakdown.png" in written
+    assert_png(tmp_path / "breakdown.png")
+    with open(tmp_path / RESULTS_CSV, newline="") as f:
+        rows = {r["name"]: r for r in csv.DictReader(f)}
+    assert float(rows["demo-ddp-bf16-1x2g"]["commExposedSecondsMean"]) == 0.0015
+    assert rows["demo-single-bf16-1x1g"]["commExposedSecondsMean"] == ""

@@ -18,6 +18,7 @@ from gpt2bench.report.measures import (
     Stat,
     configurations,
     efficiencies,
+    energy_per_million_tokens,
     noise,
     peak_memory,
     scales,
@@ -41,6 +42,7 @@ class Objective:
 FASTEST = Objective("fastest", True, "tokens/s")
 LEANEST = Objective("leanest", False, "bytes")
 SCALABLE = Objective("scalable", True, "ratio")
+EFFICIENT = Objective("efficient", False, "J per 1M tokens")
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,19 @@ def scalable(configs: list[Configuration], effs: list[Efficiency]) -> list[Recom
     return found
 
 
+def efficient(configs: list[Configuration]) -> list[Recommendation]:
+    """Per scale, the least energy per 1M tokens (NVML on GPUs, RAPL on CPUs); where no run could measure it,
+    why not (the trainer's reason)."""
+    if not any(c.values(energy_per_million_tokens) for c in configs):
+        reasons = sorted({run.results.energy_unavailable_reason for c in configs for run in c.succeeded
+                          if run.results.energy_unavailable_reason})
+        why = "; ".join(reasons) or "no succeeded run reports energy"
+        return [decide(EFFICIENT, None, [], Noise(0.0, 0), [], f"energy not measurable: {why}")]
+    energy = noise(configs, energy_per_million_tokens)
+    return [_by_metric(EFFICIENT, [c for c in configs if c.scale == s], energy_per_million_tokens, energy, s.label)
+            for s in scales(configs)]
+
+
 def recommendations(configs: list[Configuration], prices: Prices | None,
                     effs: list[Efficiency]) -> list[Recommendation]:
     found = []
@@ -154,7 +169,7 @@ def recommendations(configs: list[Configuration], prices: Prices | None,
         here = [c for c in configs if c.scale == scale]
         found.append(_by_metric(FASTEST, here, tokens_per_second, throughput, scale.label))
         found.append(_by_metric(LEANEST, here, peak_memory, memory, scale.label))
-    return found + cheapest(configs, prices) + scalable(configs, effs)
+    return found + cheapest(configs, prices) + scalable(configs, effs) + efficient(configs)
 
 
 def headline(found: list[Recommendation], configs: list[Configuration]) -> Recommendation | None:
@@ -203,7 +218,8 @@ def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: C
 
 def noise_entries(configs: list[Configuration], prices: Prices | None) -> list[FigureNoise]:
     """The sweep's noise of every figure a decision uses, where some configuration was measured twice."""
-    figures: list[tuple[str, Metric]] = [("tokensPerSecond", tokens_per_second), ("peakMemoryBytes", peak_memory)]
+    figures: list[tuple[str, Metric]] = [("tokensPerSecond", tokens_per_second), ("peakMemoryBytes", peak_memory),
+                                         ("energyJoulesPerMillionTokens", energy_per_million_tokens)]
     if prices is not None:
         figures.append(("costPer1MTokens", prices.per_million_tokens))
     found = []

@@ -20,6 +20,7 @@ from typing import Any
 from gpt2bench.report.measures import (
     Configuration,
     Efficiency,
+    comm_hidden_ratio,
     final_loss,
     memory_per_rank,
     noise,
@@ -38,6 +39,7 @@ from gpt2bench.report.noise import (
 from gpt2bench.status import Finding, RunStatus
 
 NEAR_LINEAR = 0.9  # scaling efficiency that counts as near-linear (Li 2020's DDP stays above it)
+MOSTLY_HIDDEN = 0.5  # share of DDP's all-reduce time hidden behind backward that counts as "most" (Li 2020)
 LOSS_TOLERANCE = 0.01  # largest relative loss gap between synchronous strategies that counts as agreeing
 MIXED = ("fp16", "bf16")
 MAX_MEASURED = 900  # characters of figures per finding: the CR status stays small
@@ -283,6 +285,22 @@ def ddp_scales_near_linearly(configs: list[Configuration], effs: list[Efficiency
                    checks, "needs ddp succeeded at two scales of the same precision")
 
 
+def ddp_overlap_hides_communication(configs: list[Configuration]) -> Finding:
+    """Per ddp configuration with 2+ devices and a breakdown: the mean hidden share of its communication
+    (1 − exposed ÷ total, per run) against 1/2, with the repeats' t interval."""
+    checks = []
+    for config in (c for c in configs if c.strategy == "ddp" and c.scale.devices >= 2):
+        hidden = config.values(comm_hidden_ratio)
+        if not hidden:
+            continue
+        label = f"{config.precision} {config.scale.label}: share of all-reduce time hidden by backward"
+        checks.append(Check(label, lambda confidence, h=hidden: mean_interval(h, confidence), statistics.fmean(hidden),
+                            threshold=MOSTLY_HIDDEN, show=lambda share: f"{share:.0%}"))
+    return finding("ddp-overlap-hides-communication", "DDP's bucketed all-reduce overlaps the backward pass and "
+                   f"hides most (over {MOSTLY_HIDDEN:.0%}) of its communication time", LI, checks,
+                   "needs ddp succeeded with 2 or more devices and a step breakdown (trainer option --breakdown)")
+
+
 def check_all(configs: list[Configuration], effs: list[Efficiency], spec: dict[str, Any],
               curves: Curves | None) -> list[Finding]:
     return [
@@ -292,4 +310,5 @@ def check_all(configs: list[Configuration], effs: list[Efficiency], spec: dict[s
         horovod_most_robust_across_nodes(configs, effs),
         synchronous_strategies_agree(configs, spec, curves),
         ddp_scales_near_linearly(configs, effs),
+        ddp_overlap_hides_communication(configs),
     ]

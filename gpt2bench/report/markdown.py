@@ -6,19 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.report.measures import configurations, hardware
+from gpt2bench.report.measures import BREAKDOWN_PARTS, configurations, hardware, result
 from gpt2bench.report.table import (
     MIB,
     NO_VALUE,
     configurations_markdown,
     fmt,
+    fmt_stat,
     markdown_table,
     repeated,
     results_table_markdown,
 )
 from gpt2bench.status import Analysis, Recommendation, ResultsDocument
 
-OBJECTIVE_ORDER = ("fastest", "leanest", "cheapest", "scalable")
+OBJECTIVE_ORDER = ("fastest", "leanest", "cheapest", "scalable", "efficient")
 VERDICTS = {"holds": "holds", "does-not-hold": "does not hold",
             "inconclusive": "inconclusive (the interval crosses the claim's threshold)",
             "needs-repeats": "not decided: needs repeats ≥ 2", "not-measurable": "not measurable with this sweep"}
@@ -153,6 +154,26 @@ def _spec_line(spec: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def breakdown_markdown(doc: ResultsDocument) -> str:
+    """Where each configuration's mean step goes (docs/metrics.md, Step breakdown), its communication and
+    its energy; configurations without a breakdown are left out."""
+    rows = []
+    for config in configurations(doc.runs):
+        stats = [config.stat(result(field)) for _, field in BREAKDOWN_PARTS]
+        if any(stat is None for stat in stats):
+            continue
+        comm, hidden, sent, energy = (config.stat(result(f)) for f in (
+            "comm_seconds_mean", "comm_hidden_ratio", "comm_bytes_per_step", "energy_joules_per_million_tokens"))
+        rows.append([config.name, config.scale.label, *(fmt_stat(stat, ".1f", 1e3) for stat in stats),
+                     fmt_stat(comm, ".1f", 1e3), fmt_stat(hidden, ".0%"), fmt_stat(sent, ",.1f", 1 / MIB),
+                     fmt_stat(energy, ",.0f")])
+    if not rows:
+        return "No run has a step breakdown (trainer option --breakdown).\n"
+    headers = ["configuration", "scale", *(f"{part} (ms)" for part, _ in BREAKDOWN_PARTS), "comm total (ms)",
+               "comm hidden", "sent per step (MiB)", "J per 1M tokens"]
+    return markdown_table(headers, rows, {"configuration", "scale"})
+
+
 def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -> str:
     devices = {bool(r.devices_per_node) for r in doc.runs}
     kind = "GPU figures" if devices == {True} else "CPU figures" if devices == {False} else "CPU and GPU figures"
@@ -172,6 +193,11 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
                   "## Scaling efficiency", "",
                   "Tokens/s per device ÷ the same strategy and precision at its smallest scale.", "",
                   scaling_markdown(doc.analysis),
+                  "## Where the step time goes", "",
+                  "Worker 0's mean step per configuration (mean ± spread over repeats), split so that the parts "
+                  "add up to the step: exposed communication is the time the step waited for communication no "
+                  "computation hid; *comm hidden* = 1 − exposed ÷ total (docs/metrics.md, Step breakdown).", "",
+                  breakdown_markdown(doc),
                   "## The papers' findings on this hardware", "", findings_markdown(doc.analysis)]
     lines += ["## Runs", "", results_table_markdown(doc)]
     counts: dict[str, int] = {}

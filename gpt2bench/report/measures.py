@@ -130,6 +130,12 @@ peak_memory = result("peak_memory_bytes")
 train_seconds = result("train_seconds")
 grad_norm = result("grad_norm")
 final_loss = result("final_loss")
+energy_per_million_tokens = result("energy_joules_per_million_tokens")
+comm_hidden_ratio = result("comm_hidden_ratio")
+# The step breakdown's parts (docs/metrics.md, Step breakdown): they add up to the step time.
+BREAKDOWN_PARTS = (("data", "data_seconds_mean"), ("forward", "forward_seconds_mean"),
+                   ("backward", "backward_seconds_mean"), ("optimizer", "optimizer_seconds_mean"),
+                   ("other", "other_seconds_mean"), ("exposed communication", "comm_exposed_seconds_mean"))
 
 
 def tokens_per_second_per_device(run: RunStatus) -> float | None:

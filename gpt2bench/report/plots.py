@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench.report.measures import (
+    BREAKDOWN_PARTS,
     Configuration,
     Metric,
     configurations,
     grad_norm,
     hardware,
     peak_memory,
+    result,
     scales,
     tokens_per_second,
     train_seconds,
@@ -41,7 +43,8 @@ CURVE_PLOTS: list[tuple[str, tuple[str, ...], str, str, str]] = [
      "Gradient norm per step"),
 ]
 SCALING_PLOT = "scaling.png"
-ALL_PLOTS = [p[0] for p in BAR_PLOTS] + [p[0] for p in CURVE_PLOTS] + [SCALING_PLOT]
+BREAKDOWN_PLOT = "breakdown.png"
+ALL_PLOTS = [p[0] for p in BAR_PLOTS] + [p[0] for p in CURVE_PLOTS] + [SCALING_PLOT, BREAKDOWN_PLOT]
 X_LABELS = {"step": "step", "seconds": "seconds of training (step times summed, warm-up included)"}
 
 
@@ -193,6 +196,38 @@ def scaling_chart(path: Path, rows: list[ScalingEfficiency], device_label: str) 
     _save(fig, path)
 
 
+def breakdown_chart(path: Path, configs: list[Configuration]) -> bool:
+    """One stacked bar per configuration: the mean step split into data, forward, backward, optimizer, other and
+    exposed communication (hidden communication overlaps the others, so it is not a part); False if no run
+    has a breakdown."""
+    rows = []
+    for config in configs:
+        parts = [config.stat(result(field)) for _, field in BREAKDOWN_PARTS]
+        if all(stat is not None for stat in parts):
+            rows.append((f"{config.label}\n{config.scale.label}", [stat.mean * 1e3 for stat in parts]))
+    if not rows:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(min(20.0, max(6.5, 1.2 + 0.9 * len(rows))), 5.0))
+    bottoms = [0.0] * len(rows)
+    colours = plt.get_cmap("tab10").colors
+    for k, (part, _) in enumerate(BREAKDOWN_PARTS):
+        heights = [values[k] for _, values in rows]
+        colour = "firebrick" if part == "exposed communication" else colours[k]
+        ax.bar(range(len(rows)), heights, 0.7, bottom=bottoms, label=part, color=colour)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xticks(range(len(rows)), [label for label, _ in rows], fontsize=7, rotation=20 if len(rows) > 6 else 0)
+    ax.set_ylabel("mean step time (ms, worker 0, measured steps)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    runs = [run for config in configs for run in config.runs]
+    ax.set_title(f"Where a step's time goes, per configuration (mean over repeats)\non {hardware(runs)}",
+                 fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+    return True
+
+
 def write_plots(doc: ResultsDocument, curves: dict[str, list[dict[str, Any]]],
                 directory: Path) -> tuple[list[str], list[str]]:
     """Write the PNGs; return (file names written, notes on plots that could not be drawn)."""
@@ -217,6 +252,10 @@ def write_plots(doc: ResultsDocument, curves: dict[str, list[dict[str, Any]]],
                          "Prometheus metrics for per-step values).")
         else:
             notes.append(f"No {title.lower()} curves: the runs' steps.jsonl files have no such records.")
+    if breakdown_chart(directory / BREAKDOWN_PLOT, configs):
+        written.append(BREAKDOWN_PLOT)
+    else:
+        notes.append("No breakdown plot: no succeeded run has a step breakdown (trainer option --breakdown).")
     rows = doc.analysis.scaling if doc.analysis else []
     if rows:
         scaling_chart(directory / SCALING_PLOT, rows, hardware(doc.runs))
