@@ -146,7 +146,8 @@ def test_torch_trainjob_points_at_the_torch_runtime_and_calls_torchrun():
     assert flag(trainer["command"], "--output") == "$(GPT2BENCH_OUTPUT_DIR)"
     assert {"name": "GPT2BENCH_OUTPUT_DIR", "value": OUTPUT_DIR} in trainer["env"]
     assert not [e for e in trainer["env"] if e["name"].startswith("PET_")]
-    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "2"}}
+    # 2 processes per pod at the CPU default of 4 GiB each (render/pods.py, docs/security.md)
+    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "2"}, "limits": {"memory": "8Gi"}}
     assert job["spec"]["activeDeadlineSeconds"] == 600
     pod = patched(job, "node")
     assert pod["metadata"]["labels"]["gpt2bench.io/run"] == "bench-ddp-fp32-3x2"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from gpt2bench.kubesyntax import quantity_value
 from gpt2bench.plan import Run
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
@@ -77,9 +78,33 @@ def run_policy(benchmark: Benchmark, min_available: int) -> dict[str, Any]:
     return policy
 
 
-def container_resources(benchmark: Benchmark, gpus: int) -> dict[str, Any]:
+# Memory bounds (docs/security.md): a container without a memory limit can take a node's memory. Where the
+# spec sets no `resources.limits.memory`, a pod's limit is this much per process it runs (workers and
+# parameter servers), or its memory request where that is more. CPU: a gpt2-size model's fp32 weights,
+# AdamW state and activations per process, with room; GPU: the host side of a CUDA process (context,
+# pinned buffers, the data pipeline). The tiny model takes under 1 GiB per process (README).
+DEFAULT_MEMORY_PER_PROCESS = {"cpu": 4, "gpu": 16}  # GiB
+# /dev/shm of GPU pods (NCCL's intra-node buffers): a memory-backed emptyDir, bounded per GPU. Its pages
+# count against the pod's memory limit.
+SHM_PER_GPU = 1  # GiB
+
+
+def memory_limit(benchmark: Benchmark, gpus: int, processes: int) -> str:
+    """The pod's memory limit: the spec's, else the default per process (at least the request)."""
+    resources = benchmark.spec.resources
+    if "memory" in resources.limits:
+        return resources.limits["memory"]
+    default = f"{DEFAULT_MEMORY_PER_PROCESS['gpu' if gpus else 'cpu'] * max(processes, 1)}Gi"
+    request = resources.requests.get("memory")
+    if request is not None and quantity_value(request) > quantity_value(default):
+        return request
+    return default
+
+
+def container_resources(benchmark: Benchmark, gpus: int, processes: int) -> dict[str, Any]:
+    """A training container's resources: the spec's, its GPUs, and a memory limit always."""
     requests = dict(benchmark.spec.resources.requests)
-    limits = dict(benchmark.spec.resources.limits)
+    limits = {**benchmark.spec.resources.limits, "memory": memory_limit(benchmark, gpus, processes)}
     if gpus:
         # Extended resources: requests must equal limits; set both.
         requests["nvidia.com/gpu"] = gpus
@@ -87,8 +112,7 @@ def container_resources(benchmark: Benchmark, gpus: int) -> dict[str, Any]:
     resources: dict[str, Any] = {}
     if requests:
         resources["requests"] = requests
-    if limits:
-        resources["limits"] = limits
+    resources["limits"] = limits
     return resources
 
 
@@ -101,7 +125,7 @@ def pod_volumes(gpus: int) -> tuple[list[dict], list[dict]]:
     volumes = [{"name": "output", "emptyDir": {}}]
     mounts = [{"name": "output", "mountPath": OUTPUT_DIR}]
     if gpus:  # NCCL needs more shared memory than the container default of 64 MiB
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU * gpus}Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     return volumes, mounts
 
@@ -158,9 +182,7 @@ def pod_template(
                     "prometheus.io/path": "/metrics",
                 }
             )
-    resources = container_resources(benchmark, gpus)
-    if resources:
-        container["resources"] = resources
+    container["resources"] = container_resources(benchmark, gpus, run.procs_per_node)
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
