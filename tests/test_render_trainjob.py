@@ -240,12 +240,12 @@ def test_render_cli_backend_flag_and_first_line(capsys):
     out = capsys.readouterr()
     assert out.out.startswith("# backend: trainjob (--backend)\n")
     jobs = list(yaml.safe_load_all(out.out))
-    assert len(jobs) == 14 and {j["kind"] for j in jobs} == {"TrainJob"}
+    assert len(jobs) == 28 and {j["kind"] for j in jobs} == {"TrainJob", "NetworkPolicy"}
     assert out.err == ""  # nothing in the CPU example that a TrainJob cannot apply
     assert main([example]) == 0  # spec.backend auto, rendered offline
     out = capsys.readouterr().out
     assert out.startswith("# backend: pytorchjob (spec.backend is auto") and "--backend" in out.splitlines()[0]
-    assert {j["kind"] for j in yaml.safe_load_all(out)} == {"PyTorchJob", "MPIJob"}
+    assert {j["kind"] for j in yaml.safe_load_all(out)} == {"PyTorchJob", "MPIJob", "NetworkPolicy"}
 
 
 def test_render_cli_follows_spec_backend_and_prints_caveats(tmp_path):
