@@ -21,6 +21,7 @@ import tomllib
 
 from gpt2bench.protocol import SSH_PORT, TRAINER_HOME, TRAINER_UID
 from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
+from gpt2bench.render.pods import WRITABLE_PATHS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -111,7 +112,8 @@ def test_the_image_user_and_sshd_are_what_the_mpijob_renders() -> None:
     lines = re.findall(r"'([^']*)'", sshd_config)
     assert f"Port {SSH_PORT}" in lines
     assert f"HostKey {SSH_AUTH_MOUNT_PATH}/id_rsa" in lines  # mpi-operator mounts the job's key there
-    assert any(line.startswith(f"PidFile {TRAINER_HOME}/") for line in lines)  # writable by the user
+    assert "PidFile /tmp/sshd.pid" in lines  # the root filesystem is read-only; /tmp is an emptyDir
+    assert WRITABLE_PATHS["tmp"] == "/tmp"
     assert SSHD_COMMAND[-1] == f"{TRAINER_HOME}/.sshd_config"
     assert f"Port {SSH_PORT}" in script.split("ssh_config.d")[0].rsplit("printf", 1)[1]  # the client's side
 

@@ -153,7 +153,8 @@ def test_torch_trainjob_points_at_the_torch_runtime_and_calls_torchrun():
     assert pod["metadata"]["labels"]["gpt2bench.io/run"] == "bench-ddp-fp32-3x2"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9400"
     assert {"name": "output", "emptyDir": {}} in pod["spec"]["volumes"]
-    assert pod["spec"]["containers"][0]["volumeMounts"] == [{"name": "output", "mountPath": OUTPUT_DIR}]
+    assert pod["spec"]["containers"][0]["volumeMounts"][0] == {"name": "output", "mountPath": OUTPUT_DIR}
+    assert {"name": "tmp", "mountPath": "/tmp"} in pod["spec"]["containers"][0]["volumeMounts"]  # read-only root
     effective = effective_pods(job)["node"]["spec"]
     assert restricted_problems(effective) == []
     assert effective["containers"][0]["command"] == trainer["command"]

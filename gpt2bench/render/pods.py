@@ -3,7 +3,8 @@ scheduling, security, and the run policy of the Kubeflow job around it.
 
 Every pod meets the Pod Security Standards' "restricted" profile: it runs as the image's non-root user
 with the runtime's default seccomp profile, every container drops all capabilities and cannot escalate
-privileges, and no service-account token is mounted (the trainer never talks to the API server).
+privileges, and no service-account token is mounted (the trainer never talks to the API server). Beyond
+"restricted": a read-only root filesystem, and bounded memory (docs/security.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gpt2bench.protocol import (
     PRECISION_LABEL,
     RUN_LABEL,
     STRATEGY_LABEL,
+    TRAINER_HOME,
     TRAINER_UID,
 )
 from gpt2bench.spec import Benchmark
@@ -121,9 +123,18 @@ def container_env(extra: dict[str, str] | None = None) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
+# The root filesystem is read-only (container_security_context); what the trainer, torchrun, mpirun and
+# sshd write goes to emptyDirs: /tmp (torchrun's and Open MPI's session files, torch.compile's TMPDIR, sshd's
+# pid file) and the image user's caches (Hugging Face, torch inductor under ~/.cache; Triton's ~/.triton).
+WRITABLE_PATHS = {"tmp": "/tmp", "cache": f"{TRAINER_HOME}/.cache", "triton": f"{TRAINER_HOME}/.triton"}
+
+
 def pod_volumes(gpus: int) -> tuple[list[dict], list[dict]]:
     volumes = [{"name": "output", "emptyDir": {}}]
     mounts = [{"name": "output", "mountPath": OUTPUT_DIR}]
+    for name, path in WRITABLE_PATHS.items():
+        volumes.append({"name": name, "emptyDir": {}})
+        mounts.append({"name": name, "mountPath": path})
     if gpus:  # NCCL needs more shared memory than the container default of 64 MiB
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU * gpus}Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -152,8 +163,10 @@ def pod_security_context() -> dict[str, Any]:
 
 
 def container_security_context() -> dict[str, Any]:
-    """Container level of "restricted": no privilege escalation, every capability dropped."""
-    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+    """Container level of "restricted": no privilege escalation, every capability dropped; and a read-only
+    root filesystem (the writable paths are emptyDirs: pod_volumes)."""
+    return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}}
 
 
 def pod_template(
