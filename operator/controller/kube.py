@@ -215,8 +215,10 @@ def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Crea
             existing = json.loads(response.data)
             if owner_uid is None or reconcile.controller_uid(existing) == owner_uid:
                 return Created(new=False)
-            return Refused(reconcile.foreign_reason(name, "NetworkPolicy", namespace,
-                                                    reconcile.owner_description(existing), owner_uid))
+            return Refused(f"a NetworkPolicy named {name} already exists in {namespace} and belongs to "
+                           f"{reconcile.owner_description(existing)}, not to this GPT2Benchmark (uid {owner_uid}): "
+                           f"the run's pods would be fenced by rules it does not set. Delete that NetworkPolicy, "
+                           f"or give this benchmark another name")
         reason, message = api_message(exc)
         return Refused(reconcile.refused_reason(name, "NetworkPolicy", exc.status, reason, message)
                        + " (spec.networkPolicy.enabled: false runs without it)")
