@@ -10,6 +10,8 @@
 #   run on the matching nvidia/cuda runtime (its CUDA runtime and NCCL); needs the NVIDIA driver and device
 #   plugin on the node. GPT2Benchmark runs with devicesPerNode > 0 use it by default (spec.images.gpu).
 # - operator: `gpt2bench operator` (kopf, kubernetes client, pydantic): what the Helm chart deploys.
+# Python packages are installed from requirements/*.lock with --require-hashes (requirements/README.md): an
+# image built twice has the same files. torch comes from the PyTorch index at TORCH_VERSION.
 # The trainers run as uid 1000 with sshd on port 2222 (docker/trainer-user.sh): Pod Security "restricted".
 
 ARG PYTHON_VERSION=3.11
@@ -25,17 +27,19 @@ FROM python:${PYTHON_VERSION}-slim-bookworm AS operator-build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# The package without its trainer dependencies (torch, transformers, matplotlib ...): only what the
+# operator imports (requirements/operator.in), every file pinned by its hash (requirements/operator.lock).
+# tests/test_dockerfile.py keeps operator.in equal to pyproject's pins and checks that the operator's
+# modules import nothing else.
+COPY requirements/operator.lock requirements/
+RUN python -m venv /opt/venv \
+ && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install --no-deps --require-hashes -r requirements/operator.lock
 COPY pyproject.toml README.md ./
 COPY gpt2bench/ gpt2bench/
 COPY trainer/ trainer/
 COPY operator/ operator/
-# The package without its trainer dependencies (torch, transformers, matplotlib ...): only what the
-# operator imports. tests/test_dockerfile.py keeps this list equal to pyproject's and checks that the
-# operator's modules import nothing else.
-RUN python -m venv /opt/venv \
- && pip install "setuptools==75.8.0" "wheel==0.45.1" \
- && pip install --no-deps . \
- && pip install "pydantic>=2.6" "pyyaml>=6" "prometheus-client>=0.20" "kopf>=1.37" "kubernetes>=29" "scipy>=1.10" \
+RUN pip install --no-deps --no-build-isolation . \
  && python -m compileall -q /opt/venv \
  && gpt2bench operator --help >/dev/null
 
@@ -67,12 +71,15 @@ ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABL
 RUN python3.12 -m venv /opt/venv \
  && pip install "setuptools==75.8.0" "wheel==0.45.1" \
  && pip install --index-url "${TORCH_CUDA_INDEX_URL}" "torch==${TORCH_VERSION}"
+# Everything else from PyPI, every file pinned by its hash (requirements/trainer.lock).
 WORKDIR /src
+COPY requirements/trainer.lock requirements/horovod.lock requirements/
+RUN pip install --no-deps --require-hashes -r requirements/trainer.lock
 COPY pyproject.toml README.md ./
 COPY gpt2bench/ gpt2bench/
 COPY trainer/ trainer/
 COPY operator/ operator/
-RUN pip install . && gpt2bench --version
+RUN pip install --no-deps --no-build-isolation . && pip check && gpt2bench --version
 # Horovod with NCCL all-reduce on GPU tensors (plus Gloo and MPI), for the cards of the last generations
 # (A100 8.0, A10/3090 8.6, L4/4090 8.9, H100 9.0); same C++17 wrapper as the CPU build below. The build
 # has no GPU: the driver's libcuda comes from the toolkit's stubs for the check.
@@ -81,7 +88,7 @@ RUN CXX=/usr/local/bin/g++-cxx17 HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=S
     HOROVOD_CUDA_HOME=/usr/local/cuda HOROVOD_BUILD_CUDA_CC_LIST="80,86,89,90" \
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
-    pip install --no-build-isolation "horovod==${HOROVOD_VERSION}" \
+    pip install --no-build-isolation --no-deps --require-hashes -r requirements/horovod.lock \
  && LD_LIBRARY_PATH=/usr/local/cuda/lib64/stubs horovodrun --check-build | tee /tmp/horovod-build.txt \
  && grep -q "\[X\] NCCL" /tmp/horovod-build.txt
 
@@ -125,19 +132,22 @@ RUN python -m venv /opt/venv \
  && pip install "setuptools==75.8.0" "wheel==0.45.1" \
  && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
-# The project itself (not editable); torch is already satisfied, the rest comes from PyPI.
+# The rest from PyPI, every file pinned by its hash (requirements/trainer.lock); then the project itself
+# (not editable), whose dependencies `pip check` finds satisfied.
 WORKDIR /src
+COPY requirements/trainer.lock requirements/horovod.lock requirements/
+RUN pip install --no-deps --require-hashes -r requirements/trainer.lock
 COPY pyproject.toml README.md ./
 COPY gpt2bench/ gpt2bench/
 COPY trainer/ trainer/
 COPY operator/ operator/
-RUN pip install . && gpt2bench --version
+RUN pip install --no-deps --no-build-isolation . && pip check && gpt2bench --version
 
 # Horovod 0.28.1 needs a C++17 compile against torch's headers: docker/g++-cxx17 says why.
 COPY docker/g++-cxx17 /usr/local/bin/
 RUN CXX=/usr/local/bin/g++-cxx17 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
-    pip install --no-build-isolation "horovod==${HOROVOD_VERSION}" \
+    pip install --no-build-isolation --no-deps --require-hashes -r requirements/horovod.lock \
  && horovodrun --check-build
 
 # ------------------------------------------------------------------------------- trainer (CPU; default)

@@ -41,6 +41,8 @@ QUANTITY_PATTERN = (
 )
 # Container image references: the pod validation refuses leading or trailing whitespace.
 IMAGE_PATTERN = r"^\S(.*\S)?$"
+# An image's content digest (OCI: algorithm sha256, 64 lower-case hex digits), as pinned references use it.
+DIGEST_PATTERN = r"^sha256:[a-f0-9]{64}$"
 
 # What each pattern means, for messages (pydantic would only say "should match pattern ...").
 PATTERN_MEANINGS = {
@@ -51,7 +53,20 @@ PATTERN_MEANINGS = {
     DNS1123_SUBDOMAIN_PATTERN: "a DNS-1123 subdomain (lower-case letters, digits, '-' and '.')",
     QUANTITY_PATTERN: "a non-negative quantity (e.g. 4, 500m, 16Gi, 1.5e3)",
     IMAGE_PATTERN: "an image reference without leading or trailing whitespace",
+    DIGEST_PATTERN: "an image digest: sha256: followed by 64 lower-case hexadecimal digits",
 }
+
+
+def pinned_image(reference: str, digest: str | None) -> str:
+    """`reference` pinned to `digest` (`repo@sha256:...`): the digest replaces its tag and any digest it had.
+    Without a digest, the reference as it is."""
+    if not digest:
+        return reference
+    repository = reference.split("@", 1)[0]
+    last = repository.rsplit("/", 1)[-1]
+    if ":" in last:  # a tag (a ':' before the last '/' is a registry's port)
+        repository = repository[: len(repository) - len(last)] + last.split(":", 1)[0]
+    return f"{repository}@{digest}"
 
 _LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
 _DNS1123_LABEL_RE = re.compile(DNS1123_LABEL_PATTERN)

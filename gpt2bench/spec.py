@@ -31,7 +31,14 @@ from pydantic.alias_generators import to_camel
 
 from gpt2bench import __version__, kubesyntax
 from gpt2bench.fielderrors import RuleError
-from gpt2bench.kubesyntax import DNS1123_SUBDOMAIN_PATTERN, IMAGE_PATTERN, shown
+from gpt2bench.kubesyntax import (
+    DIGEST_PATTERN,
+    DNS1123_LABEL_PATTERN,
+    DNS1123_SUBDOMAIN_PATTERN,
+    IMAGE_PATTERN,
+    pinned_image,
+    shown,
+)
 from gpt2bench.spectypes import Annotations, Labels, LabelValue, ResourceList, SpecModel, cel
 
 API_GROUP = "gpt2bench.io"
@@ -447,8 +454,16 @@ class CostSpec(SpecModel):
         return self
 
 
+Digest = Annotated[str, Field(max_length=71, pattern=DIGEST_PATTERN)]
+
+
 class ImagesSpec(SpecModel):
     """The trainer image by device type: CPU runs (devicesPerNode 0) and GPU runs need different torch builds."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.cpuDigest) || has(self.cpu)", "cpuDigest needs cpu: the repository the digest is of"),
+        ("!has(self.gpuDigest) || has(self.gpu)", "gpuDigest needs gpu: the repository the digest is of"),
+    ))
 
     cpu: str | None = Field(
         None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
@@ -457,13 +472,43 @@ class ImagesSpec(SpecModel):
         None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
         description=f"Image of GPU runs (CUDA torch, Horovod with NCCL); default: the operator's "
                     f"--trainer-image-gpu, else {DEFAULT_GPU_IMAGE}.")
+    cpu_digest: Digest | None = Field(
+        None, description="Digest of the CPU image (sha256:...): runs use cpu's repository at this digest, "
+                          "in preference to its tag.")
+    gpu_digest: Digest | None = Field(
+        None, description="Digest of the GPU image (sha256:...): runs use gpu's repository at this digest, "
+                          "in preference to its tag.")
+
+    @model_validator(mode="after")
+    def _digest_of_a_named_image(self) -> ImagesSpec:
+        errors = [((f"{device}Digest",), f"needs {device}: the repository the digest is of")
+                  for device in ("cpu", "gpu")
+                  if getattr(self, f"{device}_digest") is not None and getattr(self, device) is None]
+        if errors:
+            raise RuleError(errors)
+        return self
+
+
+class NetworkPolicySpec(SpecModel):
+    """The NetworkPolicy rendered with every run's job (docs/security.md)."""
+
+    enabled: bool = Field(
+        True, description="A NetworkPolicy per run: its pods take traffic only from the run's own pods, and on "
+                          "the metrics ports from metricsNamespaces. Enforced only where the cluster's network "
+                          "plugin enforces NetworkPolicies.")
+    metrics_namespaces: list[Annotated[str, Field(max_length=63, pattern=DNS1123_LABEL_PATTERN)]] = Field(
+        default_factory=lambda: ["monitoring"], max_length=16,
+        description="Namespaces whose pods may scrape the trainers' metrics ports (where Prometheus runs); "
+                    "[]: none.", json_schema_extra={"x-kubernetes-list-type": "set"})
 
 
 class GPT2BenchmarkSpec(SpecModel):
     model_config = ConfigDict(json_schema_extra=cel((
         "!has(self.model) || !has(self.model.nPositions) || (has(self.training) && has(self.training.seqLen) "
         f"? self.training.seqLen : {TrainingSpec.model_fields['seq_len'].default}) <= self.model.nPositions",
-        "training.seqLen must not exceed model.nPositions")))
+        "training.seqLen must not exceed model.nPositions"),
+        ("!has(self.imageDigest) || has(self.image)", "imageDigest needs image: the repository the digest is of"),
+    ))
 
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
@@ -472,6 +517,9 @@ class GPT2BenchmarkSpec(SpecModel):
     image: str | None = Field(
         None, min_length=1, max_length=4096, pattern=IMAGE_PATTERN,
         description="Trainer image of every run (has gpt2bench, torchrun, mpirun); unset: `images` by device type.")
+    image_digest: Digest | None = Field(
+        None, description="Digest of `image` (sha256:...): runs use its repository at this digest, in "
+                          "preference to its tag.")
     images: ImagesSpec = Field(default_factory=ImagesSpec, description="Trainer image by device type.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
@@ -481,6 +529,7 @@ class GPT2BenchmarkSpec(SpecModel):
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     concurrency: int = Field(1, ge=1, le=64, description="Runs at once; 1 (default) keeps timings undisturbed.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     backend: Backend = Field(
         "auto",
         description=(
@@ -495,15 +544,17 @@ class GPT2BenchmarkSpec(SpecModel):
     def _one_way_to_name_the_image(self) -> GPT2BenchmarkSpec:
         if self.image is not None and (self.images.cpu is not None or self.images.gpu is not None):
             raise ValueError("spec.images: set either image (every run) or images (by device type), not both")
+        if self.image_digest is not None and self.image is None:
+            raise RuleError([(("imageDigest",), "needs image: the repository the digest is of")])
         return self
 
     def trainer_image(self, gpus: bool) -> str:
-        """The image of a run on GPUs (gpus) or on CPU."""
+        """The image of a run on GPUs (gpus) or on CPU: pinned to its digest where the spec gives one."""
         if self.image:
-            return self.image
+            return pinned_image(self.image, self.image_digest)
         if gpus:
-            return self.images.gpu or DEFAULT_GPU_IMAGE
-        return self.images.cpu or DEFAULT_IMAGE
+            return pinned_image(self.images.gpu or DEFAULT_GPU_IMAGE, self.images.gpu_digest)
+        return pinned_image(self.images.cpu or DEFAULT_IMAGE, self.images.cpu_digest)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> GPT2BenchmarkSpec:

@@ -27,6 +27,13 @@ if [ ! -x .tools/bin/helm ]; then
   rm -rf "$tmp"
 fi
 
+# checkov (tests/test_policy.py's policy scan) in its own virtual environment: its dependencies conflict
+# with the project's. The test skips, saying so, without it.
+if [ ! -x .tools/checkov/bin/checkov ]; then
+  python3 -m venv .tools/checkov
+  .tools/checkov/bin/pip install -q checkov 2>&1 | grep -vE '^WARNING' || true
+fi
+
 # Horovod 0.28.1 predates torch's C++17 headers: compile it with every -std=c++1x rewritten to c++17.
 if [ -z "${SKIP_HOROVOD:-}" ] && ! python3 -c 'import horovod.torch' 2>/dev/null; then
   wrapper=$(mktemp -d)

@@ -21,6 +21,7 @@ import pytest
 
 from gpt2bench.protocol import SSH_PORT, TRAINER_HOME, TRAINER_UID
 from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
+from gpt2bench.render.pods import WRITABLE_PATHS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -111,7 +112,8 @@ def test_the_image_user_and_sshd_are_what_the_mpijob_renders() -> None:
     lines = re.findall(r"'([^']*)'", sshd_config)
     assert f"Port {SSH_PORT}" in lines
     assert f"HostKey {SSH_AUTH_MOUNT_PATH}/id_rsa" in lines  # mpi-operator mounts the job's key there
-    assert any(line.startswith(f"PidFile {TRAINER_HOME}/") for line in lines)  # writable by the user
+    assert "PidFile /tmp/sshd.pid" in lines  # the root filesystem is read-only; /tmp is an emptyDir
+    assert WRITABLE_PATHS["tmp"] == "/tmp"
     assert SSHD_COMMAND[-1] == f"{TRAINER_HOME}/.sshd_config"
     assert f"Port {SSH_PORT}" in script.split("ssh_config.d")[0].rsplit("printf", 1)[1]  # the client's side
 
@@ -136,10 +138,13 @@ def test_horovod_is_built_with_the_cxx17_wrapper_against_the_pinned_torch() -> N
     for stage in ("build", "cuda-build"):
         build = runs(stage)
         assert "COPY docker/g++-cxx17 /usr/local/bin/" in DOCKERFILE.read_text().split(f" AS {stage}")[1]
-        assert re.search(r"CXX=/usr/local/bin/g\+\+-cxx17 .*pip install --no-build-isolation \"horovod==", build)
+        assert re.search(r"CXX=/usr/local/bin/g\+\+-cxx17 .*pip install --no-build-isolation --no-deps "
+                         r"--require-hashes -r requirements/horovod\.lock", build)
         for flag in ("HOROVOD_WITH_PYTORCH=1", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_MPI=1"):
             assert flag in build
         assert "horovodrun --check-build" in build
+    horovod = re.search(r"ARG HOROVOD_VERSION=(\S+)", text).group(1)
+    assert f"horovod=={horovod} " in (ROOT / "requirements" / "horovod.lock").read_text()
     torch_version = re.search(r"ARG TORCH_VERSION=(\S+)", text).group(1)
     from packaging.specifiers import SpecifierSet
 
@@ -162,9 +167,10 @@ def test_the_cuda_trainer_has_cuda_torch_and_horovod_with_nccl_on_matching_cuda_
 
 
 def _operator_requirements() -> list[str]:
-    install = re.findall(r'pip install ((?:"[^"]+" ?)+)', runs("operator-build"))
-    return [req for group in install for req in re.findall(r'"([^"]+)"', group)
-            if not req.startswith(("setuptools", "wheel"))]
+    """What the operator image installs: requirements/operator.in, locked (tests/test_policy_lock.py)."""
+    assert "pip install --no-deps --require-hashes -r requirements/operator.lock" in runs("operator-build")
+    lines = (ROOT / "requirements" / "operator.in").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def _name(requirement: str) -> str:
@@ -172,7 +178,7 @@ def _name(requirement: str) -> str:
 
 
 def test_the_operator_image_installs_pyprojects_own_pins_and_no_torch() -> None:
-    assert "pip install --no-deps ." in runs("operator-build")
+    assert "pip install --no-deps --no-build-isolation ." in runs("operator-build")
     wanted = _operator_requirements()
     declared = {_name(d): d for d in PYPROJECT["project"]["dependencies"]}
     assert wanted and all(declared.get(_name(r)) == r for r in wanted), (wanted, declared)

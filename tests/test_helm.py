@@ -61,7 +61,8 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
 
 
 def test_ci_scenarios_exist() -> None:
-    assert {"default-values.yaml", "monitoring-values.yaml", "namespaced-values.yaml"} <= set(SCENARIOS)
+    assert {"default-values.yaml", "monitoring-values.yaml", "namespaced-values.yaml",
+            "all-namespaces-values.yaml"} <= set(SCENARIOS)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -100,13 +101,13 @@ def test_long_names_are_truncated_to_63() -> None:
         assert DNS_LABEL.fullmatch(doc["metadata"]["name"]), doc["metadata"]["name"]
 
 
-def test_defaults_watch_all_namespaces_with_cluster_roles(rendered) -> None:
+def test_defaults_watch_the_release_namespace_with_a_role(rendered) -> None:
     docs = rendered["default-values.yaml"]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole"] * 4 + ["ClusterRoleBinding"] * 2 + ["Deployment", "Service", "ServiceAccount"], \
-        "monitoring objects must be off by default"
+    assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "RoleBinding",
+                                           "Service", "ServiceAccount"], "monitoring objects must be off by default"
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"][:2] == ["operator", "--all-namespaces"]
+    assert container["args"][:2] == ["operator", "--namespace=gpt2bench-system"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert "--metrics-port=9090" in container["args"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -116,20 +117,57 @@ def test_defaults_watch_all_namespaces_with_cluster_roles(rendered) -> None:
     assert "--trainer-image-gpu=ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda" in container["args"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
-    assert set(roles) == {"bench-gpt2bench", "bench-gpt2bench-framework", "bench-gpt2bench-edit",
-                          "bench-gpt2bench-view"}
-    app_rules = roles["bench-gpt2bench"]["rules"]
+    assert set(roles) == {"bench-gpt2bench-framework", "bench-gpt2bench-edit", "bench-gpt2bench-view"}
+    role = one(docs, "Role")
+    assert role["metadata"]["namespace"] == "gpt2bench-system"
+    app_rules = role["rules"]
     assert any("gpt2benchmarks/status" in r["resources"] for r in app_rules)
     assert any({"pytorchjobs", "mpijobs"} <= set(r["resources"]) and "create" in r["verbs"] for r in app_rules)
     assert any("gpt2benchmarks/finalizers" in r["resources"] and r["verbs"] == ["update"] for r in app_rules)
+    assert any(r["resources"] == ["networkpolicies"] and r["verbs"] == ["get", "create"] for r in app_rules)
+    # nothing that reads pods, logs or ConfigMaps is granted cluster-wide
+    framework = roles["bench-gpt2bench-framework"]["rules"]
+    assert not any({"pods", "pods/log", "configmaps"} & set(r["resources"]) for r in framework)
+
+
+def test_all_namespaces_uses_cluster_roles_and_digests_pin_the_images(rendered) -> None:
+    docs = rendered["all-namespaces-values.yaml"]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding", "NetworkPolicy")]
+    app = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "bench-gpt2bench")
+    assert any("pods/log" in r["resources"] for r in app["rules"])
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["operator", "--all-namespaces"]
+    assert container["image"] == "ghcr.io/gpt2bench/gpt2bench-operator@sha256:" + "1" * 64  # the tag is not used
+    assert "--trainer-image-cpu=ghcr.io/gpt2bench/gpt2bench@sha256:" + "2" * 64 in container["args"]
+    assert "--trainer-image-gpu=ghcr.io/gpt2bench/gpt2bench@sha256:" + "3" * 64 in container["args"]
+    # the operator accepts what the chart passes, and a run takes it as its image
+    from gpt2bench.controller import main
+    from gpt2bench.spec import validate_spec
+
+    args = main.parse_args(container["args"][1:])
+    spec = validate_spec({"sweep": {"strategies": [{"name": "single"}]}, "images": {"cpu": args.trainer_image_cpu}})
+    assert spec.trainer_image(gpus=False) == args.trainer_image_cpu
+
+
+def test_the_operators_network_policy_admits_only_the_metrics_port_from_the_monitoring_namespaces(rendered) -> None:
+    docs = rendered["default-values.yaml"]
+    policy = one(docs, "NetworkPolicy")
+    deployment = one(docs, "Deployment")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= \
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        "ports": [{"protocol": "TCP", "port": 9090}]}]
+    closed = one(render("--set-json", "networkPolicy.metricsNamespaces=[]"), "NetworkPolicy")
+    assert closed["spec"]["ingress"] == []  # no namespace may scrape: nothing comes in
 
 
 def test_trainer_images_and_aggregated_roles_follow_the_values() -> None:
     docs = render("--set", "trainerImage.repository=reg.example/t,trainerImage.tag=1.2,rbac.aggregateToDefaultRoles=false")
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--trainer-image-cpu=reg.example/t:1.2" in args and "--trainer-image-gpu=reg.example/t:1.2-cuda" in args
-    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"] == ["bench-gpt2bench-framework",
-                                                                                   "bench-gpt2bench"]
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"] == ["bench-gpt2bench-framework"]
     gpu = render("--set", "trainerImage.gpuTag=cu130")
     assert "--trainer-image-gpu=ghcr.io/gpt2bench/gpt2bench:cu130" in \
         one(gpu, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -174,6 +212,9 @@ def test_rbac_rules_are_labelled_framework_or_application() -> None:
     (["--set", "prometheusRule.disabled.NoSuchAlert=true"], "NoSuchAlert"),
     (["--set", "serviceMonitor.interval=soon"], "interval"),
     (["--set-string", "operator.metricsPort=http"], "metricsPort"),
+    (["--set", "image.digest=sha256:abc"], "digest"),
+    (["--set", "trainerImage.gpuDigest=md5:" + "0" * 64], "gpuDigest"),
+    (["--set", "networkPolicy.metricsNamespaces[0]=Monitoring"], "metricsNamespaces"),
 ])
 def test_values_schema_rejects_bad_values(bad: list[str], field: str) -> None:
     proc = helm("template", "bench", str(CHART), *bad, check=False)
@@ -290,7 +331,8 @@ def test_notes_render_next_steps(tmp_path: Path) -> None:
 
     default = notes()
     assert "kubectl -n ops rollout status deployment/bench-gpt2bench" in default
-    assert "every namespace" in default and "Monitoring is off" in default
+    assert "namespace ops only" in default and "Monitoring is off" in default
+    assert "every namespace" in notes("-f", str(CHART / "ci" / "all-namespaces-values.yaml"))
     assert "helm upgrade" in default and "never updates it" in default  # the CRD caveat
     monitored = notes("-f", str(CHART / "ci" / "monitoring-values.yaml"))
     assert "PodMonitor bench-gpt2bench-trainer" in monitored and "Monitoring is off" not in monitored

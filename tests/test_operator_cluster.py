@@ -124,6 +124,9 @@ def test_a_job_left_by_a_deleted_namesake_is_not_adopted(cluster, benchmarks, tr
                       what="the orphaned job without its owner")
     trainer.start(orphan)
     trainer.succeed(orphan, 99999.0)  # the old sweep's result: must not become the new one's
+    # its NetworkPolicy, orphaned alike, would fail the run first (tests/test_policy_operator.py): the job here
+    kubernetes.client.NetworkingV1Api(trainer.custom.api_client).delete_namespaced_network_policy(
+        old["metadata"]["name"], "default")
 
     created = benchmarks.create(benchmark("reborn", [{"name": "single"}, {"name": "ddp"}]))
     status = wait_for(lambda: (s := benchmarks.status("reborn")).get("runs") and s["runs"][0]["phase"] == "Failed"

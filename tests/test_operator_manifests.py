@@ -40,11 +40,13 @@ def test_the_manifest_is_the_charts_default_render():
 
 
 def test_every_object_is_valid_for_kubernetes_1_30(docs):
-    assert sorted(d["kind"] for d in docs) == ["ClusterRole"] * 4 + ["ClusterRoleBinding"] * 2 + [
-        "Deployment", "Namespace", "Service", "ServiceAccount"]
+    # the chart's default: the operator watches its own namespace (a Role there), fenced by a NetworkPolicy
+    assert sorted(d["kind"] for d in docs) == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "Namespace",
+                                               "NetworkPolicy", "Role", "RoleBinding", "Service", "ServiceAccount"]
     for obj in docs:
         kubernetes_validate.validate(obj, "1.30", strict=True)
-    namespaced = [d for d in docs if d["kind"] in ("ServiceAccount", "Deployment", "Service")]
+    namespaced = [d for d in docs if d["kind"] in ("ServiceAccount", "Deployment", "Service", "Role", "RoleBinding",
+                                                   "NetworkPolicy")]
     assert {d["metadata"]["namespace"] for d in namespaced} == {one(docs, "Namespace")["metadata"]["name"]}
     assert not any("helm.sh/chart" in (d["metadata"].get("labels") or {}) for d in docs), "not managed by Helm"
 
@@ -55,7 +57,8 @@ def test_the_deployment_runs_the_operator_cli_with_probe_ports_and_trainer_image
     assert container["image"].startswith("ghcr.io/gpt2bench/gpt2bench-operator:")  # the no-torch target
     assert container["args"][0] == "operator"  # the image's entrypoint is `gpt2bench`
     args = main.parse_args(container["args"][1:])  # exits on a flag the CLI does not know
-    assert args.all_namespaces and args.metrics_port == 9090
+    assert args.namespace == [one(docs, "Namespace")["metadata"]["name"]] and not args.all_namespaces
+    assert args.metrics_port == 9090
     assert (args.trainer_image_cpu, args.trainer_image_gpu) == (DEFAULT_IMAGE, DEFAULT_GPU_IMAGE)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert urlparse(args.liveness).port == ports["health"] and urlparse(args.liveness).path == "/healthz"
@@ -91,6 +94,14 @@ def test_rbac_is_split_into_framework_and_application_rules_and_least_privilege(
     assert not any(group in r["apiGroups"] for r in rules for group in ("jobset.x-k8s.io", "batch"))
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules)
     assert not allowed(rules, "", "secrets", "get") and not allowed(rules, "", "pods", "create")
+    # pods, their logs and ConfigMaps are read in the watched namespace only (a Role), never cluster-wide
+    cluster_wide = [r for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d["kind"] == "ClusterRole"
+                    and not d["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-view")
+                    and not d["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-edit")
+                    for r in d["rules"]]
+    assert cluster_wide and not any(allowed(cluster_wide, "", resource, verb) for resource, verb in
+                                    (("pods", "list"), ("pods/log", "get"), ("configmaps", "get")))
+    assert allowed(rules, "networking.k8s.io", "networkpolicies", "create")  # each run's, before its job
 
 
 def test_tenants_get_gpt2benchmarks_through_the_default_roles(docs):
@@ -122,12 +133,15 @@ def allowed(rules: list[dict], group: str, resource: str, verb: str) -> bool:
 
 
 def operator_rules() -> list[dict]:
-    """Every rule of the ClusterRoles bound to the operator's ServiceAccount."""
+    """Every rule of the (Cluster)Roles bound to the operator's ServiceAccount (the namespaced ones hold in
+    the watched namespace, where the operator's calls go)."""
     docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
     account = next(d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount")
-    bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"
+    bound = {(d["roleRef"]["kind"], d["roleRef"]["name"]) for d in docs
+             if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
              and any(s["kind"] == "ServiceAccount" and s["name"] == account for s in d["subjects"])}
-    return [rule for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in bound for rule in d["rules"]]
+    return [rule for d in docs if d["kind"] in ("ClusterRole", "Role") and (d["kind"], d["metadata"]["name"]) in bound
+            for rule in d["rules"]]
 
 
 # the name test_operator_kopf.py imports

@@ -350,11 +350,16 @@ def test_examples_render_valid_jobs(name):
 def test_render_cli_prints_a_yaml_stream(capsys):
     assert main([str(EXAMPLES / "cpu-sweep.yaml")]) == 0
     out = capsys.readouterr().out
-    jobs = list(yaml.safe_load_all(out))
+    objects = list(yaml.safe_load_all(out))
+    jobs = [o for o in objects if o["kind"] != "NetworkPolicy"]
     assert len(jobs) == 20 and "&id" not in out  # 5 strategies x 2 precisions x 2 repeats
     assert [j["kind"] for j in jobs].count("MPIJob") == 4
     for job in jobs:
         validate_job(job)
+    # each run's NetworkPolicy comes just before its job, named as it (tests/test_policy.py checks them)
+    assert [o["kind"] for o in objects] == ["NetworkPolicy", "PyTorchJob", "NetworkPolicy", "PyTorchJob"] + \
+        [o["kind"] for o in objects[4:]]
+    assert all(o["metadata"]["name"] == n["metadata"]["name"] for o, n in zip(objects[::2], objects[1::2]))
 
 
 def test_render_cli_namespace_override(capsys):

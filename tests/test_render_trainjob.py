@@ -146,13 +146,15 @@ def test_torch_trainjob_points_at_the_torch_runtime_and_calls_torchrun():
     assert flag(trainer["command"], "--output") == "$(GPT2BENCH_OUTPUT_DIR)"
     assert {"name": "GPT2BENCH_OUTPUT_DIR", "value": OUTPUT_DIR} in trainer["env"]
     assert not [e for e in trainer["env"] if e["name"].startswith("PET_")]
-    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "2"}}
+    # 2 processes per pod at the CPU default of 4 GiB each (render/pods.py, docs/security.md)
+    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "2"}, "limits": {"memory": "8Gi"}}
     assert job["spec"]["activeDeadlineSeconds"] == 600
     pod = patched(job, "node")
     assert pod["metadata"]["labels"]["gpt2bench.io/run"] == "bench-ddp-fp32-3x2"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9400"
     assert {"name": "output", "emptyDir": {}} in pod["spec"]["volumes"]
-    assert pod["spec"]["containers"][0]["volumeMounts"] == [{"name": "output", "mountPath": OUTPUT_DIR}]
+    assert pod["spec"]["containers"][0]["volumeMounts"][0] == {"name": "output", "mountPath": OUTPUT_DIR}
+    assert {"name": "tmp", "mountPath": "/tmp"} in pod["spec"]["containers"][0]["volumeMounts"]  # read-only root
     effective = effective_pods(job)["node"]["spec"]
     assert restricted_problems(effective) == []
     assert effective["containers"][0]["command"] == trainer["command"]
@@ -239,12 +241,12 @@ def test_render_cli_backend_flag_and_first_line(capsys):
     out = capsys.readouterr()
     assert out.out.startswith("# backend: trainjob (--backend)\n")
     jobs = list(yaml.safe_load_all(out.out))
-    assert len(jobs) == 20 and {j["kind"] for j in jobs} == {"TrainJob"}
+    assert len(jobs) == 40 and {j["kind"] for j in jobs} == {"TrainJob", "NetworkPolicy"}  # 20 runs, a policy each
     assert out.err == ""  # nothing in the CPU example that a TrainJob cannot apply
     assert main([example]) == 0  # spec.backend auto, rendered offline
     out = capsys.readouterr().out
     assert out.startswith("# backend: pytorchjob (spec.backend is auto") and "--backend" in out.splitlines()[0]
-    assert {j["kind"] for j in yaml.safe_load_all(out)} == {"PyTorchJob", "MPIJob"}
+    assert {j["kind"] for j in yaml.safe_load_all(out)} == {"PyTorchJob", "MPIJob", "NetworkPolicy"}
 
 
 def test_render_cli_follows_spec_backend_and_prints_caveats(tmp_path):

@@ -146,6 +146,16 @@ SHARED = [
      "spec.tolerations[0].tolerationSeconds", "tolerationSeconds needs effect NoExecute"),
     ("quantity-negative-integer", with_(resources={"requests": {"cpu": -1}}), "spec.resources.requests.cpu",
      "must not be negative"),
+    ("digest-syntax", with_(image="reg.example/t", imageDigest="sha256:abc"), "spec.imageDigest",
+     "does not match"),
+    ("image-digest-without-image", with_(imageDigest="sha256:" + "0" * 64), "spec.imageDigest",
+     "imageDigest needs image"),
+    ("cpu-digest-without-cpu", with_(images={"gpu": "reg.example/t", "cpuDigest": "sha256:" + "0" * 64}),
+     "spec.images.cpuDigest", "cpuDigest needs cpu"),
+    ("gpu-digest-without-gpu", with_(images={"gpuDigest": "sha256:" + "0" * 64}), "spec.images.gpuDigest",
+     "gpuDigest needs gpu"),
+    ("metrics-namespace-syntax", with_(networkPolicy={"metricsNamespaces": ["Monitoring"]}),
+     "spec.networkPolicy.metricsNamespaces[0]", "does not match"),
 ]
 
 # (id, spec, the field the local error names, why the CRD cannot state it)

@@ -5,7 +5,9 @@ The job kind follows the run's resolved backend (gpt2bench.jobkinds, docs/backen
 - `pytorchjob`: PyTorchJob (kubeflow.org/v1) for every torch strategy; `mpijob`: MPIJob
   (kubeflow.org/v2beta1) for horovod;
 - `trainjob`: a Trainer v2 TrainJob for every strategy, on the project's runtimes (`runtimes`);
-- `pods`: what their pods share (labels, env, volumes, ports, resources, scheduling, run policy).
+- `pods`: what their pods share (labels, env, volumes, ports, resources, scheduling, run policy);
+- `netpol`: the NetworkPolicy rendered with each run's job (`render_run`), which the operator creates before
+  the job and `gpt2bench render` prints; the local runner executes the job alone (`render_job`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import yaml
 
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.render.mpijob import render_mpijob
+from gpt2bench.render.netpol import render_network_policy
 from gpt2bench.render.pods import label_value
 from gpt2bench.render.pytorchjob import render_pytorchjob
 from gpt2bench.render.trainjob import render_trainjob
 from gpt2bench.spec import Benchmark
 
-__all__ = ["dump_jobs", "label_value", "render_all", "render_job"]
+__all__ = ["dump_jobs", "label_value", "render_all", "render_job", "render_objects", "render_run"]
 
 
 def render_job(benchmark: Benchmark, run: Run, backend: str | None = None) -> dict[str, Any]:
@@ -37,6 +40,19 @@ def render_job(benchmark: Benchmark, run: Run, backend: str | None = None) -> di
 
 def render_all(benchmark: Benchmark, backend: str | None = None) -> list[dict[str, Any]]:
     return [render_job(benchmark, run) for run in plan_runs(benchmark, backend)]
+
+
+def render_run(benchmark: Benchmark, run: Run, backend: str | None = None) -> list[dict[str, Any]]:
+    """Everything a run puts on a cluster, in creation order: its NetworkPolicy (unless the spec turns it
+    off: spec.networkPolicy.enabled), then its job."""
+    job = render_job(benchmark, run, backend)
+    policy = render_network_policy(benchmark, run, job["metadata"]["name"])
+    return [policy, job] if policy else [job]
+
+
+def render_objects(benchmark: Benchmark, backend: str | None = None) -> list[dict[str, Any]]:
+    """Every run's objects (render_run), run after run: what `gpt2bench render` prints."""
+    return [obj for run in plan_runs(benchmark, backend) for obj in render_run(benchmark, run)]
 
 
 class _NoAliasDumper(yaml.SafeDumper):

@@ -1,4 +1,5 @@
-"""`gpt2bench render FILE.yaml`: print the Kubeflow jobs a GPT2Benchmark becomes (dry run, GitOps).
+"""`gpt2bench render FILE.yaml`: print the Kubeflow jobs a GPT2Benchmark becomes (dry run, GitOps), each
+run's NetworkPolicy before its job (spec.networkPolicy).
 
 The first line says which backend the jobs are for and why; `--backend` picks one offline. An `auto`
 backend needs the API server to resolve (the operator asks it, TrainJob preferred); rendered offline
@@ -17,7 +18,7 @@ import sys
 from gpt2bench.jobkinds import AUTO, BACKENDS, OFFLINE_BACKEND, TRAINJOB
 from gpt2bench.kubesyntax import dns1123_label_problem
 from gpt2bench.plan import resolved_backend
-from gpt2bench.render import dump_jobs, render_all
+from gpt2bench.render import dump_jobs, render_objects
 from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
 from gpt2bench.spec import DEFAULT_IMAGE, SpecError, load_benchmark_file
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         for caveat in trainjob_caveats(benchmark):
             print(f"gpt2bench render: note: {caveat}", file=sys.stderr)
     sys.stdout.write(backend_line(benchmark.spec.backend, args.backend, backend) + "\n")
-    sys.stdout.write(dump_jobs(render_all(benchmark, backend)))
+    sys.stdout.write(dump_jobs(render_objects(benchmark, backend)))
     return 0
 
 

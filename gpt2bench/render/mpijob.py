@@ -30,6 +30,9 @@ SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{TRAINER_HOME}/.sshd_config"]
 RSH_ARGS = f"-p {SSH_PORT} -o ConnectionAttempts=10"
 # Forwarded from the launcher to every rank (an unset one only draws a warning from mpirun).
 MPI_FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", OUTPUT_ENV, POD_CPUS_ENV)
+# The launcher runs `gpt2bench launch`, mpirun and one ssh client per worker, and trains nothing: small,
+# bounded, requests = limits (Guaranteed, never the first evicted). Not timed, so a CPU limit costs nothing.
+LAUNCHER_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
 
 
 def mpirun_command(run: Run) -> list[str]:
@@ -51,7 +54,7 @@ def render_mpijob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
         gpus=0,
         serves_metrics=False,
     )
-    launcher["spec"]["containers"][0].pop("resources", None)  # mpirun alone needs little; no GPU
+    launcher["spec"]["containers"][0]["resources"] = LAUNCHER_RESOURCES
     worker = pod_template(
         benchmark,
         run,

@@ -3,7 +3,8 @@ scheduling, security, and the run policy of the Kubeflow job around it.
 
 Every pod meets the Pod Security Standards' "restricted" profile: it runs as the image's non-root user
 with the runtime's default seccomp profile, every container drops all capabilities and cannot escalate
-privileges, and no service-account token is mounted (the trainer never talks to the API server).
+privileges, and no service-account token is mounted (the trainer never talks to the API server). Beyond
+"restricted": a read-only root filesystem, and bounded memory (docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gpt2bench.protocol import (
     PRECISION_LABEL,
     RUN_LABEL,
     STRATEGY_LABEL,
+    TRAINER_HOME,
     TRAINER_UID,
 )
 from gpt2bench.spec import Benchmark
@@ -79,9 +81,33 @@ def run_policy(benchmark: Benchmark, min_available: int) -> dict[str, Any]:
     return policy
 
 
-def container_resources(benchmark: Benchmark, gpus: int) -> dict[str, Any]:
+# Memory bounds (docs/security.md): a container without a memory limit can take a node's memory. Where the
+# spec sets no `resources.limits.memory`, a pod's limit is this much per process it runs (workers and
+# parameter servers), or its memory request where that is more. CPU: a gpt2-size model's fp32 weights,
+# AdamW state and activations per process, with room; GPU: the host side of a CUDA process (context,
+# pinned buffers, the data pipeline). The tiny model takes under 1 GiB per process (README).
+DEFAULT_MEMORY_PER_PROCESS = {"cpu": 4, "gpu": 16}  # GiB
+# /dev/shm of GPU pods (NCCL's intra-node buffers): a memory-backed emptyDir, bounded per GPU. Its pages
+# count against the pod's memory limit.
+SHM_PER_GPU = 1  # GiB
+
+
+def memory_limit(benchmark: Benchmark, gpus: int, processes: int) -> str:
+    """The pod's memory limit: the spec's, else the default per process (at least the request)."""
+    resources = benchmark.spec.resources
+    if "memory" in resources.limits:
+        return resources.limits["memory"]
+    default = f"{DEFAULT_MEMORY_PER_PROCESS['gpu' if gpus else 'cpu'] * max(processes, 1)}Gi"
+    request = resources.requests.get("memory")
+    if request is not None and quantity_value(request) > quantity_value(default):
+        return request
+    return default
+
+
+def container_resources(benchmark: Benchmark, gpus: int, processes: int) -> dict[str, Any]:
+    """A training container's resources: the spec's, its GPUs, and a memory limit always."""
     requests = dict(benchmark.spec.resources.requests)
-    limits = dict(benchmark.spec.resources.limits)
+    limits = {**benchmark.spec.resources.limits, "memory": memory_limit(benchmark, gpus, processes)}
     if gpus:
         # Extended resources: requests must equal limits; set both.
         requests["nvidia.com/gpu"] = gpus
@@ -89,8 +115,7 @@ def container_resources(benchmark: Benchmark, gpus: int) -> dict[str, Any]:
     resources: dict[str, Any] = {}
     if requests:
         resources["requests"] = requests
-    if limits:
-        resources["limits"] = limits
+    resources["limits"] = limits
     return resources
 
 
@@ -108,11 +133,20 @@ def container_env(extra: dict[str, str] | None = None) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
+# The root filesystem is read-only (container_security_context); what the trainer, torchrun, mpirun and
+# sshd write goes to emptyDirs: /tmp (torchrun's and Open MPI's session files, torch.compile's TMPDIR, sshd's
+# pid file) and the image user's caches (Hugging Face, torch inductor under ~/.cache; Triton's ~/.triton).
+WRITABLE_PATHS = {"tmp": "/tmp", "cache": f"{TRAINER_HOME}/.cache", "triton": f"{TRAINER_HOME}/.triton"}
+
+
 def pod_volumes(gpus: int) -> tuple[list[dict], list[dict]]:
     volumes = [{"name": "output", "emptyDir": {}}]
     mounts = [{"name": "output", "mountPath": OUTPUT_DIR}]
+    for name, path in WRITABLE_PATHS.items():
+        volumes.append({"name": name, "emptyDir": {}})
+        mounts.append({"name": name, "mountPath": path})
     if gpus:  # NCCL needs more shared memory than the container default of 64 MiB
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU * gpus}Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     return volumes, mounts
 
@@ -139,8 +173,10 @@ def pod_security_context() -> dict[str, Any]:
 
 
 def container_security_context() -> dict[str, Any]:
-    """Container level of "restricted": no privilege escalation, every capability dropped."""
-    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+    """Container level of "restricted": no privilege escalation, every capability dropped; and a read-only
+    root filesystem (the writable paths are emptyDirs: pod_volumes)."""
+    return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}}
 
 
 def pod_template(
@@ -172,9 +208,7 @@ def pod_template(
     budget = [{"name": name, "value": value} for name, value in budget_env(benchmark).items()]
     if budget:
         container["env"] = [*container.get("env", []), *budget]
-    resources = container_resources(benchmark, gpus)
-    if resources:
-        container["resources"] = resources
+    container["resources"] = container_resources(benchmark, gpus, run.procs_per_node)
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,

@@ -113,9 +113,7 @@ def render_trainjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
         # MPI: slots per host in the hostfile.
         "numProcPerNode": run.procs_per_node,
     }
-    resources = container_resources(benchmark, run.devices_per_node)
-    if resources:
-        trainer["resourcesPerNode"] = resources
+    trainer["resourcesPerNode"] = container_resources(benchmark, run.devices_per_node, run.procs_per_node)
     metadata = job_metadata(benchmark, run)
     metadata["name"] = run.job_name  # shorter than the run's name where JobSet's pod names need room
     metadata["annotations"] = {RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if horovod else NODE_JOB}

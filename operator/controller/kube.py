@@ -63,6 +63,10 @@ def _core() -> kubernetes.client.CoreV1Api:
     return kubernetes.client.CoreV1Api(_api())
 
 
+def _networking() -> kubernetes.client.NetworkingV1Api:
+    return kubernetes.client.NetworkingV1Api(_api())
+
+
 def transient(exc: BaseException) -> bool:
     """An error to retry later, rather than a verdict on the request."""
     if isinstance(exc, ApiException):
@@ -194,6 +198,31 @@ def _existing(kind: FollowedKind, namespace: str, name: str, owner_uid: str | No
         return Created(new=False)
     return Refused(reconcile.foreign_reason(name, kind.kind, namespace, reconcile.owner_description(existing),
                                             owner_uid))
+
+
+def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Created | Refused:
+    """Create a run's NetworkPolicy (before its job). A 409 is ours when its controller is `owner_uid`; a
+    namesake of another owner, or a policy the API server refuses (403: the operator's RBAC, 422), is
+    Refused with the reason, so that no job starts without its policy. Transient errors raise."""
+    namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
+    try:
+        _networking().create_namespaced_network_policy(namespace, policy)
+    except ApiException as exc:
+        if transient(exc):
+            raise
+        if exc.status == 409:
+            response = _networking().read_namespaced_network_policy(name, namespace, _preload_content=False)
+            existing = json.loads(response.data)
+            if owner_uid is None or reconcile.controller_uid(existing) == owner_uid:
+                return Created(new=False)
+            return Refused(f"a NetworkPolicy named {name} already exists in {namespace} and belongs to "
+                           f"{reconcile.owner_description(existing)}, not to this GPT2Benchmark (uid {owner_uid}): "
+                           f"the run's pods would be fenced by rules it does not set. Delete that NetworkPolicy, "
+                           f"or give this benchmark another name")
+        reason, message = api_message(exc)
+        return Refused(reconcile.refused_reason(name, "NetworkPolicy", exc.status, reason, message)
+                       + " (spec.networkPolicy.enabled: false runs without it)")
+    return Created(new=True)
 
 
 def list_jobs(namespace: str, benchmark: str, kinds: set[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:

@@ -35,7 +35,7 @@ from gpt2bench.protocol import (
     TRAINER_IMAGE_CPU_ENV,
     TRAINER_IMAGE_GPU_ENV,
 )
-from gpt2bench.render import label_value, render_job
+from gpt2bench.render import label_value, render_run
 from gpt2bench.spec import API_GROUP, KIND, Benchmark, SpecError, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
 
@@ -268,10 +268,9 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
         for name in chosen:
             tried.add(name)
             run, entry = by_name[name], current[name]
-            job = render_job(benchmark, run)
-            kopf.adopt(job, owner=owner, strict=True)  # render labels it; ownership is the operator's
+            *policy, job = render_run(benchmark, run)
             try:
-                outcome = kube.create_job(job, benchmark.uid)
+                outcome = _create_run(owner, benchmark, policy, job)
             except Exception as exc:
                 if not kube.transient(exc):
                     raise
@@ -290,6 +289,19 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
             present[entry.job_name] = job
             current[name] = rc.mark_running(entry, now)
     return [current[entry.name] for entry in entries]
+
+
+def _create_run(owner: dict[str, Any], benchmark: Benchmark, policy: list[dict[str, Any]],
+                job: dict[str, Any]) -> kube.Created | kube.Refused:
+    """A run's NetworkPolicy (when the spec has one), then its job, both owned by the benchmark (the API
+    server's garbage collector deletes them with it): the job's pods never run without their policy."""
+    for child in (*policy, job):
+        kopf.adopt(child, owner=owner, strict=True)  # render labels them; ownership is the operator's
+    for child in policy:
+        outcome = kube.create_network_policy(child, benchmark.uid)
+        if isinstance(outcome, kube.Refused):
+            return outcome
+    return kube.create_job(job, benchmark.uid)
 
 
 def _keep_steps(owner: dict[str, Any], run: Run, job: dict[str, Any], pod: dict[str, Any],

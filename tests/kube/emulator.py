@@ -48,6 +48,8 @@ BUILTINS = {
     "v1/pods": dict(kind="Pod", singular="pod", namespaced=True, subresources={"status"}, shortnames={"po"}),
     "v1/events": dict(kind="Event", singular="event", namespaced=True, shortnames={"ev"}),
     "v1/configmaps": dict(kind="ConfigMap", singular="configmap", namespaced=True, shortnames={"cm"}),
+    "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", singular="networkpolicy", namespaced=True,
+                                                 shortnames={"netpol"}),
     "apiextensions.k8s.io/v1/customresourcedefinitions": dict(
         kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False,
         subresources={"status"}, shortnames={"crd", "crds"},

@@ -88,20 +88,33 @@ The namespace the operator watches when it does not watch all of them.
 {{- end }}
 
 {{/*
-Operator image reference; the tag defaults to the chart's appVersion.
+An image reference: repository@digest when a digest is given (the tag is then not used), else
+repository:tag. Takes (list repository tag digest).
+*/}}
+{{- define "gpt2bench.imageRef" -}}
+{{- $repository := index . 0 }}{{- $tag := index . 1 }}{{- $digest := index . 2 }}
+{{- if $digest }}
+{{- printf "%s@%s" $repository $digest }}
+{{- else }}
+{{- printf "%s:%s" $repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+Operator image reference; the tag defaults to the chart's appVersion, a digest wins over it.
 */}}
 {{- define "gpt2bench.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- include "gpt2bench.imageRef" (list .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) .Values.image.digest) }}
 {{- end }}
 
 {{/*
 Trainer images by device type, for the runs whose GPT2Benchmark names none.
 */}}
 {{- define "gpt2bench.trainerImage.cpu" -}}
-{{- printf "%s:%s" .Values.trainerImage.repository (.Values.trainerImage.tag | default .Chart.AppVersion) }}
+{{- include "gpt2bench.imageRef" (list .Values.trainerImage.repository (.Values.trainerImage.tag | default .Chart.AppVersion) .Values.trainerImage.digest) }}
 {{- end }}
 
 {{- define "gpt2bench.trainerImage.gpu" -}}
 {{- $cpu := .Values.trainerImage.tag | default .Chart.AppVersion }}
-{{- printf "%s:%s" .Values.trainerImage.repository (.Values.trainerImage.gpuTag | default (printf "%s-cuda" $cpu)) }}
+{{- include "gpt2bench.imageRef" (list .Values.trainerImage.repository (.Values.trainerImage.gpuTag | default (printf "%s-cuda" $cpu)) .Values.trainerImage.gpuDigest) }}
 {{- end }}

@@ -1,0 +1,56 @@
+"""A run's NetworkPolicy (networking.k8s.io/v1), rendered with its job (docs/security.md).
+
+The run's pods listen on the workers' sshd (2222, MPIJob and the MPI runtime), torch's rendezvous (23456,
+PyTorchJob; the torch runtime's PET_MASTER_PORT), gloo/NCCL's ephemeral ports between ranks, and the
+trainers' metrics ports (spec.metrics.port + local rank). The policy selects the run's pods by their
+benchmark and run labels and lets in:
+- every port, from the run's own pods (the ranks, the launcher, the servers talk to each other);
+- the metrics ports, from the pods of `spec.networkPolicy.metricsNamespaces` (Prometheus).
+Egress is left open (data sources, the API server are the images' and the cluster's business). The kubelet's
+probes come from the node, which network plugins let through. Off with `spec.networkPolicy.enabled: false`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt2bench.plan import Run
+from gpt2bench.protocol import BENCHMARK_LABEL, RUN_LABEL
+from gpt2bench.render.pods import job_labels, label_value
+from gpt2bench.spec import Benchmark
+
+NETWORK_POLICY_API = "networking.k8s.io/v1"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.21+)
+
+
+def run_pod_selector(benchmark: Benchmark, run: Run) -> dict[str, str]:
+    """The labels every pod of the run carries, whatever its job kind (render/pods.py's job_labels)."""
+    return {BENCHMARK_LABEL: label_value(benchmark.name), RUN_LABEL: run.name}
+
+
+def metrics_port_range(benchmark: Benchmark, run: Run) -> dict[str, Any]:
+    """The run's metrics ports: local rank r of a pod serves on port + r."""
+    port = benchmark.spec.metrics.port
+    last = min(port + run.procs_per_node - 1, 65535)
+    return {"protocol": "TCP", "port": port, **({"endPort": last} if last > port else {})}
+
+
+def render_network_policy(benchmark: Benchmark, run: Run, job_name: str) -> dict[str, Any] | None:
+    """The run's NetworkPolicy, named as its job (`job_name`); None when the spec turns it off."""
+    spec = benchmark.spec.network_policy
+    if not spec.enabled:
+        return None
+    own_pods = run_pod_selector(benchmark, run)
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": dict(own_pods)}}]}]
+    if spec.metrics_namespaces:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}}
+                     for namespace in spec.metrics_namespaces],
+            "ports": [metrics_port_range(benchmark, run)],
+        })
+    return {
+        "apiVersion": NETWORK_POLICY_API,
+        "kind": "NetworkPolicy",
+        "metadata": {"name": job_name, "namespace": benchmark.namespace, "labels": job_labels(benchmark, run)},
+        "spec": {"podSelector": {"matchLabels": own_pods}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
