@@ -230,3 +230,57 @@ def test_a_key_given_twice_is_refused_where_kubectl_would_keep_the_last(cluster)
                                   "key twice in a mapping, and the API server refuses it")
     with pytest.raises(documents.DocumentError, match=r"spec.training.steps is given twice \(lines 6 and 6\)"):
         documents.parse_documents(VALID + b"  training: {steps: 1, steps: 0x1}\n")  # the same key once resolved
+
+
+def several(*names: str, extra: str = "") -> bytes:
+    """A file of GPT2Benchmarks, one per name, with an empty document between the first two."""
+    parts = [VALID.replace(b"name: ok", f"name: {name}".encode()) + extra.encode() for name in names]
+    return b"---\n".join(parts[:1] + [b"# nothing\n"] + parts[1:])
+
+
+def test_validate_checks_every_benchmark_of_a_file_or_the_one_named(tmp_path, capsys):
+    from gpt2bench.cli import main
+
+    path = tmp_path / "two.yaml"
+    path.write_bytes(several("first", "second"))
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[1] for line in out] == ["first", "second"] and "valid, 1 runs as written" in out[0]
+    assert main(["validate", str(path), "--name", "second"]) == 0
+    assert capsys.readouterr().out.split(": ")[1] == "second"
+    assert main(["validate", str(path), "--name", "third"]) == 2
+    assert "--name third: no GPT2Benchmark of that name here (it holds first, second)" in capsys.readouterr().err
+
+
+def test_render_takes_one_benchmark_and_says_how_to_pick_it(tmp_path, capsys):
+    path = tmp_path / "two.yaml"
+    path.write_bytes(several("first", "second"))
+    assert render_main([str(path)]) == 2
+    assert "holds 2 GPT2Benchmarks (first, second): pick one with --name NAME" in capsys.readouterr().err
+    assert load_benchmark_file(str(path), name="second").name == "second"
+
+
+def test_every_document_is_checked_before_anything_runs(tmp_path, capsys):
+    path = tmp_path / "two.yaml"
+    path.write_bytes(several("first", "second").replace(b"{name: second}", b"{name: second, labels: {a: [1]}}")
+                     + b"  training: {steps: 0}\n")
+    assert run_cli.main([str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"gpt2bench run: {path}: document 3 (second, line 9): metadata.labels.a:" in err
+    assert f"gpt2bench run: {path}: document 3 (second, line 9): spec.training.steps:" in err
+    assert "document 1" not in err and "nothing was run" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(300)
+def test_run_takes_each_benchmark_in_turn_into_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = tmp_path / "two.yaml"
+    path.write_bytes(several("first", "second", extra="  training: {steps: 3, warmupSteps: 1, seqLen: 32}\n"))
+    assert run_cli.main([str(path), "--output", str(tmp_path / "out")]) == 0
+    for name in ("first", "second"):
+        results = json.loads((tmp_path / "out" / name / "results.json").read_text())
+        assert [run["name"] for run in results["runs"]] == [f"{name}-ddp-fp32-1x1"]
+        assert results["runs"][0]["phase"] == "Succeeded"
+    assert run_cli.main([str(path), "--name", "second", "--output", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "results.json").exists() and not (tmp_path / "one" / "first").exists()
