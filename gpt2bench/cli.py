@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gpt2bench.local.cli", "run a GPT2Benchmark YAML on this machine, no cluster needed"),
     "render": ("gpt2bench.render.cli", "print the Kubeflow jobs a GPT2Benchmark YAML becomes"),
+    "validate": ("gpt2bench.validate_cli", "check every GPT2Benchmark of a YAML file as the API server would"),
     "report": ("gpt2bench.report.cli", "rebuild the recommendation, tables and plots (from a folder or a cluster)"),
     "compare": ("gpt2bench.report.compare", "put two benchmarks' results side by side"),
     "train": ("gpt2bench.trainer.train", "train GPT-2 under one strategy (runs inside every job replica)"),

@@ -265,6 +265,18 @@ class ScaleSpec(SpecModel):
         return self
 
 
+def _scale_field(scale: str, name: str) -> str:
+    """CEL: a scale's field as the run uses it: as given, else its default (processesPerNode: the devices, 1 on CPU)."""
+    devices = f"(has({scale}.devicesPerNode) ? {scale}.devicesPerNode : 0)"
+    given = f"has({scale}.{name}) ? {scale}.{name} : "
+    return {"nodes": f"({given}1)", "devicesPerNode": devices,
+            "processesPerNode": f"({given}({devices} == 0 ? 1 : {devices}))"}[name]
+
+
+_SCALE_FIELDS = ("nodes", "devicesPerNode", "processesPerNode")
+_SCALES_DIFFER = ("!has(self.scales) || self.scales.all(a, self.scales.exists_one(b, "
+                  + " && ".join(f"{_scale_field('a', name)} == {_scale_field('b', name)}" for name in _SCALE_FIELDS)
+                  + "))")
 _SERVERS_SPREAD = ("!has(self.scales) || self.strategies.all(s, !(s.name in ['ps', 'ps-sharded']) || "
                    "self.scales.all(c, (has(s.psServers) ? s.psServers : (s.name == 'ps' ? 1 : 2)) % "
                    "(has(c.nodes) ? c.nodes : 1) == 0))")
@@ -280,6 +292,8 @@ class SweepSpec(SpecModel):
          "self.scales.all(c, !has(c.nodes) || c.nodes == 1)",
          "dataparallel runs in one process on one node: every scale's nodes must be 1"),
         (_SERVERS_SPREAD, "ps/ps-sharded: psServers must be a multiple of every scale's nodes"),
+        (_SCALES_DIFFER, "scales must differ in nodes, devicesPerNode or processesPerNode: a scale listed twice "
+                         "would run the same runs twice (set repeats to measure each run more than once)"),
     ))
 
     strategies: list[StrategySpec] = Field(
@@ -295,8 +309,18 @@ class SweepSpec(SpecModel):
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> SweepSpec:
+        """A precision or a scale listed twice would run the same runs twice: the second is refused (strategies
+        are checked with the other cross-field rules; `repeats` is how to measure a run more than once)."""
         errors = [(("precisions", i), f"{shown(precision)} is listed twice")
                   for i, precision in enumerate(self.precisions) if precision in self.precisions[:i]]
+        seen: dict[tuple[int, int, int], int] = {}
+        for i, scale in enumerate(self.scales):
+            key = (scale.nodes, scale.devices_per_node, scale.procs_per_node)
+            if key in seen:
+                errors.append((("scales", i), f"is the same scale as scales[{seen[key]}] (nodes {key[0]}, "
+                               f"devicesPerNode {key[1]}, processesPerNode {key[2]}): it would run the same runs "
+                               "twice; set repeats to measure each run more than once"))
+            seen.setdefault(key, i)
         if errors:
             raise RuleError(errors)
         return self
@@ -617,8 +641,8 @@ class Benchmark(BaseModel):
 
 # The validation entry points live in gpt2bench.validation (they need the models above); callers have always
 # imported them from here, the operator included, so they stay importable from here (PEP 562).
-_VALIDATION = ("SpecError", "validate_spec", "load_benchmark", "load_benchmark_file", "results_spec",
-               "MAX_OBJECT_BYTES")
+_VALIDATION = ("SpecError", "validate_spec", "load_benchmark", "load_benchmark_file", "load_benchmarks_file",
+               "results_spec", "MAX_OBJECT_BYTES")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,8 @@
 """The one validation of a GPT2Benchmark, shared by `gpt2bench render`, `run`, `report` and the operator.
 
-- `load_benchmark_file(path)`: a file as `render` and `run` read it (file-level safety: gpt2bench.documents);
+- `load_benchmarks_file(path, name)`: every GPT2Benchmark of a file (`---` between them), as `run` and
+  `validate` read it, or the one named; `load_benchmark_file(path)`: the one GPT2Benchmark of a file, as
+  `render` reads it (how a file is read, and its limits: gpt2bench.documents);
 - `load_benchmark(document)`: a whole resource as `kubectl apply` sends it: apiVersion, kind, metadata
   (names, labels, annotations as the API server checks them), spec, and its size;
 - `validate_spec(spec)`: the spec alone, as the operator gets it from the API server;
@@ -33,16 +35,27 @@ MAX_OBJECT_BYTES = 64 * 1024
 
 
 class SpecError(ValueError):
-    """A GPT2Benchmark that cannot run: `errors` is a list of (field path, message), `source` the file."""
+    """A GPT2Benchmark that cannot run: `errors` is a list of (field path, message), `source` the file, and
+    `documents` names, for each error, the document of a file of several it is in (or None)."""
 
-    def __init__(self, errors: list[tuple[str, str]], source: str | None = None):
+    def __init__(self, errors: list[tuple[str, str]], source: str | None = None, document: str | None = None):
         self.errors = errors
         self.source = source
+        self.documents: list[str | None] = [document] * len(errors)
         super().__init__("; ".join(self.lines()))
 
+    @classmethod
+    def joined(cls, failures: list[SpecError], source: str | None) -> SpecError:
+        """The errors of several documents of one file, each still naming its document."""
+        joined = cls([error for failure in failures for error in failure.errors], source)
+        joined.documents = [document for failure in failures for document in failure.documents]
+        joined.args = ("; ".join(joined.lines()),)
+        return joined
+
     def lines(self) -> list[str]:
-        """One line per error: `FILE: field: message` (without the parts that are not known)."""
-        return [": ".join(part for part in (self.source, path, message) if part) for path, message in self.errors]
+        """One line per error: `FILE: document 2 (name, line 9): field: message` (without the parts not known)."""
+        return [": ".join(part for part in (self.source, document, path, message) if part)
+                for (path, message), document in zip(self.errors, self.documents, strict=True)]
 
 
 def _json_size(value: Any) -> int | None:
@@ -120,19 +133,65 @@ def load_benchmark(document: Any) -> Benchmark:
                      uid=metadata.get("uid"), spec=spec)
 
 
-def load_benchmark_file(path: str) -> Benchmark:
-    """Read one GPT2Benchmark from a YAML file. Raises OSError (unreadable) or SpecError naming the file."""
+EMPTY_FILE = "empty file: expected one GPT2Benchmark (apiVersion, kind, metadata, spec)"
+
+
+def load_benchmarks_file(path: str, name: str | None = None) -> list[Benchmark]:
+    """The GPT2Benchmarks of a YAML file, in order (`kubectl apply -f` takes every document; empty ones are
+    skipped), or only the one whose metadata.name is `name`. Every document is validated; each error names
+    its document when the file holds several. Raises OSError (unreadable) or SpecError naming the file."""
     try:
-        document = documents.read_document(path)
+        found = documents.read_documents(path)
     except documents.DocumentError as exc:
         raise SpecError([("", str(exc))], source=path) from None
-    if document is None:
-        raise SpecError([("", "empty file: expected one GPT2Benchmark (apiVersion, kind, metadata, spec)")],
+    if not found:
+        raise SpecError([("", EMPTY_FILE)], source=path)
+    benchmarks: list[Benchmark] = []
+    failures: list[SpecError] = []
+    first_of: dict[tuple[str, str], str] = {}
+    for document in found:
+        label = document_label(document, len(found))
+        try:
+            benchmark = load_benchmark(document.value)
+        except SpecError as exc:
+            failures.append(SpecError(exc.errors, document=label))
+            continue
+        key = (benchmark.namespace, benchmark.name)
+        if key in first_of:
+            failures.append(SpecError([("metadata.name", f"{benchmark.name!r} is also the name of {first_of[key]}: "
+                                        "kubectl apply would replace one with the other")], document=label))
+        first_of.setdefault(key, label or "")
+        benchmarks.append(benchmark)
+    if failures:
+        raise SpecError.joined(failures, path)
+    if name is None:
+        return benchmarks
+    chosen = [benchmark for benchmark in benchmarks if benchmark.name == name]
+    if not chosen:
+        names = ", ".join(benchmark.name for benchmark in benchmarks)
+        raise SpecError([("", f"--name {name}: no GPT2Benchmark of that name here (it holds {names})")], source=path)
+    return chosen
+
+
+def load_benchmark_file(path: str, name: str | None = None) -> Benchmark:
+    """The one GPT2Benchmark of a YAML file (or the one named `name` among several). Raises OSError
+    (unreadable) or SpecError naming the file, and naming the benchmarks when it holds several."""
+    benchmarks = load_benchmarks_file(path, name)
+    if len(benchmarks) > 1:
+        names = ", ".join(benchmark.name for benchmark in benchmarks)
+        raise SpecError([("", f"holds {len(benchmarks)} GPT2Benchmarks ({names}): pick one with --name NAME")],
                         source=path)
-    try:
-        return load_benchmark(document)
-    except SpecError as exc:
-        raise SpecError(exc.errors, source=path) from None
+    return benchmarks[0]
+
+
+def document_label(document: documents.Document, count: int) -> str | None:
+    """How an error names a document of a file of several: `document 2 (cpu-b, line 14)`; None for one."""
+    if count == 1:
+        return None
+    metadata = document.value.get("metadata") if isinstance(document.value, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    named = f"{name}, " if isinstance(name, str) and name else ""
+    return f"document {document.number} ({named}line {document.line})"
 
 
 def results_spec(document: Mapping[str, Any]) -> GPT2BenchmarkSpec | None:

@@ -3,6 +3,7 @@ file (and the field where there is one): no traceback, no hang, no unbounded mem
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -36,7 +37,11 @@ BAD_FILES = [
     ("control-character", b"spec: \x00\n", "control characters are not allowed"),
     ("invalid-yaml", b"spec: [unclosed\n", "not valid YAML: line 2, column 1"),
     ("tab-indentation", b"spec:\n\tsweep: {}\n", "not valid YAML"),
-    ("two-documents", VALID + b"---\n" + VALID, "a second YAML document"),
+    ("two-documents-one-name", VALID + b"---\n" + VALID,
+     "document 2 (ok, line 7): metadata.name: 'ok' is also the name of document 1 (ok, line 1)"),
+    ("bad-second-document", VALID + b"---\n" + VALID.replace(b"name: ok", b"name: two") + b"  training: {lr: x}\n",
+     "document 2 (two, line 7): spec.training.lr: Input should be a valid number"),
+    ("bad-yaml-in-second-document", VALID + b"---\nspec: [unclosed\n", "not valid YAML: document 2: line 8, column 1"),
     ("undefined-alias", VALID + b"  concurrency: *nowhere\n", "found undefined alias *nowhere"),
     ("recursive-alias", VALID + b"  loop: &loop [1, *loop]\n", "recursive alias"),
     ("alias-bomb", alias_bomb(), "excessive aliasing"),
@@ -44,19 +49,23 @@ BAD_FILES = [
     ("deep-through-aliases", VALID + b"  a: &a " + b"[" * 60 + b"]" * 60 + b"\n  b: &b [" + b"*a, " * 2
      + b"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[*a]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
      "nested more than 100 levels deep (aliases included)"),
-    ("duplicate-key", VALID + b"  concurrency: 1\n  concurrency: 2\n", "key 'concurrency' is given twice"),
+    ("duplicate-key", VALID + b"  concurrency: 1\n  concurrency: 2\n", "line 7, column 3: spec.concurrency is given twice (lines 6 and 7)"),
     ("complex-key", b"? [a, b]\n: c\n", "a mapping key must be a plain value"),
     ("python-tag", b"spec: !!python/object/apply:os.system [echo hi]\n", "YAML tag !!python/object/apply:os.system"),
     ("local-tag", b"spec: !secret x\n", "YAML tag !secret is not allowed"),
     ("binary-tag", b"spec: !!binary aGVsbG8=\n", "YAML tag !!binary is not allowed"),
-    ("bad-int-tag", b"spec: !!int abc\n", "not valid YAML: invalid literal"),
-    ("empty-int-tag", b"!!int ", "not valid YAML: "),  # PyYAML's constructor raises IndexError
-    ("huge-integer", b"spec: {concurrency: " + b"9" * 5000 + b"}\n", "not valid YAML: Exceeds the limit"),
+    ("bad-int-tag", b"spec: !!int abc\n", "line 1, column 7 (spec): cannot read !!str `abc` as !!int"),
+    ("empty-int-tag", b"!!int ", "cannot read !!null `` as !!int"),
+    ("huge-integer", b"spec: {concurrency: " + b"9" * 5000 + b"}\n",  # beyond uint64 and float64: a string in Go
+     "spec.concurrency: Input should be a valid integer, got \"9999"),
     ("not-a-mapping", b"- a\n- b\n", "a GPT2Benchmark must be a YAML mapping, got a list"),
     ("scalar", b"hello\n", 'a GPT2Benchmark must be a YAML mapping, got "hello"'),
     ("too-large", b"# " + b"x" * documents.MAX_FILE_BYTES + b"\n", "larger than 3145728 bytes"),
     ("name-not-a-string", VALID.replace(b"{name: ok}", b"{name: 2024}"), "metadata.name: must be a string, got 2024"),
-    ("nan", VALID + b"  training: {lr: .nan}\n", "spec.training.lr: Input should be a finite number, got .nan"),
+    ("nan", VALID + b"  training: {lr: .nan}\n", "(spec.training.lr): .nan is not a number JSON can hold"),
+    ("infinity", VALID + b"  training: {maxGradNorm: -.Inf}\n", "(spec.training.maxGradNorm): -.Inf is not a number"),
+    ("null-key", VALID + b"  ~: 1\n", "line 6, column 3 (spec): a mapping key cannot be null"),
+    ("merge-then-same-key", VALID + b"  training: {<<: {steps: 5}, steps: 6}\n", "spec.training.steps is given twice"),
 ]
 
 
@@ -145,3 +154,133 @@ def test_the_alias_limit_is_yaml_v2s():
 def test_the_examples_are_plain_yaml():
     for example in (Path(__file__).resolve().parents[1] / "manifests" / "examples").glob("*.yaml"):
         assert isinstance(documents.read_document(str(example)), dict)
+
+
+# Plain scalars whose meaning differs between YAML 1.1, YAML 1.2 and Go: how kubectl (sigs.k8s.io/yaml, go-yaml v2)
+# reads them is the reference; `expected` pins the values so that a change on either side shows.
+SCALARS = {
+    "lr": ("3e-4", 0.0003), "exponent": ("1e3", 1000), "signedExponent": ("1.0e+3", 1000), "dot": ("1.", 1),
+    "leadingDot": ("+.5", 0.5), "octal": ("017", 15), "octalO": ("0o17", 15), "hex": ("0x1F", 31),
+    "binary": ("0b101", 5), "negativeBinary": ("-0b101", -5), "underscores": ("1_000", 1000), "plus": ("+12", 12),
+    "notOctal": ("09", 9), "yesValue": ("yes", True), "onValue": ("on", True), "offValue": ("off", False),
+    "yValue": ("y", True), "noValue": ("No", False), "trueValue": ("TRUE", True), "sexagesimal": ("1:30", "1:30"), "date": ("2024-01-01", "2024-01-01"),
+    "quotedYes": ('"yes"', "yes"), "quotedNumber": ("'3e-4'", "3e-4"), "taggedString": ("!!str 017", "017"),
+    "taggedFloat": ("!!float 1", 1.0), "taggedInt": ('!!int "0x10"', 16), "word": ("ddp", "ddp"),
+    "tooLarge": ("1e400", "1e400"), "hexFloat": ("0x1p-2", "0x1p-2"), "infWord": ("inf", "inf"),
+}
+KEYS = {"08": "8", "1e3": "1000", "1.5": "1.5", "yes": "true", "n": "false", "0x10": "16", "017": "15", "plain": "plain"}
+
+
+def scalars_document(name: str = "scalars") -> str:
+    lines = [f"    {field}: {text}" for field, (text, _) in SCALARS.items()]
+    lines += [f"    {key}: {i}" for i, key in enumerate(KEYS)]
+    return ("apiVersion: gpt2bench.io/v1alpha1\nkind: GPT2Benchmark\nmetadata:\n  name: " + name + "\nspec:\n"
+            "  sweep: {strategies: [{name: ddp}]}\n  probe:\n" + "\n".join(lines) + "\n")
+
+
+def kubectl_reads(cluster, text: str) -> list[dict]:
+    """What `kubectl apply` would send: its client-side YAML to JSON, without the last-applied copy."""
+    done = cluster.kubectl("apply", "--dry-run=client", "-o", "json", "-f", "-", input=text)
+    sent = json.loads(done.stdout)
+    items = sent["items"] if sent.get("kind") == "List" else [sent]
+    for item in items:
+        item["metadata"].pop("annotations", None)
+        item["metadata"].pop("namespace", None)
+    return items
+
+
+def test_plain_scalars_and_keys_are_read_as_kubectl_reads_them(cluster):
+    text = scalars_document()
+    (local,) = documents.parse_documents(text.encode())
+    (sent,) = kubectl_reads(cluster, text)
+    assert local.value == sent
+    probe = local.value["spec"]["probe"]
+    assert {field: probe[field] for field in SCALARS} == {field: value for field, (_, value) in SCALARS.items()}
+    assert all(isinstance(probe[field], bool) for field in ("yesValue", "onValue", "offValue", "yValue", "noValue", "trueValue"))
+    assert [probe[key] for key in KEYS.values()] == list(range(len(KEYS)))
+
+
+def test_a_stream_of_documents_is_read_as_kubectl_reads_it(cluster):
+    """Every document in turn; empty ones (nothing, comments, null) skipped; positions count them all."""
+    text = ("---\n# only a comment\n---\n" + scalars_document("first") + "---\nnull\n---\n"
+            + scalars_document("second") + "...\n")
+    local = documents.parse_documents(text.encode())
+    second = text[:text.index("apiVersion", text.index("null"))].count("\n") + 1
+    assert [(d.number, d.line) for d in local] == [(2, 4), (4, second)]
+    assert [d.value for d in local] == kubectl_reads(cluster, text)
+
+
+def test_infinity_is_refused_as_kubectl_refuses_it(cluster):
+    text = scalars_document().replace("  probe:\n", "  probe:\n    big: .inf\n")
+    refused = cluster.kubectl("apply", "--dry-run=client", "-o", "json", "-f", "-", input=text, check=False)
+    assert refused.returncode != 0 and "unsupported value: +Inf" in refused.stderr
+    with pytest.raises(documents.DocumentError, match=r"\(spec.probe.big\): .inf is not a number JSON can hold"):
+        documents.parse_documents(text.encode())
+
+
+def test_a_key_given_twice_is_refused_where_kubectl_would_keep_the_last(cluster):
+    """YAML forbids it and the API server's strict reading refuses it; kubectl's client-side conversion keeps
+    the last value silently (kubernetes/kubernetes#99286): refused here, naming the key and both lines."""
+    text = VALID.decode() + "  training: {steps: 20, lr: 1e-3}\n  training:\n    steps: 30\n"
+    (sent,) = kubectl_reads(cluster, text)
+    assert sent["spec"]["training"] == {"steps": 30}
+    with pytest.raises(documents.DocumentError) as refused:
+        documents.parse_documents(text.encode())
+    assert str(refused.value) == ("line 7, column 3: spec.training is given twice (lines 6 and 7): YAML forbids a "
+                                  "key twice in a mapping, and the API server refuses it")
+    with pytest.raises(documents.DocumentError, match=r"spec.training.steps is given twice \(lines 6 and 6\)"):
+        documents.parse_documents(VALID + b"  training: {steps: 1, steps: 0x1}\n")  # the same key once resolved
+
+
+def several(*names: str, extra: str = "") -> bytes:
+    """A file of GPT2Benchmarks, one per name, with an empty document between the first two."""
+    parts = [VALID.replace(b"name: ok", f"name: {name}".encode()) + extra.encode() for name in names]
+    return b"---\n".join(parts[:1] + [b"# nothing\n"] + parts[1:])
+
+
+def test_validate_checks_every_benchmark_of_a_file_or_the_one_named(tmp_path, capsys):
+    from gpt2bench.cli import main
+
+    path = tmp_path / "two.yaml"
+    path.write_bytes(several("first", "second"))
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[1] for line in out] == ["first", "second"] and "valid, 1 runs as written" in out[0]
+    assert main(["validate", str(path), "--name", "second"]) == 0
+    assert capsys.readouterr().out.split(": ")[1] == "second"
+    assert main(["validate", str(path), "--name", "third"]) == 2
+    assert "--name third: no GPT2Benchmark of that name here (it holds first, second)" in capsys.readouterr().err
+
+
+def test_render_takes_one_benchmark_and_says_how_to_pick_it(tmp_path, capsys):
+    path = tmp_path / "two.yaml"
+    path.write_bytes(several("first", "second"))
+    assert render_main([str(path)]) == 2
+    assert "holds 2 GPT2Benchmarks (first, second): pick one with --name NAME" in capsys.readouterr().err
+    assert load_benchmark_file(str(path), name="second").name == "second"
+
+
+def test_every_document_is_checked_before_anything_runs(tmp_path, capsys):
+    path = tmp_path / "two.yaml"
+    path.write_bytes(several("first", "second").replace(b"{name: second}", b"{name: second, labels: {a: [1]}}")
+                     + b"  training: {steps: 0}\n")
+    assert run_cli.main([str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"gpt2bench run: {path}: document 3 (second, line 9): metadata.labels.a:" in err
+    assert f"gpt2bench run: {path}: document 3 (second, line 9): spec.training.steps:" in err
+    assert "document 1" not in err and "nothing was run" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(300)
+def test_run_takes_each_benchmark_in_turn_into_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = tmp_path / "two.yaml"
+    path.write_bytes(several("first", "second", extra="  training: {steps: 3, warmupSteps: 1, seqLen: 32}\n"))
+    assert run_cli.main([str(path), "--output", str(tmp_path / "out")]) == 0
+    for name in ("first", "second"):
+        results = json.loads((tmp_path / "out" / name / "results.json").read_text())
+        assert [run["name"] for run in results["runs"]] == [f"{name}-ddp-fp32-1x1"]
+        assert results["runs"][0]["phase"] == "Succeeded"
+    assert run_cli.main([str(path), "--name", "second", "--output", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "results.json").exists() and not (tmp_path / "one" / "first").exists()

@@ -91,6 +91,11 @@ SHARED = [
     ("precision-listed-twice", sweep(precisions=["fp32", "bf16", "fp32"]), "spec.sweep.precisions[2]",
      'spec.sweep.precisions[2]: Duplicate value: "fp32"'),
     # --- CEL rules (x-kubernetes-validations)
+    ("scale-listed-twice", sweep(scales=[{"nodes": 1}, {"nodes": 2}, {"nodes": 1}]), "spec.sweep.scales[2]",
+     "scales must differ in nodes, devicesPerNode or processesPerNode"),
+    ("scale-listed-twice-with-defaults",
+     sweep(scales=[{"devicesPerNode": 2}, {"devicesPerNode": 2, "processesPerNode": 2, "nodes": 1}]),
+     "spec.sweep.scales[1]", "scales must differ"),  # as the runs see them: defaults filled in
     ("ttl-shorter-than-the-operator-may-need", with_(runPolicy={"ttlSecondsAfterFinished": 5}),
      "spec.runPolicy.ttlSecondsAfterFinished", "ttlSecondsAfterFinished must be at least 60"),
     ("warmup-not-below-steps", with_(training={"steps": 10, "warmupSteps": 10}), "spec.training.warmupSteps",
@@ -204,6 +209,13 @@ def test_local_only_rules_are_refused_here_and_stored_by_the_api_server(spec, pa
     validate_custom_resource(document(spec), VERSION, strict=True)  # stored: the operator refuses it (Invalid)
 
 
+def test_scales_that_differ_in_any_field_are_accepted_by_both():
+    spec = sweep(scales=[{"nodes": 1}, {"nodes": 2}, {"processesPerNode": 2}, {"devicesPerNode": 1},
+                         {"devicesPerNode": 2}, {"nodes": 2, "devicesPerNode": 2}])
+    assert len(load_benchmark(document(spec)).spec.sweep.scales) == 6
+    validate_custom_resource(document(spec), VERSION, strict=True)
+
+
 def test_every_cel_rule_of_the_crd_has_a_shared_case():
     messages = {rule["message"] for rule in _all_rules()}
     uncovered = sorted(m for m in messages if not any(said in m for _, _, _, said in SHARED))
@@ -249,8 +261,8 @@ def test_the_examples_pass_both(example):
     validate_custom_resource(doc, VERSION, strict=True)
 
 
-KUBECTL_SAMPLE = ["snake-case-field", "bool-as-integer", "quantity-grammar", "warmup-default-not-below-steps",
-                  "strategy-listed-twice", "heads-do-not-divide-preset-hidden", "quantity-negative-integer",
+KUBECTL_SAMPLE = ["snake-case-field", "scale-listed-twice", "bool-as-integer", "quantity-grammar",
+                  "warmup-default-not-below-steps", "strategy-listed-twice", "heads-do-not-divide-preset-hidden", "quantity-negative-integer",
                   "too-many-runs"]
 
 

@@ -3,8 +3,11 @@
 Validates the file exactly as the operator does (a bad field exits 2 and runs nothing), checks that the
 data and pretrained weights it names are here (`gpt2bench.local.preflight`: exit 2 before any process
 starts), plans it, and runs the sweep (`gpt2bench.local.sweep`). `spec.concurrency` is not honoured
-locally: runs go one at a time. Exit code: 0 when at least one run succeeded (failed runs are in the
-table with their reasons), 1 when every run failed, 2 for a bad file or option, 130 when interrupted.
+locally: runs go one at a time. A file of several GPT2Benchmarks (`---` between them, as `kubectl apply -f`
+takes it) runs each in turn, every one checked before the first starts, each in its own folder
+(`results/<name>`, or `--output DIR/<name>`); `--name NAME` runs only that one. Exit code: 0 when at least
+one run of every benchmark succeeded (failed runs are in the table with their reasons), 1 when every run of
+a benchmark failed, 2 for a bad file or option, 130 when interrupted (later benchmarks are not started).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from gpt2bench.local.preflight import preflight
 from gpt2bench.local.sweep import run_sweep, select_runs, with_steps
 from gpt2bench.plan import plan_runs
 from gpt2bench.report.export import RESULTS_CSV
-from gpt2bench.spec import SpecError, load_benchmark_file
+from gpt2bench.spec import Benchmark, SpecError, load_benchmarks_file
 from gpt2bench.status import RESULTS_JSON, SUCCEEDED
 
 EXIT_INTERRUPTED = 130
@@ -47,8 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a GPT2Benchmark YAML on this machine: the same jobs the operator creates, executed as "
         "local processes one at a time; results.json, results.md and PNG plots in --output.",
     )
-    parser.add_argument("file", help="GPT2Benchmark YAML (the one you would `kubectl apply`)")
-    parser.add_argument("--output", "-o", help="results folder (default: results/<benchmark name>)")
+    parser.add_argument("file", help="GPT2Benchmark YAML (the one you would `kubectl apply`): one or several "
+                                     "documents separated by ---, run in turn")
+    parser.add_argument("--name", help="run only the GPT2Benchmark of this metadata.name (of a file of several)")
+    parser.add_argument("--output", "-o", help="results folder (default: results/<benchmark name>; for a file of "
+                                               "several benchmarks, one subfolder per benchmark name in it)")
     parser.add_argument("--steps", type=_positive, help="override spec.training.steps (quick tries)")
     parser.add_argument("--only", metavar="REGEX", help="run only the runs whose name matches REGEX")
     parser.add_argument("--backend", choices=BACKENDS,
@@ -79,34 +85,62 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     try:
-        benchmark = load_benchmark_file(args.file)
+        benchmarks = load_benchmarks_file(args.file, args.name)
     except OSError as exc:
         return refuse([f"cannot read {args.file}: {exc.strerror or exc}"])
     except SpecError as exc:
         return refuse(exc.lines())
     if args.steps:
         try:
-            benchmark = with_steps(benchmark, args.steps)
+            benchmarks = [with_steps(benchmark, args.steps) for benchmark in benchmarks]
         except SpecError as exc:
             return refuse([f"--steps {args.steps} ({path}): {message}" for path, message in exc.errors])
-    problems, notes = preflight(benchmark.spec)
-    if problems:
-        return refuse([f"{args.file}: {path}: {message}" for path, message in problems])
-    all_runs = plan_runs(benchmark, args.backend)
-    try:
-        runs = select_runs(all_runs, args.only)
-    except re.error as exc:
-        err.print(f"gpt2bench run: --only: invalid regular expression: {exc}", highlight=False)
+    notes: dict[str, list[str]] = {}
+    for benchmark in benchmarks:
+        problems, notes[benchmark.name] = preflight(benchmark.spec)
+        named = f"{benchmark.name}: " if len(benchmarks) > 1 else ""
+        if problems:
+            return refuse([f"{args.file}: {named}{path}: {message}" for path, message in problems])
+    chosen: dict[str, tuple[list, int]] = {}  # name -> (the runs --only keeps, how many the sweep has)
+    for benchmark in benchmarks:
+        all_runs = plan_runs(benchmark, args.backend)
+        try:
+            chosen[benchmark.name] = (select_runs(all_runs, args.only), len(all_runs))
+        except re.error as exc:
+            err.print(f"gpt2bench run: --only: invalid regular expression: {exc}", highlight=False)
+            return 2
+    if not any(runs for runs, _ in chosen.values()):
+        names = ", ".join(run.name for benchmark in benchmarks for run in plan_runs(benchmark, args.backend))
+        total = sum(count for _, count in chosen.values())
+        err.print(f"gpt2bench run: --only {args.only!r} matches none of the {total} runs: {names}",
+                  highlight=False, markup=False)
         return 2
-    if not runs:
-        names = ", ".join(run.name for run in all_runs)
-        err.print(
-            f"gpt2bench run: --only {args.only!r} matches none of the {len(all_runs)} runs: {names}",
-            highlight=False,
-            markup=False,
-        )
-        return 2
-    directory = Path(args.output or Path("results") / benchmark.name)
+    codes = []
+    for benchmark in benchmarks:
+        runs, total = chosen[benchmark.name]
+        if not runs:  # a file of several: --only picks runs of the others
+            err.print(f"gpt2bench run: {benchmark.name}: --only {args.only!r} matches none of its {total} runs",
+                      highlight=False, markup=False)
+            continue
+        directory = _output(args.output, benchmark.name, several=len(benchmarks) > 1)
+        codes.append(_run_benchmark(benchmark, runs, total, directory, notes[benchmark.name]))
+        if codes[-1] == EXIT_INTERRUPTED:
+            return EXIT_INTERRUPTED
+    return max(codes)
+
+
+def _output(output: str | None, name: str, several: bool) -> Path:
+    """results/<name> by default; --output itself for one benchmark, --output/<name> for each of several."""
+    if output is None:
+        return Path("results") / name
+    return Path(output) / name if several else Path(output)
+
+
+def _run_benchmark(benchmark: Benchmark, runs: list, total: int, directory: Path, notes: list[str]) -> int:
+    """Run one benchmark's chosen runs (of its `total`) into `directory`, print its table; 0, 1 (every run
+    failed) or 130."""
+    from rich.console import Console
+
     console = Console()
     for note in notes:
         console.print(f"note: {note}", highlight=False, markup=False)
@@ -116,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             "one at a time so that they do not disturb each other's timings",
             highlight=False,
         )
-    console.print(f"{benchmark.name}: {len(runs)} of {len(all_runs)} runs -> {directory}", highlight=False)
+    console.print(f"{benchmark.name}: {len(runs)} of {total} runs -> {directory}", highlight=False)
 
     stop = _Stop()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
