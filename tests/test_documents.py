@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpt2bench import documents
 from gpt2bench.local import cli as run_cli
@@ -252,12 +253,20 @@ def test_validate_checks_every_benchmark_of_a_file_or_the_one_named(tmp_path, ca
     assert "--name third: no GPT2Benchmark of that name here (it holds first, second)" in capsys.readouterr().err
 
 
-def test_render_takes_one_benchmark_and_says_how_to_pick_it(tmp_path, capsys):
+def test_render_takes_each_benchmark_in_turn_or_the_one_named(tmp_path, capsys):
     path = tmp_path / "two.yaml"
     path.write_bytes(several("first", "second"))
-    assert render_main([str(path)]) == 2
-    assert "holds 2 GPT2Benchmarks (first, second): pick one with --name NAME" in capsys.readouterr().err
-    assert load_benchmark_file(str(path), name="second").name == "second"
+    assert render_main([str(path)]) == 0  # as kubectl apply -f: every benchmark's jobs, in file order
+    objects = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    assert [o["metadata"]["labels"]["gpt2bench.io/benchmark"] for o in objects if o["kind"] != "NetworkPolicy"] == [
+        "first", "second"]
+    assert render_main([str(path), "--name", "second"]) == 0
+    objects = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    assert {o["metadata"]["labels"]["gpt2bench.io/benchmark"] for o in objects} == {"second"}
+    assert render_main([str(path), "--name", "third"]) == 2
+    assert "--name third: no GPT2Benchmark of that name here" in capsys.readouterr().err
+    with pytest.raises(SpecError, match="pick one with --name NAME"):  # the library call that wants one
+        load_benchmark_file(str(path))
 
 
 def test_every_document_is_checked_before_anything_runs(tmp_path, capsys):

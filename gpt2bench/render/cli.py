@@ -21,7 +21,8 @@ from gpt2bench.plan import resolved_backend
 from gpt2bench.render import dump_jobs, render_objects
 from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
-from gpt2bench.spec import DEFAULT_IMAGE, SpecError, load_benchmark_file
+from gpt2bench.spec import DEFAULT_IMAGE, SpecError
+from gpt2bench.validation import load_benchmarks_file
 
 
 def backend_line(requested: str, flag: str | None, resolved: str) -> str:
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpt2bench render", description="Print the Kubeflow jobs a GPT2Benchmark YAML becomes.")
     parser.add_argument("file", nargs="?", help="GPT2Benchmark YAML")
     parser.add_argument("-n", "--namespace", help="namespace of the jobs (default: the resource's, else default)")
+    parser.add_argument("--name", help="of a file of several GPT2Benchmarks, render only this one (default: each "
+                                       "in turn, as kubectl apply -f takes them)")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="jobs for this backend instead of spec.backend: trainjob (Kubeflow Trainer v2 TrainJobs) "
                              f"or pytorchjob (PyTorchJob, MPIJob); spec.backend auto renders {OFFLINE_BACKEND} "
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.file is None:
         parser.error("give a GPT2Benchmark FILE (or --runtimes)")
     try:
-        benchmark = load_benchmark_file(args.file)
+        benchmarks = load_benchmarks_file(args.file, args.name)
     except OSError as exc:
         print(f"gpt2bench render: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
@@ -60,17 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.lines():
             print(f"gpt2bench render: {line}", file=sys.stderr)
         return 2
-    if args.namespace:
-        if problem := dns1123_label_problem(args.namespace):
-            print(f"gpt2bench render: --namespace: {problem}", file=sys.stderr)
-            return 2
-        benchmark = benchmark.model_copy(update={"namespace": args.namespace})
-    backend = resolved_backend(benchmark, args.backend)
-    if backend == TRAINJOB:
-        for caveat in trainjob_caveats(benchmark):
-            print(f"gpt2bench render: note: {caveat}", file=sys.stderr)
-    sys.stdout.write(backend_line(benchmark.spec.backend, args.backend, backend) + "\n")
-    sys.stdout.write(dump_jobs(render_objects(benchmark, backend)))
+    if args.namespace and (problem := dns1123_label_problem(args.namespace)):
+        print(f"gpt2bench render: --namespace: {problem}", file=sys.stderr)
+        return 2
+    for benchmark in benchmarks:
+        if args.namespace:
+            benchmark = benchmark.model_copy(update={"namespace": args.namespace})
+        backend = resolved_backend(benchmark, args.backend)
+        if backend == TRAINJOB:
+            for caveat in trainjob_caveats(benchmark):
+                print(f"gpt2bench render: note: {caveat}", file=sys.stderr)
+        sys.stdout.write(backend_line(benchmark.spec.backend, args.backend, backend) + "\n")
+        sys.stdout.write(dump_jobs(render_objects(benchmark, backend)))
     return 0
 
 
