@@ -59,7 +59,7 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
     applied = cluster.kubectl("apply", "-f", str(REPO / "manifests" / "examples" / "cpu-sweep.yaml"))
     assert "gpt2benchmark.gpt2bench.io/cpu-sweep created" in applied.stdout
     total = wait_for(lambda: benchmarks.status("cpu-sweep").get("runsTotal"), what="runsTotal")
-    assert total == 20  # 5 strategies x 2 precisions x 2 repeats
+    assert total == 24  # 6 strategies x 2 precisions x 2 repeats
 
     order = play(trainer, "cpu-sweep", total, lambda t, job, i: t.succeed(job, 1000.0 + 10 * i))
 
@@ -67,11 +67,11 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
                       what="phase Succeeded")
     runs = status["runs"]
     assert [r["name"] for r in runs] == order, "runs start in plan order, one at a time"
-    assert status["runsDone"] == status["runsSucceeded"] == 20 and status["runsFailed"] == 0
+    assert status["runsDone"] == status["runsSucceeded"] == 24 and status["runsFailed"] == 0
     assert all(r["phase"] == "Succeeded" and r["results"]["tokensPerSecond"] > 0 for r in runs)
     assert {r["jobKind"] for r in runs} == {"PyTorchJob", "MPIJob"}
     assert status["best"] == {"run": order[-1], "strategy": runs[-1]["strategy"],
-                              "precision": runs[-1]["precision"], "tokensPerSecond": 1190.0}
+                              "precision": runs[-1]["precision"], "tokensPerSecond": 1230.0}
     assert status["completionTime"] >= status["startTime"]
     assert status["observedGeneration"] == 1
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
@@ -80,12 +80,12 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
     assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION"]
     # tokens/s grew by 10 per run, so a later repeat is faster than an earlier one: the sweep's own noise
     # (the two repeats of a configuration differ by 10 configurations' worth) hides every margin
-    assert table[7:12] == ["cpu-sweep", "Succeeded", "20", "20", "no-clear-winner"]  # RECOMMENDED: empty
+    assert table[7:12] == ["cpu-sweep", "Succeeded", "24", "24", "no-clear-winner"]  # RECOMMENDED: empty
     as_yaml = yaml.safe_load(cluster.kubectl("get", "g2b", "cpu-sweep", "-o", "yaml").stdout)
     assert as_yaml["status"]["runs"] == runs
 
     reasons = [e["reason"] for e in benchmarks.events("cpu-sweep")]
-    assert reasons.count("RunStarted") == 20 and reasons.count("RunSucceeded") == 20
+    assert reasons.count("RunStarted") == 24 and reasons.count("RunSucceeded") == 24
     assert "SweepPlanned" in reasons and "SweepSucceeded" in reasons
 
     uid = benchmarks.get("cpu-sweep")["metadata"]["uid"]

@@ -352,7 +352,7 @@ def test_render_cli_prints_a_yaml_stream(capsys):
     out = capsys.readouterr().out
     objects = list(yaml.safe_load_all(out))
     jobs = [o for o in objects if o["kind"] != "NetworkPolicy"]
-    assert len(jobs) == 20 and "&id" not in out  # 5 strategies x 2 precisions x 2 repeats
+    assert len(jobs) == 24 and "&id" not in out  # 6 strategies x 2 precisions x 2 repeats
     assert [j["kind"] for j in jobs].count("MPIJob") == 4
     for job in jobs:
         validate_job(job)

@@ -241,7 +241,7 @@ def test_render_cli_backend_flag_and_first_line(capsys):
     out = capsys.readouterr()
     assert out.out.startswith("# backend: trainjob (--backend)\n")
     jobs = list(yaml.safe_load_all(out.out))
-    assert len(jobs) == 40 and {j["kind"] for j in jobs} == {"TrainJob", "NetworkPolicy"}  # 20 runs, a policy each
+    assert len(jobs) == 48 and {j["kind"] for j in jobs} == {"TrainJob", "NetworkPolicy"}  # 24 runs, a policy each
     assert out.err == ""  # nothing in the CPU example that a TrainJob cannot apply
     assert main([example]) == 0  # spec.backend auto, rendered offline
     out = capsys.readouterr().out
