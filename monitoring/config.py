@@ -28,6 +28,14 @@ class TrainerMetrics:
     peak_memory_bytes: str = "gpt2bench_train_memory_peak_bytes"
     peak_memory_reserved_bytes: str = "gpt2bench_train_memory_peak_reserved_bytes"
     mfu: str = "gpt2bench_train_mfu_ratio"
+    # The step breakdown (docs/metrics.md, Step breakdown; trainer option --breakdown)
+    phase_seconds: str = "gpt2bench_train_phase_seconds"  # labelled phase: data, forward, backward, optimizer, other
+    comm_seconds: str = "gpt2bench_train_communication_seconds"
+    comm_exposed_seconds: str = "gpt2bench_train_communication_exposed_seconds"
+    comm_bytes: str = "gpt2bench_train_communication_bytes_total"  # labelled kind; absent without communication
+    comm_bus_bandwidth: str = "gpt2bench_train_communication_bus_bandwidth_bytes_per_second"  # labelled kind
+    step_energy_joules: str = "gpt2bench_train_step_energy_joules"
+    energy_joules: str = "gpt2bench_train_energy_joules_total"
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,7 @@ def training_dashboard(c: MonitoringConfig) -> dash_b.Dashboard:
     sel = c.trainer_sel(
         'namespace=~"$namespace", benchmark=~"$benchmark", strategy=~"$strategy", run=~"$run", pod=~"$pod"'
     )
+    rank0 = 'namespace=~"$namespace", benchmark=~"$benchmark", strategy=~"$strategy", run=~"$run", rank="0"'
     ids = _Ids()
     rate = "[$__rate_interval]"
     gpu = f'{{{c.dcgm_pod_label}=~"$pod"}}'
@@ -171,6 +172,32 @@ def training_dashboard(c: MonitoringConfig) -> dash_b.Dashboard:
         .with_panel(_timeseries(
             ids, "Step", "none", "Last finished optimizer step.",
             _query(f"max by (namespace, run) ({t.step}{sel})", "{{run}}"), width=8))
+        .with_row(dash_b.Row("Why: step breakdown, communication, energy").id(ids()))
+        .with_panel(_timeseries(
+            ids, "Step breakdown (rank 0)", "s", "Where rank 0's last step went: data, forward, backward, optimizer, "
+            "other and exposed communication (they add up to the step; docs/metrics.md, Step breakdown).",
+            _query(f'max by (namespace, run, phase) ({t.phase_seconds}{c.trainer_sel(rank0)})',
+                   "{{run}} {{phase}}"),
+            _query(f"max by (namespace, run) ({t.comm_exposed_seconds}{c.trainer_sel(rank0)})",
+                   "{{run}} exposed communication", ref="B"), width=12))
+        .with_panel(_timeseries(
+            ids, "Communication: total and exposed", "s", "Per step: communication in flight, and the part no "
+            "computation hid (the step waited for it). Li 2020: DDP's overlap should hide most of it.",
+            _query(f"max by (namespace, run) ({t.comm_seconds}{sel})", "{{run}} total"),
+            _query(f"max by (namespace, run) ({t.comm_exposed_seconds}{sel})", "{{run}} exposed", ref="B"),
+            width=12))
+        .with_panel(_timeseries(
+            ids, "Achieved bus bandwidth", "Bps", "nccl-tests' busbw of the last step per collective kind; compare "
+            "with benchmarks/bench_collectives.py on the same nodes.",
+            _query(f"max by (namespace, run, kind) ({t.comm_bus_bandwidth}{sel})", "{{run}} {{kind}}"), width=8))
+        .with_panel(_timeseries(
+            ids, "Bytes sent per second", "Bps", "Each rank's collective payload by kind.",
+            _query(f"sum by (namespace, run, kind) (rate({t.comm_bytes}{sel}{rate}))", "{{run}} {{kind}}"), width=8))
+        .with_panel(_timeseries(
+            ids, "Energy per 1M tokens", "none", "Joules per 10^6 tokens (NVML on GPUs, RAPL on CPUs): energy over "
+            "tokens, both counters' rates.",
+            _query(f"sum by (namespace, run) (rate({t.energy_joules}{sel}{rate})) / sum by (namespace, run) "
+                   f"(rate({t.tokens}{sel}{rate})) * 1e6", "{{run}}"), width=8))
         .with_row(dash_b.Row("GPUs (DCGM exporter)").id(ids()))
         .with_panel(_timeseries(
             ids, "GPU utilisation", "percent", "DCGM_FI_DEV_GPU_UTIL of the selected pods' GPUs.",

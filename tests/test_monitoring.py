@@ -180,7 +180,8 @@ class FakeTargets:
             registry = CollectorRegistry()
             metrics = self._trainer_metrics(registry)
             self.trainers[run] = [
-                {k: m.labels(benchmark="bench", run=run, strategy=strategy, precision=precision, rank=str(rank))
+                {k: m.labels(benchmark="bench", run=run, strategy=strategy, precision=precision, rank=str(rank),
+                             **dict([self.EXTRA_LABELS[k]] if k in self.EXTRA_LABELS else []))
                  for k, m in metrics.items()} for rank in (0, 1)]
             self.ports[run] = free_port()
             self.servers.append(start_http_server(self.ports[run], addr="127.0.0.1", registry=registry)[0])
@@ -192,17 +193,23 @@ class FakeTargets:
         self._thread = threading.Thread(target=self._feed, daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _trainer_metrics(registry) -> dict[str, Any]:
+    # series the trainer labels further: (label, the value the fake serves)
+    EXTRA_LABELS: ClassVar[dict[str, tuple[str, str]]] = {
+        "phase_seconds": ("phase", "backward"), "comm_bytes": ("kind", "allreduce"),
+        "comm_bus_bandwidth": ("kind", "allreduce")}
+
+    @classmethod
+    def _trainer_metrics(cls, registry) -> dict[str, Any]:
         from prometheus_client import Counter, Gauge
 
         labels = ["benchmark", "run", "strategy", "precision", "rank"]
         out = {}
         for field, name in vars(CONFIG.trainer).items():
+            extra = [cls.EXTRA_LABELS[field][0]] if field in cls.EXTRA_LABELS else []
             if name.endswith("_total"):
-                out[field] = Counter(name.removesuffix("_total"), field, labels, registry=registry)
+                out[field] = Counter(name.removesuffix("_total"), field, labels + extra, registry=registry)
             else:
-                out[field] = Gauge(name, field, labels, registry=registry)
+                out[field] = Gauge(name, field, labels + extra, registry=registry)
         return out
 
     @staticmethod
@@ -226,13 +233,17 @@ class FakeTargets:
             step += 1
             for ranks in self.trainers.values():
                 for rank in ranks:
-                    for counter, amount in (("steps", 1), ("tokens", 512), ("step_seconds_total", 0.2)):
+                    for counter, amount in (("steps", 1), ("tokens", 512), ("step_seconds_total", 0.2),
+                                            ("comm_bytes", 2**20), ("energy_joules", 30.0)):
                         rank[counter].inc(amount)
                     for gauge, value in (("step", step), ("loss", 10 / step ** 0.5), ("grad_norm", 2.0),
                                          ("learning_rate", 3e-4), ("step_seconds", 0.2),
                                          ("data_loading_seconds", 0.001), ("tokens_per_second", 5120),
                                          ("tokens_per_second_per_device", 2560), ("mfu", 0.4),
-                                         ("peak_memory_bytes", 2e9), ("peak_memory_reserved_bytes", 3e9)):
+                                         ("peak_memory_bytes", 2e9), ("peak_memory_reserved_bytes", 3e9),
+                                         ("phase_seconds", 0.1), ("comm_seconds", 0.08),
+                                         ("comm_exposed_seconds", 0.02), ("comm_bus_bandwidth", 1e9),
+                                         ("step_energy_joules", 30.0)):
                         rank[gauge].set(value)
             for counter in ("runs_started", "runs_succeeded", "runs_failed", "reconcile_errors"):
                 self.operator[counter].labels(namespace="ml").inc()
@@ -363,11 +374,21 @@ def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path
         time.sleep(1.5)  # let the last scrape land
         want = {"namespace": "ml", "pod": "tiny-master-0", "job": "gpt2bench-trainer", "benchmark": "tiny-bench",
                 "run": "tiny-run", "strategy": "single", "precision": "fp32", "rank": "0"}
-        cpu_absent = {CONFIG.trainer.mfu}  # MFU is absent where the device's peak FLOP/s is unknown
+        # MFU is absent where the device's peak FLOP/s is unknown (CPU); `single` has no communication
+        absent = {CONFIG.trainer.mfu, CONFIG.trainer.comm_bytes, CONFIG.trainer.comm_bus_bandwidth}
+        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        energy = {CONFIG.trainer.step_energy_joules, CONFIG.trainer.energy_joules}
         for field, name in vars(CONFIG.trainer).items():
             result = prom.query(f"last_over_time({name}[5m])")
-            if name in cpu_absent:
-                assert not result, f"{name} should be absent on CPU"
+            if name in energy and summary["energy_source"] is None:  # no NVML, no readable RAPL here
+                assert all(float(r["value"][1]) == 0 for r in result), f"{name}: {result} without energy"
+                continue
+            if name in absent:
+                assert not result, f"{name} should be absent for single on CPU"
+                continue
+            if field == "phase_seconds":  # one series per phase of the step breakdown
+                assert sorted(r["metric"]["phase"] for r in result) == sorted(
+                    ["data", "forward", "backward", "optimizer", "other"]), f"{name}: {result}"
                 continue
             assert len(result) == 1, f"{field}: {name} did not reach Prometheus"
             labels = {k: v for k, v in result[0]["metric"].items() if k not in ("instance", "__name__")}
