@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from kube import EmulatedCluster
 from kube.fixtures import Benchmarks, api_client, benchmark, install_crds, wait_for
 
-from gpt2bench.local.executor import free_port
+from gpt2bench.local.replicas import free_port
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpt2bench.local.executor import free_port
+from gpt2bench.local.replicas import free_port
 
 
 def trainer_argv(job: str, args: argparse.Namespace, output: Path) -> list[str]:

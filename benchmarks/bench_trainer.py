@@ -31,7 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpt2bench.local.executor import free_port
+from gpt2bench.local.replicas import free_port
 
 
 def plain_cross_entropy(logits, targets, vocab_size: int):

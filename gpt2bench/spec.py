@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -635,19 +635,3 @@ class Benchmark(BaseModel):
     namespace: str = "default"
     uid: str | None = None
     spec: GPT2BenchmarkSpec
-
-
-
-
-# The validation entry points live in gpt2bench.validation (they need the models above); callers have always
-# imported them from here, the operator included, so they stay importable from here (PEP 562).
-_VALIDATION = ("SpecError", "validate_spec", "load_benchmark", "load_benchmark_file", "load_benchmarks_file",
-               "results_spec", "MAX_OBJECT_BYTES")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _VALIDATION:
-        from gpt2bench import validation
-
-        return getattr(validation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

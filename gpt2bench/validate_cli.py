@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2bench.spec import SpecError, load_benchmarks_file
+from gpt2bench.validation import SpecError, load_benchmarks_file
 
 
 def main(argv: list[str] | None = None) -> int:

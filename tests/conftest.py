@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpt2bench.local.executor import free_port
+from gpt2bench.local.replicas import free_port
 
 # A tiny, fast, real run: tiny GPT-2 on the first State of the Union addresses.
 TINY_ARGS = ["--model", "tiny", "--seq-len", "32", "--max-documents", "12", "--steps", "6", "--warmup-steps", "2",

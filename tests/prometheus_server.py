@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import yaml
 
-from gpt2bench.local.executor import free_port
+from gpt2bench.local.replicas import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 

@@ -20,8 +20,8 @@ from gpt2bench.collect import (
 )
 from gpt2bench.plan import plan_runs
 from gpt2bench.protocol import SUMMARY_PREFIX
-from gpt2bench.spec import load_benchmark
 from gpt2bench.status import RunResults
+from gpt2bench.validation import load_benchmark
 
 
 def _wire(function):

@@ -240,7 +240,7 @@ def test_null_options_are_taken_for_absent_and_a_meaningful_null_is_kept(generat
     """As the API server does (nulls of non-nullable fields pruned or defaulted) and as the model does."""
     from kube.semantics import validate_custom_resource
 
-    from gpt2bench.spec import validate_spec
+    from gpt2bench.validation import validate_spec
 
     spec = {
         "sweep": {"strategies": [{"name": "ps", "psServers": None, "psMode": None}]},
@@ -285,7 +285,8 @@ def operator_status() -> dict:
     from gpt2bench.collect import collect_run
     from gpt2bench.controller import reconcile as rc
     from gpt2bench.plan import plan_runs
-    from gpt2bench.spec import Benchmark, validate_spec
+    from gpt2bench.spec import Benchmark
+    from gpt2bench.validation import validate_spec
 
     spec = validate_spec({"sweep": {"strategies": [{"name": "ddp"}, {"name": "ps"}], "scales": [{"processesPerNode": 2}]}})
     runs = plan_runs(Benchmark(name="b", spec=spec))

@@ -13,14 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt2bench.local.executor import (
-    JobSpecError,
-    Replica,
-    assign_gpus,
-    execute_job,
-    expand,
-    job_replicas,
-)
+from gpt2bench.local.executor import assign_gpus, execute_job, job_replicas
+from gpt2bench.local.replicas import JobSpecError, Replica, expand, share_machine
 
 # Writes its env and argv to $(GPT2BENCH_OUTPUT_DIR)/seen.json.
 DUMP_ENV = (
@@ -244,3 +238,20 @@ def test_unsupported_jobs_are_rejected(tmp_path):
     no_command = pytorchjob({"name": "pytorch", "image": "x"})
     with pytest.raises(JobSpecError, match="no command"):
         job_replicas(no_command, tmp_path)
+
+
+def test_pods_share_this_machines_cores_capped_by_their_rendered_budget(tmp_path, monkeypatch):
+    """Three pods of a PyTorchJob on 6 cores: 2 each, or their rendered 1.5 if that is less; an MPI launcher
+    stands for its worker pods together, since mpirun starts their ranks here."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(6)))
+
+    def replicas(rendered: str | None, count: int) -> list[Replica]:
+        env = {} if rendered is None else {"GPT2BENCH_POD_CPUS": rendered}
+        return [Replica("Worker", i, ["true"], dict(env), tmp_path, tmp_path / "t", tmp_path / "l") for i in range(count)]
+
+    assert [r.env["GPT2BENCH_POD_CPUS"] for r in share_machine(replicas(None, 3))] == ["2"] * 3
+    assert [r.env["GPT2BENCH_POD_CPUS"] for r in share_machine(replicas("1.5", 3))] == ["1.5"] * 3
+    assert share_machine(replicas("2", 1), pods_each=2)[0].env["GPT2BENCH_POD_CPUS"] == "4"  # 2 workers' budget
+    assert share_machine(replicas("8", 1), pods_each=2)[0].env["GPT2BENCH_POD_CPUS"] == "6"  # the machine's
+    with pytest.raises(JobSpecError, match="GPT2BENCH_POD_CPUS='lots' is not a number of cores"):
+        share_machine(replicas("lots", 1))

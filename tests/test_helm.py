@@ -142,7 +142,7 @@ def test_all_namespaces_uses_cluster_roles_and_digests_pin_the_images(rendered) 
     assert "--trainer-image-gpu=ghcr.io/gpt2bench/gpt2bench@sha256:" + "3" * 64 in container["args"]
     # the operator accepts what the chart passes, and a run takes it as its image
     from gpt2bench.controller import main
-    from gpt2bench.spec import validate_spec
+    from gpt2bench.validation import validate_spec
 
     args = main.parse_args(container["args"][1:])
     spec = validate_spec({"sweep": {"strategies": [{"name": "single"}]}, "images": {"cpu": args.trainer_image_cpu}})
@@ -249,7 +249,7 @@ def test_service_monitor_selects_the_operator_service(rendered) -> None:
 def test_pod_monitor_selects_the_trainer_pods_the_operator_renders(rendered) -> None:
     from gpt2bench.plan import plan_runs
     from gpt2bench.render import render_job
-    from gpt2bench.spec import load_benchmark_file
+    from gpt2bench.validation import load_benchmark_file
 
     docs = rendered["monitoring-values.yaml"]
     monitor = one(docs, "PodMonitor")

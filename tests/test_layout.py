@@ -153,6 +153,45 @@ def test_the_dependency_rule_catches_an_import_against_the_flow():
     assert dependency_violations({"gpt2bench.controller.sweep": {"gpt2bench.render", "gpt2bench.status"}}) == []
 
 
+def import_circles(modules: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of two or more modules (imports inside functions count: a lazy import
+    hides a circle, it does not break it), each sorted; a module importing a name of another counts."""
+    import graphlib
+
+    def target(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = {module: {t for name in imports if (t := target(name)) and t != module and not _within(module, t)}
+             for module, imports in modules.items()}
+    circles = []
+    while edges:
+        try:
+            graphlib.TopologicalSorter(edges).prepare()
+            break
+        except graphlib.CycleError as error:
+            cycle = sorted(set(error.args[1]))
+            circles.append(cycle)
+            for module in cycle:  # report it, then look for more without it
+                edges.pop(module, None)
+            edges = {m: targets - set(cycle) for m, targets in edges.items()}
+    return circles
+
+
+def test_no_import_circles_in_the_package():
+    modules = {}
+    for package, root in SOURCES.items():
+        modules |= module_imports(package, root)
+    assert import_circles(modules) == []
+
+
+def test_the_circle_check_sees_a_lazy_two_module_circle():
+    modules = {"gpt2bench.a": {"gpt2bench.b.f"}, "gpt2bench.b": {"gpt2bench.a"}, "gpt2bench.c": {"gpt2bench.a"},
+               "gpt2bench.report": set(), "gpt2bench.report.x": {"gpt2bench.report"}}  # a package's own module: no
+    assert import_circles(modules) == [["gpt2bench.a", "gpt2bench.b"]]
+
+
 def test_every_package_folder_is_listed_for_installation():
     """pyproject lists packages explicitly (the trainer and operator live outside gpt2bench/), so a new
     subpackage that is not listed is missing from `pip install .` and the image, though editable installs work."""

@@ -26,7 +26,7 @@ from kube.fixtures import (
 )
 from kube.training import TrainingOperator
 
-from gpt2bench.local.executor import free_port
+from gpt2bench.local.replicas import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpt2bench.local.executor import free_port
+from gpt2bench.local.replicas import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ from kube.semantics import ApiError, validate_custom_resource
 from kubeflow_crds import strict
 
 from gpt2bench import crd
-from gpt2bench.spec import MAX_RUNS, PRECISIONS, STRATEGIES, SpecError, load_benchmark
+from gpt2bench.spec import MAX_RUNS, PRECISIONS, STRATEGIES
+from gpt2bench.validation import SpecError, load_benchmark
 
 BASE = {"sweep": {"strategies": [{"name": "ddp"}]}}
 VERSION = crd.build_crd()["spec"]["versions"][0]

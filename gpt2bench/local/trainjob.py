@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.local.executor import JobSpecError, Replica, free_port, make_replica, share_machine
+from gpt2bench.local.replicas import JobSpecError, Replica, free_port, make_replica, share_machine
 from gpt2bench.protocol import TRAINJOB_CONTAINER
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"

@@ -21,8 +21,8 @@ from gpt2bench.plan import resolved_backend
 from gpt2bench.render import dump_jobs, render_objects
 from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
-from gpt2bench.spec import DEFAULT_IMAGE, SpecError
-from gpt2bench.validation import load_benchmarks_file
+from gpt2bench.spec import DEFAULT_IMAGE
+from gpt2bench.validation import SpecError, load_benchmarks_file
 
 
 def backend_line(requested: str, flag: str | None, resolved: str) -> str:

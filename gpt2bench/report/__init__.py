@@ -18,6 +18,6 @@ Definitions of every figure: docs/metrics.md (the trainer's) and docs/analysis.m
 """
 
 from gpt2bench.report.build import RESULTS_MD, write_report
-from gpt2bench.report.table import print_table
+from gpt2bench.report.terminal import print_table
 
 __all__ = ["RESULTS_MD", "print_table", "write_report"]
