@@ -239,12 +239,12 @@ def test_trainer_args_for_fsdp_and_ps_options():
     assert ps[ps.index("--device") + 1] == "cpu"
 
 
-def test_cpu_example_plans_fourteen_runs_with_two_workers():
+def test_cpu_example_plans_twenty_four_interleaved_runs_with_two_workers():
     runs = plan_runs(load_benchmark_file(str(EXAMPLES / "cpu-sweep.yaml")))
-    assert len(runs) == 14
+    assert len(runs) == 24  # 6 strategies x 2 precisions x 2 repeats
+    assert [r.repeat for r in runs] == [1] * 12 + [2] * 12  # every configuration once, then again
     by_strategy = {r.strategy.name: r for r in runs}
-    assert set(by_strategy) == {"single", "dataparallel", "ddp", "fsdp", "horovod", "ps", "ps-sharded"}
+    assert set(by_strategy) == {"single", "dataparallel", "ddp", "fsdp", "horovod", "ps"}
     assert by_strategy["ddp"].world_size == by_strategy["horovod"].world_size == 2
     assert (by_strategy["ps"].ps_servers, by_strategy["ps"].procs_per_node) == (1, 3)
-    assert (by_strategy["ps-sharded"].ps_servers, by_strategy["ps-sharded"].procs_per_node) == (2, 4)
     assert all("cpu" in r.name for r in runs)

@@ -45,9 +45,12 @@ def horovod_importable() -> bool:
 
 @pytest.fixture
 def example(tmp_path) -> Path:
-    """The default example, with a metrics port nobody else on this machine uses."""
+    """The default example, with a metrics port nobody else on this machine uses, each configuration once (the
+    runner is under test here; the repeats and their noise rules have their own tests)."""
     document = yaml.safe_load(EXAMPLE.read_text())
     document["spec"].setdefault("metrics", {})["port"] = free_port()
+    document["spec"]["sweep"]["repeats"] = 1
+    document["spec"]["training"]["allowEmulatedPrecision"] = True  # bf16 trains whatever units this CPU has
     path = tmp_path / "cpu-sweep.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
@@ -139,9 +142,6 @@ def test_steps_override_is_validated_like_the_file():
 def test_default_example_end_to_end(tmp_path, example, child_env):
     """torchrun (1 and 2 processes) and the MPIJob launcher's mpirun, through the CLI (one repeat: the noise
     rules have their own tests below)."""
-    document = yaml.safe_load(example.read_text())
-    document["spec"]["sweep"]["repeats"] = 1
-    example.write_text(yaml.safe_dump(document, sort_keys=False))
     out = tmp_path / "results"
     only = "single-fp32|ddp-fp32|horovod-fp32"
     done = gpt2bench("run", str(example), "--steps", "3", "--only", only, "--output", str(out), env=child_env)
@@ -211,6 +211,21 @@ def test_a_failing_run_is_reported_and_the_next_one_runs(tmp_path, example, chil
     assert saved == doc
     table = (tmp_path / "out" / "results.md").read_text()
     assert "Failed: " in table and "failure injected at step 1" in table
+
+
+def test_a_bf16_run_this_cpu_would_only_emulate_is_skipped_with_the_reason_and_not_started(
+        tmp_path, example, monkeypatch):
+    monkeypatch.setattr(local_sweep, "cpu_emulation_reason", lambda precision: f"{precision} emulated on this CPU")
+    document = yaml.safe_load(example.read_text())
+    document["spec"]["training"]["allowEmulatedPrecision"] = False
+    example.write_text(yaml.safe_dump(document, sort_keys=False))
+    benchmark = load_benchmark_file(str(example))
+    runs = local_sweep.select_runs(plan_runs(benchmark), r"single-bf16")
+    doc = local_sweep.run_sweep(benchmark, runs, tmp_path / "out", live=False).doc
+    (skipped,) = doc.runs
+    assert (skipped.phase, skipped.reason) == ("Skipped", "bf16 emulated on this CPU")
+    assert not (tmp_path / "out" / "runs").exists()  # nothing was started
+    assert doc.phase == "Failed" and doc.analysis.recommended is None  # nothing measured, said so
 
 
 @pytest.mark.slow
@@ -297,7 +312,7 @@ def test_two_scale_sweep_recommends_per_scale_and_checks_the_papers(tmp_path, ex
     analysis = doc.analysis
     recs = {(r.objective, r.scale): r for r in analysis.recommendations}
     assert set(recs) == {(o, s) for o in ("fastest", "leanest", "cheapest") for s in ("1×1 CPU", "1×2 CPU")} | {
-        ("cheapest", None), ("scalable", "1×2 CPU")}
+        ("cheapest", None), ("scalable", "1×2 CPU"), ("efficient", None)}  # no RAPL here: energy not measurable
     two = [by_name[n] for n in ("ddp-fp32-1x2", "ddp-bf16-1x2", "fsdp-fp32-1x2")]
     fastest = recs[("fastest", "1×2 CPU")]
     # one measurement per configuration: ranked, never decided

@@ -31,6 +31,7 @@ def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path):
     document["spec"]["metrics"] = {"port": free_port()}
     document["spec"]["sweep"]["strategies"] = [{"name": "single"}, {"name": "ddp"}, {"name": "horovod"}]
     document["spec"]["sweep"]["precisions"] = ["fp32"]
+    document["spec"]["sweep"]["repeats"] = 1  # the launchers are under test here, not the noise
     document["spec"]["sweep"]["scales"] = [{"nodes": 2, "processesPerNode": 1}]  # ddp: 2 torchrun "nodes"
     path = tmp_path / "tj-sweep.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
