@@ -154,8 +154,8 @@ def efficient(configs: list[Configuration]) -> list[Recommendation]:
     if not any(c.values(energy_per_million_tokens) for c in configs):
         reasons = sorted({run.results.energy_unavailable_reason for c in configs for run in c.succeeded
                           if run.results.energy_unavailable_reason})
-        why = "; ".join(reasons) or "no succeeded run reports energy"
-        return [decide(EFFICIENT, None, [], Noise(0.0, 0), [], f"energy not measurable: {why}")]
+        why = "; ".join(r.removeprefix("not measurable: ") for r in reasons) or "no succeeded run reports energy"
+        return [decide(EFFICIENT, None, [], Noise(0.0, 0), [], f"no energy figure: {why}")]
     energy = noise(configs, energy_per_million_tokens)
     return [_by_metric(EFFICIENT, [c for c in configs if c.scale == s], energy_per_million_tokens, energy, s.label)
             for s in scales(configs)]
