@@ -17,19 +17,9 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
-
-
-def timed(fn, device: torch.device) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process) of fn(), the device's queued work included."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    sync()
-    return time.perf_counter() - wall, time.process_time() - cpu
+from bench_trainer import timed  # benchmarks/ is the script's folder, first on sys.path
 
 
 def round_ratio(on: list[tuple[float, float]], off: list[tuple[float, float]], clock: int) -> float:
