@@ -23,8 +23,8 @@ from gpt2bench.local import sweep as local_sweep
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.report.measures import Configuration, configurations, noise, tokens_per_second
 from gpt2bench.report.noise import Interval, ratio_interval
-from gpt2bench.spec import Benchmark
-from gpt2bench.validation import load_benchmark
+from gpt2bench.spec.model import Benchmark
+from gpt2bench.spec.validation import load_benchmark
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "examples" / "cpu-sweep.yaml"
 BASELINE, RIVALS = "ddp", ("horovod", "ps")

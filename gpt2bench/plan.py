@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from gpt2bench.jobkinds import JOB_KINDS, job_kind_for, max_job_name_length, resolve_backend
 from gpt2bench.protocol import OUTPUT_ENV
-from gpt2bench.spec import Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
+from gpt2bench.spec.model import Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
 from gpt2bench.trainer.config import ProcessOptions, TrainConfig
 
 # Job names must be DNS-1035 labels (<= 63). The Kubeflow operators derive pod and Service names from

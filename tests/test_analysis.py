@@ -15,9 +15,9 @@ from gpt2bench.report import findings
 from gpt2bench.report.analysis import FASTEST, Candidate, analyze, decide
 from gpt2bench.report.measures import Prices, Stat, configurations, efficiencies, run_efficiency, scale_of
 from gpt2bench.report.noise import Noise, between_sweeps, family_confidence, ratio_interval
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.model import Benchmark
+from gpt2bench.spec.validation import SpecError, validate_spec
 from gpt2bench.status import RunStatus
-from gpt2bench.validation import SpecError, validate_spec
 
 GIB = 2**30
 

@@ -8,7 +8,6 @@ import jsonschema
 import pytest
 from kubeflow_crds import strict
 
-from gpt2bench import crd
 from gpt2bench.collect import (
     CollectError,
     collect_run,
@@ -20,8 +19,9 @@ from gpt2bench.collect import (
 )
 from gpt2bench.plan import plan_runs
 from gpt2bench.protocol import SUMMARY_PREFIX
+from gpt2bench.spec import crd
+from gpt2bench.spec.validation import load_benchmark
 from gpt2bench.status import RunResults
-from gpt2bench.validation import load_benchmark
 
 
 def _wire(function):

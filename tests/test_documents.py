@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpt2bench import documents
 from gpt2bench.local import cli as run_cli
 from gpt2bench.render.cli import main as render_main
-from gpt2bench.validation import SpecError, load_benchmark_file
+from gpt2bench.spec import documents
+from gpt2bench.spec.validation import SpecError, load_benchmark_file
 
 VALID = b"apiVersion: gpt2bench.io/v1alpha1\nkind: GPT2Benchmark\nmetadata: {name: ok}\nspec:\n" \
         b"  sweep: {strategies: [{name: ddp}]}\n"

@@ -22,7 +22,7 @@ from gpt2bench.jobkinds import (
 )
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
-from gpt2bench.validation import load_benchmark
+from gpt2bench.spec.validation import load_benchmark
 
 COMPLETION = "batch.kubernetes.io/job-completion-index"
 

@@ -77,26 +77,26 @@ def test_ruff_finds_no_unused_or_undefined_names_and_imports_are_sorted():
 # Package paths as installed (pyproject's package-dir), so the rule reads as the imports do.
 SOURCES = {"gpt2bench": REPO / "gpt2bench", "gpt2bench.trainer": REPO / "trainer",
            "gpt2bench.controller": REPO / "operator" / "controller"}
-# module prefix -> gpt2bench modules it must never import (docs/design.md, Dependencies)
-FORBIDDEN = {
-    "gpt2bench.protocol": ("gpt2bench",),
-    "gpt2bench.files": ("gpt2bench.spec", "gpt2bench.status", "gpt2bench.plan", "gpt2bench.render",
-                        "gpt2bench.collect", "gpt2bench.local", "gpt2bench.report", "gpt2bench.trainer",
-                        "gpt2bench.controller"),
-    "gpt2bench.spec": ("gpt2bench.status", "gpt2bench.plan", "gpt2bench.render", "gpt2bench.collect",
-                       "gpt2bench.local", "gpt2bench.report", "gpt2bench.trainer", "gpt2bench.controller"),
-    "gpt2bench.status": ("gpt2bench.plan", "gpt2bench.render", "gpt2bench.collect", "gpt2bench.local",
-                         "gpt2bench.report", "gpt2bench.trainer", "gpt2bench.controller"),
-    "gpt2bench.plan": ("gpt2bench.render", "gpt2bench.collect", "gpt2bench.local", "gpt2bench.report",
-                       "gpt2bench.controller"),
-    "gpt2bench.render": ("gpt2bench.collect", "gpt2bench.local", "gpt2bench.report", "gpt2bench.controller"),
-    "gpt2bench.collect": ("gpt2bench.render", "gpt2bench.local", "gpt2bench.report", "gpt2bench.controller"),
-    "gpt2bench.trainer": ("gpt2bench.plan", "gpt2bench.render", "gpt2bench.collect", "gpt2bench.local",
-                          "gpt2bench.report", "gpt2bench.controller"),
-    "gpt2bench.local": ("gpt2bench.controller",),
-    "gpt2bench.controller": ("gpt2bench.local",),
-    "gpt2bench.report": ("gpt2bench.local", "gpt2bench.controller"),
-}
+# The stages in import order (docs/design.md, Dependencies): a module may import its own group and the groups
+# before it, nothing after it and no other group of its own rank. The shared contracts come first; the
+# drivers (the local runner and the operator) come after report because they run every stage in turn, and
+# they never import each other.
+STAGES = [
+    ("gpt2bench.protocol",),
+    ("gpt2bench.files",),
+    ("gpt2bench.status",),
+    ("gpt2bench.jobkinds",),
+    ("gpt2bench.spec",),
+    ("gpt2bench.trainer",),
+    ("gpt2bench.plan",),
+    ("gpt2bench.render",),
+    ("gpt2bench.collect",),
+    ("gpt2bench.launch",),
+    ("gpt2bench.report",),
+    ("gpt2bench.local", "gpt2bench.controller"),
+    ("gpt2bench.cli",),
+    ("gpt2bench.__main__",),
+]
 
 
 def module_imports(package: str, root: Path) -> dict[str, set[str]]:
@@ -127,13 +127,27 @@ def _within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
+def stage_of(name: str) -> tuple[int, str] | None:
+    """(rank, group) of a gpt2bench module or imported name; None for the package root (`__version__`) and
+    anything outside gpt2bench."""
+    for rank, group in enumerate(STAGES):
+        for prefix in group:
+            if _within(name, prefix):
+                return rank, prefix
+    return None
+
+
 def dependency_violations(modules: dict[str, set[str]]) -> list[str]:
     problems = []
     for module, imports in modules.items():
-        for prefix, banned in FORBIDDEN.items():
-            if _within(module, prefix):
-                problems += [f"{module} imports {name}" for name in sorted(imports)
-                             if not _within(name, prefix) and any(_within(name, b) for b in banned)]
+        here = stage_of(module)
+        assert here is not None or module == "gpt2bench", f"{module} belongs to no stage: add it to STAGES"
+        for name in sorted(imports):
+            there = stage_of(name)
+            if here is None or there is None or there[1] == here[1]:
+                continue
+            if there[0] >= here[0]:
+                problems.append(f"{module} imports {name}")
     return problems
 
 
@@ -149,8 +163,13 @@ def test_the_dependency_rule_catches_an_import_against_the_flow():
     assert dependency_violations({"gpt2bench.trainer.metrics": {"gpt2bench.collect.SUMMARY_PREFIX"}}) == [
         "gpt2bench.trainer.metrics imports gpt2bench.collect.SUMMARY_PREFIX"]
     assert dependency_violations({"gpt2bench.local.sweep": {"gpt2bench.controller.reconcile"}})
-    assert dependency_violations({"gpt2bench.protocol": {"gpt2bench.spec"}})
-    assert dependency_violations({"gpt2bench.controller.sweep": {"gpt2bench.render", "gpt2bench.status"}}) == []
+    assert dependency_violations({"gpt2bench.protocol": {"gpt2bench.spec.model"}})
+    assert dependency_violations({"gpt2bench.spec.crd": {"gpt2bench.plan"}}) == [
+        "gpt2bench.spec.crd imports gpt2bench.plan"]
+    assert dependency_violations({"gpt2bench.report.build": {"gpt2bench.local.sweep"}})
+    assert dependency_violations({"gpt2bench.controller.sweep": {"gpt2bench.render", "gpt2bench.status",
+                                                                 "gpt2bench.report.build"}}) == []
+    assert dependency_violations({"gpt2bench.spec.validation": {"gpt2bench.spec.model", "gpt2bench"}}) == []
 
 
 def import_circles(modules: dict[str, set[str]]) -> list[list[str]]:

@@ -11,9 +11,9 @@ from gpt2bench.controller import kube
 from gpt2bench.controller import reconcile as rc
 from gpt2bench.controller.jobkinds import JOB_KINDS, missing_kind_reason
 from gpt2bench.plan import plan_runs
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.model import Benchmark
+from gpt2bench.spec.validation import validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
-from gpt2bench.validation import validate_spec
 
 NOW = "2026-11-22T00:00:00Z"
 

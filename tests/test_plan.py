@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpt2bench.plan import MAX_NAME_LENGTH, dns_label, fit_name, plan_runs
+from gpt2bench.spec.validation import load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
-from gpt2bench.validation import load_benchmark, load_benchmark_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

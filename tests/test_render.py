@@ -19,9 +19,9 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.protocol import OUTPUT_DIR
 from gpt2bench.render import render_all, render_job
 from gpt2bench.render.cli import main
-from gpt2bench.spec import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, STRATEGIES
+from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, STRATEGIES
+from gpt2bench.spec.validation import SpecError, load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
-from gpt2bench.validation import SpecError, load_benchmark, load_benchmark_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -21,8 +21,8 @@ from gpt2bench.render import render_all, render_job
 from gpt2bench.render.cli import main
 from gpt2bench.render.runtimes import MPI_RUNTIME, TORCH_RUNTIME, mpi_runtime, project_runtimes, runtime_problems
 from gpt2bench.render.trainjob import pod_patch, trainjob_caveats
+from gpt2bench.spec.validation import SpecError, load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
-from gpt2bench.validation import SpecError, load_benchmark, load_benchmark_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 UPSTREAM_RUNTIMES = Path(__file__).resolve().parent / "data" / "kubeflow-crds" / "trainer-v2" / "runtimes"

@@ -42,7 +42,7 @@ def test_bad_option_exits_2_naming_it(argv, option, capsys):
 
 
 def test_every_spec_option_is_a_trainer_flag_and_flags_round_trip():
-    from gpt2bench.spec import DataSpec, ModelSpec, StrategySpec, TrainingSpec
+    from gpt2bench.spec.model import DataSpec, ModelSpec, StrategySpec, TrainingSpec
     from gpt2bench.trainer.config import OPTIONS
 
     flags = {(option.section, option.field) for option in OPTIONS}
@@ -65,7 +65,7 @@ def test_every_spec_option_is_a_trainer_flag_and_flags_round_trip():
     ],
 )
 def test_the_trainer_rejects_what_the_spec_rejects(argv, option, spec):
-    from gpt2bench.validation import SpecError, validate_spec
+    from gpt2bench.spec.validation import SpecError, validate_spec
 
     with pytest.raises(ConfigError) as caught:
         parse_config(argv)

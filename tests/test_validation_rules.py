@@ -18,9 +18,9 @@ import pytest
 from kube.semantics import ApiError, validate_custom_resource
 from kubeflow_crds import strict
 
-from gpt2bench import crd
-from gpt2bench.spec import MAX_RUNS, PRECISIONS, STRATEGIES
-from gpt2bench.validation import SpecError, load_benchmark
+from gpt2bench.spec import crd
+from gpt2bench.spec.model import MAX_RUNS, PRECISIONS, STRATEGIES
+from gpt2bench.spec.validation import SpecError, load_benchmark
 
 BASE = {"sweep": {"strategies": [{"name": "ddp"}]}}
 VERSION = crd.build_crd()["spec"]["versions"][0]
@@ -255,7 +255,7 @@ def _all_rules() -> list[dict]:
 
 @pytest.mark.parametrize("example", ["cpu-sweep.yaml", "gpu-papers.yaml"])
 def test_the_examples_pass_both(example):
-    from gpt2bench.documents import read_document
+    from gpt2bench.spec.documents import read_document
 
     doc = read_document(str(crd.REPO / "manifests" / "examples" / example))
     load_benchmark(doc)

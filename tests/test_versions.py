@@ -20,7 +20,7 @@ import yaml
 
 import gpt2bench
 from gpt2bench.controller import jobkinds
-from gpt2bench.spec import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
+from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "gpt2bench"

@@ -23,7 +23,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 
 import gpt2bench
-from gpt2bench.spec import DEFAULT_IMAGE, Backend
+from gpt2bench.spec.model import DEFAULT_IMAGE, Backend
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
-from gpt2bench.spec import PRESETS
+from gpt2bench.spec.model import PRESETS
 from gpt2bench.trainer.config import TrainConfig
 
 VOCAB_SIZE = 50257

@@ -24,9 +24,9 @@ from gpt2bench.local.preflight import preflight
 from gpt2bench.local.sweep import run_sweep, select_runs, with_steps
 from gpt2bench.plan import plan_runs
 from gpt2bench.report.export import RESULTS_CSV
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.model import Benchmark
+from gpt2bench.spec.validation import SpecError, load_benchmarks_file
 from gpt2bench.status import RESULTS_JSON, SUCCEEDED
-from gpt2bench.validation import SpecError, load_benchmarks_file
 
 EXIT_INTERRUPTED = 130
 

@@ -29,7 +29,8 @@ from gpt2bench.local.progress import Display
 from gpt2bench.plan import Run
 from gpt2bench.protocol import STEPS_FILE
 from gpt2bench.render import render_job
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.model import Benchmark
+from gpt2bench.spec.validation import validate_spec
 from gpt2bench.status import (
     INTERRUPTED,
     PENDING,
@@ -42,7 +43,6 @@ from gpt2bench.status import (
     overall_phase,
 )
 from gpt2bench.trainer.cpuflags import cpu_emulation_reason
-from gpt2bench.validation import validate_spec
 
 
 def rfc3339(moment: datetime | None = None) -> str:

@@ -22,7 +22,7 @@ from gpt2bench.render.netpol import render_network_policy
 from gpt2bench.render.pods import label_value
 from gpt2bench.render.pytorchjob import render_pytorchjob
 from gpt2bench.render.trainjob import render_trainjob
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.model import Benchmark
 
 __all__ = ["dump_jobs", "label_value", "render_all", "render_job", "render_objects", "render_run"]
 

@@ -16,13 +16,13 @@ import argparse
 import sys
 
 from gpt2bench.jobkinds import AUTO, BACKENDS, OFFLINE_BACKEND, TRAINJOB
-from gpt2bench.kubesyntax import dns1123_label_problem
 from gpt2bench.plan import resolved_backend
 from gpt2bench.render import dump_jobs, render_objects
 from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
-from gpt2bench.spec import DEFAULT_IMAGE
-from gpt2bench.validation import SpecError, load_benchmarks_file
+from gpt2bench.spec.kubesyntax import dns1123_label_problem
+from gpt2bench.spec.model import DEFAULT_IMAGE
+from gpt2bench.spec.validation import SpecError, load_benchmarks_file
 
 
 def backend_line(requested: str, flag: str | None, resolved: str) -> str:

@@ -21,7 +21,7 @@ from gpt2bench.protocol import (
     WORKER_CONTAINER,
 )
 from gpt2bench.render.pods import container_env, job_metadata, pod_template, restart_policy, run_policy
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.model import Benchmark
 
 SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
 SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{TRAINER_HOME}/.sshd_config"]

@@ -17,7 +17,7 @@ from typing import Any
 from gpt2bench.plan import Run
 from gpt2bench.protocol import BENCHMARK_LABEL, RUN_LABEL
 from gpt2bench.render.pods import job_labels, label_value
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.model import Benchmark
 
 NETWORK_POLICY_API = "networking.k8s.io/v1"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.21+)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from gpt2bench.kubesyntax import quantity_value
 from gpt2bench.plan import Run
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
@@ -29,7 +28,8 @@ from gpt2bench.protocol import (
     TRAINER_HOME,
     TRAINER_UID,
 )
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.kubesyntax import quantity_value
+from gpt2bench.spec.model import Benchmark
 
 
 def label_value(text: str) -> str:

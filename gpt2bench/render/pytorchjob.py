@@ -8,7 +8,7 @@ from typing import Any
 from gpt2bench.plan import Run
 from gpt2bench.protocol import PYTORCH_CONTAINER, PYTORCHJOB_API
 from gpt2bench.render.pods import container_env, job_metadata, pod_template, restart_policy, run_policy
-from gpt2bench.spec import Benchmark
+from gpt2bench.spec.model import Benchmark
 
 # The training operator's default rendezvous port; named so that it never guesses.
 PYTORCHJOB_PORT = 23456

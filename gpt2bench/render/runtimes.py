@@ -29,7 +29,7 @@ from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB
 from gpt2bench.protocol import SSH_PORT, TRAINJOB_API, TRAINJOB_CONTAINER
 from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
 from gpt2bench.render.pods import container_security_context, pod_security_context
-from gpt2bench.spec import DEFAULT_IMAGE, MetricsSpec
+from gpt2bench.spec.model import DEFAULT_IMAGE, MetricsSpec
 
 TORCH_RUNTIME = "gpt2bench-torch"
 MPI_RUNTIME = "gpt2bench-mpi"

@@ -41,7 +41,7 @@ from gpt2bench.render.runtimes import (
     RUNTIME_METRICS_PORT,
     TORCH_RUNTIME,
 )
-from gpt2bench.spec import DEFAULT_IMAGE, Benchmark
+from gpt2bench.spec.model import DEFAULT_IMAGE, Benchmark
 
 PATCH_MANAGER = "gpt2bench.io/render"  # a runtimePatch's manager must be a domain-prefixed path (webhook)
 # What a runtimePatch may set on a pod and on a container (the TrainJob CRD's PodSpecPatch/ContainerPatch).

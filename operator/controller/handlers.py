@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 
 from gpt2bench.protocol import MANAGED_BY, MANAGED_BY_LABEL
-from gpt2bench.spec import API_GROUP, API_VERSION, PLURAL
+from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
 from . import kube, metrics, sweep
 from . import reconcile as rc

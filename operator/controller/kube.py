@@ -20,7 +20,7 @@ from gpt2bench import jobkinds as kinds
 from gpt2bench.protocol import BENCHMARK_LABEL, TRAINJOB_API
 from gpt2bench.render import label_value
 from gpt2bench.render.runtimes import RUNTIME_KIND, RUNTIME_PLURAL
-from gpt2bench.spec import API_GROUP, API_VERSION, PLURAL
+from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
 from . import reconcile
 from .jobkinds import JOB_KINDS, FollowedKind, missing_kind_reason, missing_runtime_reason

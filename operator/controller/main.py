@@ -17,7 +17,7 @@ import os
 import kopf
 
 from gpt2bench.protocol import TRAINER_IMAGE_CPU_ENV, TRAINER_IMAGE_GPU_ENV
-from gpt2bench.spec import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MIN_TTL_SECONDS
+from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MIN_TTL_SECONDS
 
 DEFAULT_POLL_SECONDS = 30
 

@@ -16,7 +16,7 @@ from gpt2bench import collect
 from gpt2bench import jobkinds as kinds
 from gpt2bench.plan import Run
 from gpt2bench.report.analysis import analyze
-from gpt2bench.spec import GPT2BenchmarkSpec
+from gpt2bench.spec.model import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     COMPLETE,
     FAILED,

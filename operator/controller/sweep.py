@@ -36,9 +36,9 @@ from gpt2bench.protocol import (
     TRAINER_IMAGE_GPU_ENV,
 )
 from gpt2bench.render import label_value, render_run
-from gpt2bench.spec import API_GROUP, KIND, Benchmark
+from gpt2bench.spec.model import API_GROUP, KIND, Benchmark
+from gpt2bench.spec.validation import SpecError, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
-from gpt2bench.validation import SpecError, validate_spec
 
 from . import kube, metrics
 from . import reconcile as rc
