@@ -3,9 +3,19 @@
 In one process: two `Trainer`s over the same configuration, one with `--breakdown`, one with `--no-breakdown`
 (for `ddp`, both wrapped over the same one-process gloo group, so the timed all-reduce hook runs against the
 reducer's built-in all-reduce). Blocks of `--steps` steps of each alternate `--repeats` times, the first of
-each round rotating; the ratio is the median over rounds of (off seconds / on seconds) within the round, so
-drift of a shared machine hurts both alike. On CPU it compares process CPU time (one thread: the work done),
-on GPU wall time after a synchronize. Claim: on/off throughput >= 0.99 (<= 1 % overhead). Short by default:
+each round rotating. Each round gives one paired ratio (off seconds / on seconds: throughput with the breakdown
+over without), so drift of a shared machine hurts both alike; the estimate is their geometric mean with a
+95 % Student-t interval on the log scale over rounds (the report's rule, docs/analysis.md). On CPU it compares
+process CPU time (one thread: the work done), on GPU wall time after a synchronize.
+
+Claim (issue 18): on/off throughput >= 0.99 (<= 1 % overhead). The verdict is "met" when the whole interval
+lies above 0.99, "missed" when it lies below, else "inconclusive" with the interval.
+
+A whole-loop ratio on a shared CPU is rarely tight enough to decide 1 %, so the script also measures the
+recorders' own work directly: one step's phase marks, `--buckets` timed transfers (launch, complete, window)
+and the resolution into seconds, repeated many times on the host clock, as a share of the measured step.
+That bounds the direct cost precisely; the indirect one (a Python comm hook instead of DDP's built-in
+all-reduce) shows only in the whole-loop ratio. Short by default:
 
     OMP_NUM_THREADS=1 python benchmarks/bench_breakdown_overhead.py [--strategy ddp] [--steps 8] [--repeats 4]
 """
@@ -13,18 +23,59 @@ on GPU wall time after a synchronize. Claim: on/off throughput >= 0.99 (<= 1 % o
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 from bench_trainer import timed  # benchmarks/ is the script's folder, first on sys.path
 
+from gpt2bench.report.noise import Interval, mean_interval
 
-def round_ratio(on: list[tuple[float, float]], off: list[tuple[float, float]], clock: int) -> float:
-    """Throughput with the breakdown over without: median over rounds of off seconds / on seconds."""
-    return statistics.median(o[clock] / n[clock] for n, o in zip(on, off, strict=True))
+CLAIM = 0.99  # on/off throughput: at most 1 % overhead
+
+
+def paired_ratio(on: list[tuple[float, float]], off: list[tuple[float, float]], clock: int) -> Interval | None:
+    """Throughput with the breakdown over without: the geometric mean over rounds of off seconds / on seconds,
+    with the 95 % t interval of the mean log ratio (None below 2 rounds)."""
+    logs = [math.log(o[clock] / n[clock]) for n, o in zip(on, off, strict=True)]
+    interval = mean_interval(logs)
+    if interval is None:
+        return None
+    return Interval(math.exp(interval.estimate), math.exp(interval.low), math.exp(interval.high),
+                    interval.confidence)
+
+
+def verdict(interval: Interval | None, claim: float = CLAIM) -> str:
+    """"met" (the interval lies above the claim), "missed" (below) or "inconclusive" (across it, or no
+    interval)."""
+    side = interval.side(claim) if interval is not None else "across"
+    return {"above": "met", "below": "missed"}.get(side, "inconclusive")
+
+
+def recorder_seconds_per_step(buckets: int, iterations: int = 2000) -> float:
+    """Host seconds the breakdown's recorders spend on one step: the loop's phase marks, `buckets` timed
+    all-reduces (launch, complete, one window) and `resolve` into seconds, on the CPU clock."""
+    from gpt2bench.trainer.breakdown import CommTimer, StepPhases, resolve
+    from gpt2bench.trainer.devices import StepClock
+
+    clock = StepClock(torch.device("cpu"))
+    phases, comm = StepPhases(clock), CommTimer(clock)
+    began = time.perf_counter()
+    for _ in range(iterations):
+        start = clock.mark()
+        for name in ("data", "forward"):
+            phases.mark(name)
+        for _bucket in range(buckets):
+            comm.complete(comm.launch("allreduce", 1 << 20, 2))
+        comm.close_window()
+        phases.mark("backward")
+        phases.mark("optimizer")
+        resolve(clock, start, clock.mark(), phases.take(), comm.take())
+    return (time.perf_counter() - began) / iterations
 
 
 def build(strategy: str, breakdown: bool, args, output: str):
@@ -55,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-every", type=int, default=8)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--max-documents", type=int, default=12)
+    parser.add_argument("--buckets", type=int, default=25,
+                        help="timed transfers per step in the direct measure (GPT-2 small at DDP's 25 MB buckets: ~20)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as on_dir, tempfile.TemporaryDirectory() as off_dir:
@@ -74,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     clock = 0 if device.type == "cuda" else 1
     clock_name = "wall" if clock == 0 else "CPU"
-    ratio = round_ratio(blocks["on"], blocks["off"], clock)
+    ratio = paired_ratio(blocks["on"], blocks["off"], clock)
     print(f"device {device} | strategy {args.strategy} | model {args.model} | batch {args.micro_batch_size}x"
           f"{args.seq_len} | {args.repeats} alternated blocks of {args.steps} steps | torch {torch.__version__} | "
           f"load average {os.getloadavg()[0]:.2f} | compared on {clock_name} time")
@@ -83,8 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         per_step = statistics.median(b[clock] for b in blocks[name]) / args.steps
         wall = statistics.median(b[0] for b in blocks[name]) / args.steps
         print(f"| {name} | {per_step:.4f} | {wall:.4f} |")
-    verdict = "ok" if ratio >= 0.99 else "MISSED"
-    print(f"throughput on/off: {ratio:.4f}x, overhead {(1 - ratio) * 100:+.2f}% (claim <= 1%: {verdict})")
+    shown = "n/a (needs 2 rounds)" if ratio is None else f"{ratio.estimate:.4f} [{ratio.low:.4f}, {ratio.high:.4f}]"
+    print(f"whole loop: throughput on/off {shown} (95 % interval over {args.repeats} rounds): "
+          f"claim >= {CLAIM}: {verdict(ratio)}")
+    step = statistics.median(b[clock] for b in blocks["off"]) / args.steps
+    direct = recorder_seconds_per_step(args.buckets)
+    share = direct / step
+    print(f"direct: the recorders' work for one step with {args.buckets} timed transfers: {direct * 1e6:.1f} us "
+          f"= {share:.3%} of the {step * 1e3:.1f} ms step: claim <= {1 - CLAIM:.0%}: "
+          f"{'met' if share <= 1 - CLAIM else 'missed'}")
     return 0
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
+import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load(name: str):
+    if str(BENCHMARKS) not in sys.path:  # as when run as a script: its folder first, for sibling imports
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -59,3 +64,31 @@ def test_the_fairness_benchmark_interleaves_ddp_horovod_and_ps_of_the_cpu_exampl
         (s, k) for k in (1, 2, 3) for s in ("ddp", "horovod", "ps")]  # every configuration once, then again
     assert {(r.precision, r.world_size) for r in runs} == {("fp32", 2)}  # the same scale and precision
     assert benchmark.spec.training.steps == 8 and benchmark.spec.resources.requests["cpu"] == "2"
+
+
+def test_breakdown_overhead_is_a_paired_geometric_mean_with_a_t_interval_and_a_verdict():
+    """Rounds whose on/off ratios are 0.95 and 0.96: the estimate is their geometric mean; the interval is
+    mean(ln r) ± t(0.975, 1) · s / √2 with t = 12.7062 (tabled), exponentiated."""
+    bench = load("bench_breakdown_overhead")
+    on = [(5.0, 1.0), (5.0, 2.0)]  # (wall, CPU) seconds per round
+    off = [(5.0, 0.95), (5.0, 1.92)]
+    ratio = bench.paired_ratio(on, off, clock=1)
+    logs = [math.log(0.95), math.log(0.96)]
+    half = 12.7062 * statistics.stdev(logs) / math.sqrt(2)
+    assert ratio.estimate == pytest.approx(math.sqrt(0.95 * 0.96))
+    assert (ratio.low, ratio.high) == pytest.approx((math.exp(statistics.fmean(logs) - half),
+                                                     math.exp(statistics.fmean(logs) + half)), rel=1e-4)
+    assert bench.verdict(ratio) == "inconclusive"  # 0.955 with an interval across 0.99
+    assert bench.paired_ratio(on, on, clock=1).estimate == 1.0 and bench.verdict(bench.paired_ratio(on, on, 1)) == "met"
+    slower = [(5.0, 0.95), (5.0, 1.9)]  # 0.95 in both rounds: no spread, below the claim
+    assert bench.verdict(bench.paired_ratio(on, slower, clock=1)) == "missed"
+    assert bench.paired_ratio(on, off, clock=0).estimate == 1.0  # the wall column
+    assert bench.paired_ratio(on[:1], off[:1], clock=1) is None and bench.verdict(None) == "inconclusive"
+    with pytest.raises(ValueError):  # a round without both blocks is a broken run
+        bench.paired_ratio(on, off[:1], clock=1)
+
+
+def test_the_recorders_direct_cost_is_measured_over_real_marks_and_transfers():
+    bench = load("bench_breakdown_overhead")
+    seconds = bench.recorder_seconds_per_step(buckets=3, iterations=50)
+    assert 0 < seconds < 0.01  # microseconds of host work per step, not milliseconds

@@ -437,3 +437,25 @@ def test_the_breakdown_section_and_plot_split_each_configurations_step(tmp_path)
         rows = {r["name"]: r for r in csv.DictReader(f)}
     assert float(rows["demo-ddp-bf16-1x2g"]["commExposedSecondsMean"]) == 0.0015
     assert rows["demo-single-bf16-1x1g"]["commExposedSecondsMean"] == ""
+
+
+def test_the_cost_and_energy_table_prices_each_configuration_and_converts_its_energy(tmp_path):
+    spec = {**synthetic()["spec"], "cost": {"gpuHour": 2.0, "nodeHour": 0.5, "currency": "EUR"}}
+    energy = {"energyJoulesPerMillionTokens": 850.0, "energySource": "nvml"}
+    runs = [entry("demo-ddp-bf16-1x2g", "ddp", "bf16", gpus=2, results={**DDP_RESULTS, **energy}),
+            entry("demo-single-bf16-1x1g", "single", "bf16", procs=1, gpus=1, results=SINGLE_RESULTS)]
+    report.write_report(synthetic_doc(runs=runs, spec=spec), tmp_path)
+    section = (tmp_path / "results.md").read_text().split("## Cost and energy")[1].split("\n## ")[0]
+    # ddp: 2 GPUs × 2.0 + 1 pod × 0.5 = 4.5 EUR/h; 4.5 / (12,345.678 tokens/s × 3600 s) × 10⁶ = 0.1013 EUR;
+    # 850 J = 850 / 3600 Wh = 0.24 Wh. single: 1 × 2.0 + 0.5 = 2.5 EUR/h; 2.5 / (999.4 × 3600) × 10⁶ = 0.6949.
+    assert "| configuration | scale | EUR per hour | EUR per 1M tokens | J per 1M tokens | Wh per 1M tokens |" in section
+    assert "| demo-ddp-bf16-1x2g | 1×2 GPU | 4.50 | 0.1013 | 850 | 0.24 | nvml |" in section
+    assert "| demo-single-bf16-1x1g | 1×1 GPU | 2.50 | 0.6949 | — | — | — |" in section
+
+
+def test_without_prices_or_energy_the_cost_section_says_why():
+    from gpt2bench.report.markdown import cost_markdown
+
+    results = {**SINGLE_RESULTS, "energyUnavailableReason": "not measurable: no readable RAPL counter"}
+    doc = synthetic_doc(runs=[entry("demo-single-fp32-1x1", "single", "fp32", procs=1, results=results)])
+    assert cost_markdown(doc) == "No prices (spec.cost) and no energy figure (no readable RAPL counter).\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.report.measures import BREAKDOWN_PARTS, configurations, hardware, result
+from gpt2bench.report.measures import BREAKDOWN_PARTS, Prices, configurations, hardware, result
 from gpt2bench.report.table import (
     MIB,
     NO_VALUE,
@@ -174,6 +174,36 @@ def breakdown_markdown(doc: ResultsDocument) -> str:
     return markdown_table(headers, rows, {"configuration", "scale"})
 
 
+JOULES_PER_WH = 3600.0
+
+
+def cost_markdown(doc: ResultsDocument) -> str:
+    """What a million tokens cost each configuration, in money (spec.cost, docs/analysis.md) and in energy
+    (docs/metrics.md, Energy): mean ± spread over its succeeded repeats."""
+    prices = Prices.from_spec(doc.spec)
+    energy_metric = result("energy_joules_per_million_tokens")
+    rows = []
+    for config in configurations(doc.runs):
+        hourly = config.stat(prices.hourly) if prices else None
+        cost = config.stat(prices.per_million_tokens) if prices else None
+        energy = config.stat(energy_metric)
+        if hourly is None and cost is None and energy is None:
+            continue
+        sources = sorted({run.results.energy_source for run in config.succeeded if run.results.energy_source})
+        rows.append([config.name, config.scale.label, fmt_stat(hourly, ",.2f"), fmt_stat(cost, ",.4f"),
+                     fmt_stat(energy, ",.0f"), fmt_stat(energy, ",.2f", 1 / JOULES_PER_WH),
+                     ", ".join(sources) or NO_VALUE])
+    if not rows:
+        reasons = sorted({run.results.energy_unavailable_reason for run in doc.runs
+                          if run.results and run.results.energy_unavailable_reason})
+        why = "; ".join(r.removeprefix("not measurable: ") for r in reasons) or "no run reports energy"
+        return f"No prices (spec.cost) and no energy figure ({why}).\n"
+    currency = prices.currency if prices else "USD"
+    headers = ["configuration", "scale", f"{currency} per hour", f"{currency} per 1M tokens", "J per 1M tokens",
+               "Wh per 1M tokens", "energy source"]
+    return markdown_table(headers, rows, {"configuration", "scale", "energy source"})
+
+
 def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -> str:
     devices = {bool(r.devices_per_node) for r in doc.runs}
     kind = "GPU figures" if devices == {True} else "CPU figures" if devices == {False} else "CPU and GPU figures"
@@ -198,6 +228,10 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
                   "add up to the step: exposed communication is the time the step waited for communication no "
                   "computation hid; *comm hidden* = 1 − exposed ÷ total (docs/metrics.md, Step breakdown).", "",
                   breakdown_markdown(doc),
+                  "## Cost and energy", "",
+                  "What a million tokens cost each configuration: the price of what its pods hold "
+                  "(spec.cost, docs/analysis.md) and the energy its devices drew (docs/metrics.md, Energy).", "",
+                  cost_markdown(doc),
                   "## The papers' findings on this hardware", "", findings_markdown(doc.analysis)]
     lines += ["## Runs", "", results_table_markdown(doc)]
     counts: dict[str, int] = {}
