@@ -4,7 +4,8 @@ single rendered field, and a change that is meant must show up here as a diff to
 Inputs: tests/data/render/*.yaml (every setting the renderers read, and their defaults), each rendered for
 both backends (`--backend trainjob`, `--backend pytorchjob`: PyTorchJobs and, for horovod, MPIJobs).
 Goldens: tests/data/render/golden/<input>.<backend>.yaml. After an intended change, rewrite them with
-`GPT2BENCH_UPDATE_GOLDEN=1 pytest tests/test_render_golden.py` and review `git diff`.
+`GPT2BENCH_UPDATE_GOLDEN=1 pytest tests/test_render_golden.py` and review `git diff`. The default images'
+tag is written as VERSION, so that a release does not rewrite them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpt2bench import __version__
 from gpt2bench.jobkinds import BACKENDS
 from gpt2bench.render.cli import main
 
@@ -27,13 +29,14 @@ UPDATE = os.environ.get("GPT2BENCH_UPDATE_GOLDEN") == "1"
 def test_there_are_inputs_for_every_backend():
     assert {p.stem for p in INPUTS} >= {"every-setting", "defaults"}
     assert set(BACKENDS) == {"trainjob", "pytorchjob"}
+    assert "gpt2bench:VERSION-cuda" in (GOLDEN / "defaults.pytorchjob.yaml").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("source", INPUTS, ids=lambda p: p.stem)
 def test_render_output_matches_its_golden(source, backend, capsys):
     assert main([str(source), "--backend", backend]) == 0
-    rendered = capsys.readouterr().out
+    rendered = capsys.readouterr().out.replace(f"gpt2bench:{__version__}", "gpt2bench:VERSION")
     golden = GOLDEN / f"{source.stem}.{backend}.yaml"
     if UPDATE:
         golden.parent.mkdir(exist_ok=True)
