@@ -80,22 +80,21 @@ def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, 
     """Master then Workers, one process per replica, with the training operator's env (`runtimes`: unused,
     a PyTorchJob names none)."""
     spec = job.get("spec") or {}
-    replica_specs = kinds.replica_specs(job)
+    replica_specs, roles = kinds.replica_specs(job), kinds.replica_types(job)  # Master, then Workers
     if "Master" not in replica_specs:
         raise JobSpecError("PyTorchJob without a Master replica is not supported locally")
-    unknown = set(replica_specs) - set(kinds.replica_types(job))
+    unknown = set(replica_specs) - set(roles)
     if unknown:
         raise JobSpecError(f"PyTorchJob replica types {sorted(unknown)} are not supported locally")
     if spec.get("elasticPolicy"):
         raise JobSpecError("PyTorchJob elasticPolicy is not supported locally")
     nproc_raw = str(spec.get("nprocPerNode", "1"))
     nproc = int(nproc_raw) if nproc_raw.isdigit() else 1  # training-operator: non-integer ("auto") counts 1
-    counts = {role: int(replica_specs[role].get("replicas", 1)) for role in kinds.replica_types(job)
-              if role in replica_specs}
+    counts = {role: int(replica_specs[role].get("replicas", 1)) for role in roles if role in replica_specs}
     total = sum(counts.values())
     port = str(free_port())
     replicas = []
-    for role in kinds.replica_types(job):
+    for role in roles:
         for index in range(counts.get(role, 0)):
             node_rank = index if role == "Master" else index + 1
             injected = {
