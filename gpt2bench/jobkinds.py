@@ -27,6 +27,7 @@ from gpt2bench.protocol import (
     RESULT_REPLICATED_JOB_ANNOTATION,
     TRAINJOB_API,
     TRAINJOB_CONTAINER,
+    WORKER_CONTAINER,
 )
 from gpt2bench.status import FAILED, PENDING, QUEUED, RUNNING, SUCCEEDED
 
@@ -50,6 +51,13 @@ class JobKind:
     # The spec flag Kueue's webhook sets on a job it queues (KQ kubeflowjob_controller.go L50-59,
     # mpijob_controller.go L88-102, trainjob webhook): seen before the controller's Suspended condition.
     suspend_path: tuple[str, ...] = ("spec", "runPolicy", "suspend")
+    deadline_path: tuple[str, ...] = ("spec", "runPolicy", "activeDeadlineSeconds")
+    # v1 kinds: the spec field of their replica specs (replica type -> {replicas, restartPolicy, template}),
+    # and each replica type with the container of its pod template that runs the job's command, in start order.
+    # A TrainJob has none: its pods are its runtime's replicated jobs (`runtime_ref_path`), with its trainer.
+    replica_specs_key: str | None = None
+    replica_containers: tuple[tuple[str, str], ...] = ()
+    runtime_ref_path: tuple[str, ...] | None = None
 
     @property
     def group(self) -> str:
@@ -65,11 +73,14 @@ JOB_KINDS: dict[str, JobKind] = {
     for kind in (
         JobKind("TrainJob", TRAINJOB_API, "trainjobs", TRAINJOB, TRAINJOB_CONTAINER,
                 "Kubeflow Trainer v2 (it installs JobSet) and the gpt2bench training runtimes",
-                suspend_path=("spec", "suspend")),
+                suspend_path=("spec", "suspend"), deadline_path=("spec", "activeDeadlineSeconds"),
+                runtime_ref_path=("spec", "runtimeRef")),
         JobKind("PyTorchJob", PYTORCHJOB_API, "pytorchjobs", PYTORCHJOB, PYTORCH_CONTAINER,
-                "the Kubeflow training operator (v1)"),
+                "the Kubeflow training operator (v1)", replica_specs_key="pytorchReplicaSpecs",
+                replica_containers=(("Master", PYTORCH_CONTAINER), ("Worker", PYTORCH_CONTAINER))),
         JobKind("MPIJob", MPIJOB_API, "mpijobs", PYTORCHJOB, LAUNCHER_CONTAINER,
-                "the Kubeflow MPI operator (v2beta1)"),
+                "the Kubeflow MPI operator (v2beta1)", replica_specs_key="mpiReplicaSpecs",
+                replica_containers=(("Launcher", LAUNCHER_CONTAINER), ("Worker", WORKER_CONTAINER))),
     )
 }  # fmt: skip
 
@@ -107,6 +118,51 @@ def resolve_backend(requested: str, served_kinds: Collection[str] | None = None)
     if {"PyTorchJob", "MPIJob"} & set(served_kinds):
         return PYTORCHJOB
     return TRAINJOB
+
+
+# ------------------------------------------------------------------ reading a job
+
+
+def kind_of(job: Mapping[str, Any]) -> JobKind | None:
+    """The table's entry for a job dict: its kind at the table's apiVersion; None for any other."""
+    kind = JOB_KINDS.get(job.get("kind") or "")
+    return kind if kind is not None and job.get("apiVersion") == kind.api_version else None
+
+
+def _at(job: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = job
+    for key in path:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+def replica_specs(job: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A v1 job's replica type -> replica spec (`replicas`, `restartPolicy`, `template`), as written; {} for a
+    TrainJob (its pods come from its runtime: `runtime_ref`)."""
+    key = JOB_KINDS[job["kind"]].replica_specs_key
+    return dict(_at(job, ("spec", key)) or {}) if key else {}
+
+
+def replica_types(job: Mapping[str, Any]) -> tuple[str, ...]:
+    """The replica types a v1 job's kind has, in the order its operator starts them (Master then Workers)."""
+    return tuple(role for role, _ in JOB_KINDS[job["kind"]].replica_containers)
+
+
+def replica_container(job: Mapping[str, Any], replica_type: str) -> str:
+    """The name of the container that runs a v1 replica type's command (the operator's default container)."""
+    return dict(JOB_KINDS[job["kind"]].replica_containers)[replica_type]
+
+
+def runtime_ref(job: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A TrainJob's `runtimeRef` ({kind, name, apiGroup}); None for kinds that name no runtime, or when unset."""
+    path = JOB_KINDS[job["kind"]].runtime_ref_path
+    return (_at(job, path) or None) if path else None
+
+
+def active_deadline(job: Mapping[str, Any]) -> float | None:
+    """activeDeadlineSeconds: the v1 jobs' runPolicy's, a TrainJob's spec's; None when unset."""
+    deadline = _at(job, JOB_KINDS[job["kind"]].deadline_path)
+    return None if deadline is None else float(deadline)
 
 
 # ------------------------------------------------------------------ names
@@ -234,10 +290,8 @@ def _state(phase: str, condition: dict[str, Any] | None = None) -> JobState:
 
 def suspended_in_spec(job: dict[str, Any]) -> bool:
     """Whether the job's spec says suspended (Kueue's webhook sets it at creation, before any condition)."""
-    value: Any = job
-    for key in JOB_KINDS[job["kind"]].suspend_path if job.get("kind") in JOB_KINDS else ():
-        value = value.get(key) if isinstance(value, dict) else None
-    return value is True
+    kind = JOB_KINDS.get(job.get("kind") or "")
+    return kind is not None and _at(job, kind.suspend_path) is True
 
 
 def v1_job_state(job: dict[str, Any]) -> JobState:

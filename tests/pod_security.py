@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from gpt2bench import jobkinds as kinds
+
 # check_capabilities_baseline.go (capabilities_allowed_1_0); restricted narrows it to NET_BIND_SERVICE.
 RESTRICTED_ADD_CAPABILITIES = {"NET_BIND_SERVICE"}
 # check_restrictedVolumes.go: the only inline volume sources allowed.
@@ -138,6 +140,6 @@ def _probe_hosts(where: str, container: dict[str, Any]) -> list[str]:
 
 
 def pod_templates(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Replica type -> pod template of a rendered PyTorchJob or MPIJob."""
-    replicas = job["spec"].get("pytorchReplicaSpecs") or job["spec"].get("mpiReplicaSpecs") or {}
-    return {role: spec["template"] for role, spec in replicas.items()}
+    """Replica type -> pod template of a rendered PyTorchJob or MPIJob (none for a TrainJob), read through the
+    job kinds' table as the local runner reads them."""
+    return {role: spec["template"] for role, spec in kinds.replica_specs(job).items()}

@@ -154,6 +154,36 @@ def test_v1_result_pods_keep_the_training_operators_labels():
     assert (jobkinds.result_container(pytorchjob), jobkinds.result_container(mpijob)) == ("pytorch", "launcher")
 
 
+# -- reading a rendered job (the local runner and the operator) -----------------------------------------
+
+
+def test_rendered_jobs_are_read_through_the_table():
+    """Each kind's replicas, their containers, its runtime and deadline, where the renderers put them."""
+    spec = {**SWEEP, "runPolicy": {"activeDeadlineSeconds": 900}}
+    pytorchjob, mpijob = (render_job(benchmark(spec), run) for run in plan_runs(benchmark(spec)))
+    trainjob_ddp, trainjob_mpi = (render_job(benchmark(spec), run, "trainjob") for run in plan_runs(benchmark(spec)))
+    assert [jobkinds.kind_of(job).kind for job in (pytorchjob, mpijob, trainjob_ddp)] == [
+        "PyTorchJob", "MPIJob", "TrainJob"]
+    assert jobkinds.kind_of({**pytorchjob, "apiVersion": "kubeflow.org/v2"}) is None  # a version not in the table
+    assert jobkinds.kind_of({"apiVersion": "kubeflow.org/v1", "kind": "TFJob"}) is None
+    specs = jobkinds.replica_specs(pytorchjob)
+    assert list(specs) == list(jobkinds.replica_types(pytorchjob)) == ["Master", "Worker"]
+    assert specs["Worker"]["replicas"] == 1
+    for job in (pytorchjob, mpijob):
+        for role, replica in jobkinds.replica_specs(job).items():
+            (container,) = replica["template"]["spec"]["containers"]
+            assert jobkinds.replica_container(job, role) == container["name"], (job["kind"], role)
+    assert jobkinds.replica_types(mpijob) == ("Launcher", "Worker")
+    assert jobkinds.replica_specs(trainjob_ddp) == {} and jobkinds.replica_types(trainjob_ddp) == ()
+    assert jobkinds.runtime_ref(trainjob_ddp)["name"] == "gpt2bench-torch"
+    assert jobkinds.runtime_ref(trainjob_mpi)["name"] == "gpt2bench-mpi"
+    assert jobkinds.runtime_ref(pytorchjob) is None
+    assert {jobkinds.active_deadline(job) for job in (pytorchjob, mpijob, trainjob_ddp)} == {900.0}
+    unbounded = benchmark({**SWEEP, "runPolicy": {"activeDeadlineSeconds": None}})
+    assert {jobkinds.active_deadline(render_job(unbounded, run, backend))
+            for run in plan_runs(unbounded) for backend in ("pytorchjob", "trainjob")} == {None}
+
+
 # -- conditions -> phases ----------------------------------------------------------------------------------
 
 

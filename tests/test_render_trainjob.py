@@ -199,7 +199,7 @@ def test_placement_and_kueue_go_where_trainer_v2_reads_them():
 
 
 def test_pod_patch_carries_every_pod_template_field_but_the_priority_class():
-    """What pods.pod_template gives every rendered pod reaches TrainJob pods, or is named as a caveat."""
+    """What RunPods.template (render/pods.py) gives every rendered pod reaches TrainJob pods, or is named as a caveat."""
     spec = {"sweep": {"strategies": [{"name": "ddp"}], "scales": [{"nodes": 1, "devicesPerNode": 2}]},
             "nodeSelector": {"a": "b"}, "tolerations": [{"operator": "Exists"}],
             "scheduling": {"priorityClassName": "high"}, "resources": {"limits": {"memory": "1Gi"}}}

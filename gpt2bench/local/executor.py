@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpt2bench import jobkinds as kinds
 from gpt2bench.local.processes import kill_tree
 from gpt2bench.local.replicas import (
     JobSpecError,
@@ -49,15 +50,7 @@ from gpt2bench.local.replicas import (
     share_machine,
 )
 from gpt2bench.local.trainjob import trainjob_replicas
-from gpt2bench.protocol import (
-    LAUNCHER_CONTAINER,
-    MPIJOB_API,
-    PYTORCH_CONTAINER,
-    PYTORCHJOB_API,
-    SUMMARY_PREFIX,
-    TRAINJOB_API,
-    WORKER_CONTAINER,
-)
+from gpt2bench.protocol import SUMMARY_PREFIX
 
 KILL_GRACE_SECONDS = 5.0
 
@@ -83,25 +76,25 @@ class JobOutcome:
     exit_codes: dict[str, int | None]
 
 
-def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, master_port: int | None = None) -> list[Replica]:
+def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, dict] | None = None) -> list[Replica]:
+    """Master then Workers, one process per replica, with the training operator's env (`runtimes`: unused,
+    a PyTorchJob names none)."""
     spec = job.get("spec") or {}
-    replica_specs = spec.get("pytorchReplicaSpecs") or {}
+    replica_specs, roles = kinds.replica_specs(job), kinds.replica_types(job)  # Master, then Workers
     if "Master" not in replica_specs:
         raise JobSpecError("PyTorchJob without a Master replica is not supported locally")
-    unknown = set(replica_specs) - {"Master", "Worker"}
+    unknown = set(replica_specs) - set(roles)
     if unknown:
         raise JobSpecError(f"PyTorchJob replica types {sorted(unknown)} are not supported locally")
     if spec.get("elasticPolicy"):
         raise JobSpecError("PyTorchJob elasticPolicy is not supported locally")
     nproc_raw = str(spec.get("nprocPerNode", "1"))
     nproc = int(nproc_raw) if nproc_raw.isdigit() else 1  # training-operator: non-integer ("auto") counts 1
-    counts = {
-        role: int(replica_specs[role].get("replicas", 1)) for role in ("Master", "Worker") if role in replica_specs
-    }
+    counts = {role: int(replica_specs[role].get("replicas", 1)) for role in roles if role in replica_specs}
     total = sum(counts.values())
-    port = str(master_port or free_port())
+    port = str(free_port())
     replicas = []
-    for role in ("Master", "Worker"):
+    for role in roles:
         for index in range(counts.get(role, 0)):
             node_rank = index if role == "Master" else index + 1
             injected = {
@@ -116,16 +109,18 @@ def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, master_port: int | N
                 "PET_NODE_RANK": str(node_rank),
                 "PET_NNODES": str(total),
             }
-            container = container_named(replica_specs[role]["template"], PYTORCH_CONTAINER)
+            container = container_named(replica_specs[role]["template"], kinds.replica_container(job, role))
             replicas.append(
                 make_replica(role, index, container, injected, run_dir, job["metadata"]["name"], gpus_of(container))
             )
     return share_machine(replicas)
 
 
-def mpijob_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
+def mpijob_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, dict] | None = None) -> list[Replica]:
+    """The Launcher alone, with mpi-operator's env and a local hostfile of every Worker's slots (`runtimes`:
+    unused, an MPIJob names none)."""
     spec = job.get("spec") or {}
-    replica_specs = spec.get("mpiReplicaSpecs") or {}
+    replica_specs = kinds.replica_specs(job)
     if "Launcher" not in replica_specs:
         raise JobSpecError("MPIJob without a Launcher replica")
     slots = int(spec.get("slotsPerWorker", 1))
@@ -151,31 +146,31 @@ def mpijob_replicas(job: dict[str, Any], run_dir: Path) -> list[Replica]:
         injected = {"K_MPI_JOB_ROLE": "launcher", "HYDRA_HOST_FILE": str(hostfile)}
     else:
         raise JobSpecError(f"MPIJob mpiImplementation {implementation!r} is not supported locally")
-    container = container_named(replica_specs["Launcher"]["template"], LAUNCHER_CONTAINER)
+    container = container_named(replica_specs["Launcher"]["template"], kinds.replica_container(job, "Launcher"))
     # The ranks run here, under mpirun: they need the GPUs the Worker pods would have had.
-    worker_gpus = gpus_of(container_named(replica_specs["Worker"]["template"], WORKER_CONTAINER)) if workers else 0
+    worker = kinds.replica_container(job, "Worker")
+    worker_gpus = gpus_of(container_named(replica_specs["Worker"]["template"], worker)) if workers else 0
     launcher = make_replica("Launcher", 0, container, injected, run_dir, job["metadata"]["name"], worker_gpus * workers)
     return share_machine([launcher], pods_each=max(workers, 1))
+
+
+# What each kind of the shared table (gpt2bench.jobkinds, which says where a job keeps its replicas, containers,
+# runtime and deadline) becomes here: its pods as processes, with what its operator would inject into them.
+LOCAL_REPLICAS: dict[str, Callable[[dict[str, Any], Path, dict[str, dict] | None], list[Replica]]] = {
+    "PyTorchJob": pytorchjob_replicas,
+    "MPIJob": mpijob_replicas,
+    "TrainJob": trainjob_replicas,
+}
 
 
 def job_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, dict] | None = None) -> list[Replica]:
     """The processes a rendered job becomes on this machine (not started). `runtimes`: the Trainer v2
     runtimes a TrainJob may name (default: the project's)."""
-    kind, api = job.get("kind"), job.get("apiVersion")
-    if (kind, api) == ("PyTorchJob", PYTORCHJOB_API):
-        return pytorchjob_replicas(job, run_dir)
-    if (kind, api) == ("MPIJob", MPIJOB_API):
-        return mpijob_replicas(job, run_dir)
-    if (kind, api) == ("TrainJob", TRAINJOB_API):
-        return trainjob_replicas(job, run_dir, runtimes)
-    raise JobSpecError(f"cannot run {api}/{kind} locally (PyTorchJob kubeflow.org/v1, MPIJob v2beta1 or TrainJob only)")
-
-
-def job_deadline(job: dict[str, Any]) -> float | None:
-    """activeDeadlineSeconds: the v1 jobs' runPolicy's, a TrainJob's spec's."""
-    spec = job.get("spec") or {}
-    deadline = spec.get("activeDeadlineSeconds", (spec.get("runPolicy") or {}).get("activeDeadlineSeconds"))
-    return None if deadline is None else float(deadline)
+    kind = kinds.kind_of(job)
+    if kind is None:
+        known = ", ".join(f"{k.kind} {k.api_version}" for k in kinds.JOB_KINDS.values())
+        raise JobSpecError(f"cannot run {job.get('apiVersion')}/{job.get('kind')} locally (only {known})")
+    return LOCAL_REPLICAS[kind.kind](job, run_dir, runtimes)
 
 
 # ---------------------------------------------------------------- GPUs
@@ -356,7 +351,7 @@ def execute_job(
         if why:
             return finished("Failed", f"{replica.name}: {why}")
 
-    deadline_s = job_deadline(job)
+    deadline_s = kinds.active_deadline(job)
     t0 = time.monotonic()
     try:
         for replica in replicas:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpt2bench import jobkinds as kinds
 from gpt2bench.local.replicas import JobSpecError, Replica, free_port, make_replica, share_machine
 from gpt2bench.protocol import TRAINJOB_CONTAINER
 
@@ -34,7 +35,7 @@ def _project_runtimes() -> dict[str, dict[str, Any]]:
 
 
 def _runtime(job: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
-    ref = (job.get("spec") or {}).get("runtimeRef") or {}
+    ref = kinds.runtime_ref(job) or {}
     runtimes = _project_runtimes() if runtimes is None else runtimes
     runtime = runtimes.get(ref.get("name"))
     if runtime is None or runtime.get("kind") != ref.get("kind", "ClusterTrainingRuntime"):

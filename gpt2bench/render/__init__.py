@@ -5,7 +5,8 @@ The job kind follows the run's resolved backend (gpt2bench.jobkinds, docs/backen
 - `pytorchjob`: PyTorchJob (kubeflow.org/v1) for every torch strategy; `mpijob`: MPIJob
   (kubeflow.org/v2beta1) for horovod;
 - `trainjob`: a Trainer v2 TrainJob for every strategy, on the project's runtimes (`runtimes`);
-- `pods`: what their pods share (labels, env, volumes, ports, resources, scheduling, run policy);
+- `pods`: what their pods share, built once per run (`run_pods`: labels, env, volumes, ports, resources,
+  scheduling, run policy), which each kind's renderer (`RENDERERS`) turns into its job in one pass;
 - `netpol`: the NetworkPolicy rendered with each run's job (`render_run`), which the operator creates before
   the job and `gpt2bench render` prints; the local runner executes the job alone (`render_job`).
 """
@@ -19,10 +20,13 @@ import yaml
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.render.mpijob import render_mpijob
 from gpt2bench.render.netpol import render_network_policy
-from gpt2bench.render.pods import label_value
+from gpt2bench.render.pods import label_value, run_pods
 from gpt2bench.render.pytorchjob import render_pytorchjob
 from gpt2bench.render.trainjob import render_trainjob
 from gpt2bench.spec.model import Benchmark
+
+# Each kind's renderer writes its job in one pass over the run's shared pod template (pods.run_pods).
+RENDERERS = {"PyTorchJob": render_pytorchjob, "MPIJob": render_mpijob, "TrainJob": render_trainjob}
 
 __all__ = ["dump_jobs", "label_value", "render_all", "render_job", "render_objects", "render_run"]
 
@@ -31,11 +35,7 @@ def render_job(benchmark: Benchmark, run: Run, backend: str | None = None) -> di
     """The run's job; `backend` (resolved: trainjob | pytorchjob) overrides the one it was planned with."""
     if backend is not None:
         run = run.for_backend(backend)
-    if run.job_kind == "TrainJob":
-        return render_trainjob(benchmark, run)
-    if run.job_kind == "MPIJob":
-        return render_mpijob(benchmark, run)
-    return render_pytorchjob(benchmark, run)
+    return RENDERERS[run.job_kind](run_pods(benchmark, run))
 
 
 def render_all(benchmark: Benchmark, backend: str | None = None) -> list[dict[str, Any]]:

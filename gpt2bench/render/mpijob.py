@@ -20,8 +20,7 @@ from gpt2bench.protocol import (
     TRAINER_HOME,
     WORKER_CONTAINER,
 )
-from gpt2bench.render.pods import container_env, job_metadata, pod_template, restart_policy, run_policy
-from gpt2bench.spec.model import Benchmark
+from gpt2bench.render.pods import RunPods
 
 SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
 SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{TRAINER_HOME}/.sshd_config"]
@@ -46,40 +45,35 @@ def mpirun_command(run: Run) -> list[str]:
     ]  # fmt: skip
 
 
-def render_mpijob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
-    launcher = pod_template(
-        benchmark,
-        run,
-        {"name": LAUNCHER_CONTAINER, "command": mpirun_command(run), "env": container_env()},
+def render_mpijob(pods: RunPods) -> dict[str, Any]:
+    run = pods.run
+    launcher = pods.template(
+        {"name": LAUNCHER_CONTAINER, "command": mpirun_command(run), "env": pods.env},
         gpus=0,
         serves_metrics=False,
+        resources=LAUNCHER_RESOURCES,
     )
-    launcher["spec"]["containers"][0]["resources"] = LAUNCHER_RESOURCES
-    worker = pod_template(
-        benchmark,
-        run,
+    worker = pods.template(
         {
             "name": WORKER_CONTAINER,
             "command": SSHD_COMMAND,
-            "env": container_env(),
+            "env": pods.env,
             "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
             # Ready once sshd listens: the launcher waits for Ready workers (WaitForWorkersReady).
             "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "initialDelaySeconds": 1, "periodSeconds": 2},
         },
-        gpus=run.devices_per_node,
-        serves_metrics=True,
     )
-    restart = restart_policy(benchmark)
+    restart = pods.restart_policy
     return {
         "apiVersion": MPIJOB_API,
         "kind": "MPIJob",
-        "metadata": job_metadata(benchmark, run),
+        "metadata": pods.metadata,
         "spec": {
             "slotsPerWorker": run.procs_per_node,
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
-            "runPolicy": run_policy(benchmark, min_available=run.nodes + 1),
+            "runPolicy": pods.run_policy(min_available=run.nodes + 1),
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": restart, "template": launcher},
                 "Worker": {"replicas": run.nodes, "restartPolicy": restart, "template": worker},

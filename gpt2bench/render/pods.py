@@ -1,5 +1,6 @@
 """What every rendered pod shares: labels, the trainer container's env, volumes, ports, resources,
-scheduling, security, and the run policy of the Kubeflow job around it.
+scheduling, security, and the run policy of the Kubeflow job around it. `run_pods` builds it once per run
+(`RunPods`), and each renderer (pytorchjob, mpijob, trainjob) writes its job from it in one pass.
 
 Every pod meets the Pod Security Standards' "restricted" profile: it runs as the image's non-root user
 with the runtime's default seccomp profile, every container drops all capabilities and cannot escalate
@@ -9,7 +10,9 @@ privileges, and no service-account token is mounted (the trainer never talks to 
 
 from __future__ import annotations
 
+import copy
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from gpt2bench.plan import Run
@@ -179,54 +182,98 @@ def container_security_context() -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]}}
 
 
-def pod_template(
-    benchmark: Benchmark, run: Run, container: dict[str, Any], *, gpus: int, serves_metrics: bool
-) -> dict[str, Any]:
-    spec = benchmark.spec
-    labels = {**spec.metrics.pod_labels, **job_labels(benchmark, run)}
-    annotations = dict(spec.metrics.pod_annotations)
-    volumes, mounts = pod_volumes(gpus)
-    container = {
-        "name": container["name"],
-        "image": spec.trainer_image(gpus=run.devices_per_node > 0),
-        "imagePullPolicy": spec.image_pull_policy,
-        "securityContext": container_security_context(),
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": mounts,
-        **container,
-    }
-    if serves_metrics:
-        container.setdefault("ports", []).extend(metrics_ports(spec.metrics.port, run.procs_per_node))
-        if spec.metrics.scrape_annotations:
-            annotations.update(
-                {
-                    "prometheus.io/scrape": "true",
-                    "prometheus.io/port": str(spec.metrics.port),
-                    "prometheus.io/path": "/metrics",
-                }
-            )
-    budget = [{"name": name, "value": value} for name, value in budget_env(benchmark).items()]
-    if budget:
-        container["env"] = [*container.get("env", []), *budget]
-    container["resources"] = container_resources(benchmark, gpus, run.procs_per_node)
-    pod_spec: dict[str, Any] = {
-        "containers": [container],
-        "volumes": volumes,
-        "securityContext": pod_security_context(),
-        "automountServiceAccountToken": False,
-    }
-    if spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
-    if spec.scheduling.priority_class_name:
-        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
-    metadata: dict[str, Any] = {"labels": labels}
-    if annotations:
-        metadata["annotations"] = annotations
-    return {"metadata": metadata, "spec": pod_spec}
-
-
 def restart_policy(benchmark: Benchmark) -> str:
     # backoffLimit counts container restarts; with none allowed, a failed pod fails the job at once.
     return "OnFailure" if benchmark.spec.run_policy.backoff_limit else "Never"
+
+
+def run_pods(benchmark: Benchmark, run: Run) -> RunPods:
+    """What every pod of the run shares, built once: a renderer (pytorchjob, mpijob, trainjob) takes it and
+    writes its job in one pass, adding only its kind's parts."""
+    return RunPods(
+        benchmark=benchmark,
+        run=run,
+        metadata=job_metadata(benchmark, run),
+        labels=job_labels(benchmark, run),
+        image=benchmark.spec.trainer_image(gpus=run.devices_per_node > 0),
+        env=container_env(),
+        budget=[{"name": name, "value": value} for name, value in budget_env(benchmark).items()],
+        resources=container_resources(benchmark, run.devices_per_node, run.procs_per_node),
+        restart_policy=restart_policy(benchmark),
+    )
+
+
+@dataclass(frozen=True)
+class RunPods:
+    """The shared pod template of one run (run_pods): the job's metadata, the run's labels, the trainer image,
+    the env every container starts with and the pods' CPU budget, a training container's resources, the
+    restart policy; `template` gives each kind of pod from it, `run_policy` the Kubeflow v1 run policy."""
+
+    benchmark: Benchmark
+    run: Run
+    metadata: dict[str, Any]  # the job's: name, namespace, the run's labels (and Kueue's queue label)
+    labels: dict[str, str]  # the run's (job_labels)
+    image: str
+    env: list[dict[str, str]]  # what every container's env starts with (container_env)
+    budget: list[dict[str, str]]  # the pods' CPU budget (budget_env), after each container's own env
+    resources: dict[str, Any]  # a training container's: on the run's GPUs per node, for its processes
+    restart_policy: str
+
+    def run_policy(self, min_available: int) -> dict[str, Any]:
+        return run_policy(self.benchmark, min_available)
+
+    def template(
+        self,
+        container: dict[str, Any],
+        *,
+        gpus: int | None = None,
+        serves_metrics: bool = True,
+        resources: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A pod template around `container` (its name and own fields: command, env, ports, probes); `gpus`:
+        the pod's (default: the run's per node); `resources`: instead of a training container's."""
+        spec, run = self.benchmark.spec, self.run
+        gpus = run.devices_per_node if gpus is None else gpus
+        labels = {**spec.metrics.pod_labels, **self.labels}
+        annotations = dict(spec.metrics.pod_annotations)
+        volumes, mounts = pod_volumes(gpus)
+        container = {
+            "name": container["name"],
+            "image": self.image,
+            "imagePullPolicy": spec.image_pull_policy,
+            "securityContext": container_security_context(),
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": mounts,
+            **copy.deepcopy(container),
+        }
+        if serves_metrics:
+            container.setdefault("ports", []).extend(metrics_ports(spec.metrics.port, run.procs_per_node))
+            if spec.metrics.scrape_annotations:
+                annotations.update(
+                    {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(spec.metrics.port),
+                        "prometheus.io/path": "/metrics",
+                    }
+                )
+        if self.budget:
+            container["env"] = [*container.get("env", []), *copy.deepcopy(self.budget)]
+        container["resources"] = (
+            container_resources(self.benchmark, gpus, run.procs_per_node) if resources is None else resources
+        )
+        pod_spec: dict[str, Any] = {
+            "containers": [container],
+            "volumes": volumes,
+            "securityContext": pod_security_context(),
+            "automountServiceAccountToken": False,
+        }
+        if spec.node_selector:
+            pod_spec["nodeSelector"] = dict(spec.node_selector)
+        if spec.tolerations:
+            pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+        if spec.scheduling.priority_class_name:
+            pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+        metadata: dict[str, Any] = {"labels": labels}
+        if annotations:
+            metadata["annotations"] = annotations
+        return {"metadata": metadata, "spec": pod_spec}

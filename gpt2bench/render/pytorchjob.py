@@ -5,38 +5,36 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gpt2bench.plan import Run
 from gpt2bench.protocol import PYTORCH_CONTAINER, PYTORCHJOB_API
-from gpt2bench.render.pods import container_env, job_metadata, pod_template, restart_policy, run_policy
-from gpt2bench.spec.model import Benchmark
+from gpt2bench.render.pods import RunPods
 
 # The training operator's default rendezvous port; named so that it never guesses.
 PYTORCHJOB_PORT = 23456
 
 
-def render_pytorchjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
+def render_pytorchjob(pods: RunPods) -> dict[str, Any]:
+    run = pods.run
     # "--" ends torchrun's own options: without it argparse's prefix matching takes the trainer's
     # `--run NAME` for torchrun's `--run-path` and fails as ambiguous.
     command = ["torchrun", "--no-python", "--", "gpt2bench", "train", *run.trainer_args()]
     container = {
         "name": PYTORCH_CONTAINER,
         "command": command,
-        "env": container_env(),
+        "env": pods.env,
         "ports": [{"name": "pytorchjob-port", "containerPort": PYTORCHJOB_PORT, "protocol": "TCP"}],
     }
-    template = pod_template(benchmark, run, container, gpus=run.devices_per_node, serves_metrics=True)
-    replica = {"restartPolicy": restart_policy(benchmark), "template": template}
+    replica = {"restartPolicy": pods.restart_policy, "template": pods.template(container)}
     replicas = {"Master": {"replicas": 1, **copy.deepcopy(replica)}}
     if run.nodes > 1:
         replicas["Worker"] = {"replicas": run.nodes - 1, **copy.deepcopy(replica)}
     return {
         "apiVersion": PYTORCHJOB_API,
         "kind": "PyTorchJob",
-        "metadata": job_metadata(benchmark, run),
+        "metadata": pods.metadata,
         "spec": {
             # Without it the operator's WORLD_SIZE counts pods, not processes.
             "nprocPerNode": str(run.procs_per_node),
-            "runPolicy": run_policy(benchmark, min_available=run.nodes),
+            "runPolicy": pods.run_policy(min_available=run.nodes),
             "pytorchReplicaSpecs": replicas,
         },
     }

@@ -18,22 +18,14 @@ What a TrainJob cannot carry is reported by `trainjob_caveats`, not silently dro
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB, trainjob_pods
 from gpt2bench.plan import Run
 from gpt2bench.protocol import RESULT_REPLICATED_JOB_ANNOTATION, TRAINJOB_API, TRAINJOB_CONTAINER
 from gpt2bench.render.mpijob import mpirun_command
-from gpt2bench.render.pods import (
-    budget_env,
-    container_env,
-    container_resources,
-    container_security_context,
-    job_labels,
-    job_metadata,
-    pod_security_context,
-    pod_template,
-)
+from gpt2bench.render.pods import RunPods, container_security_context, pod_security_context
 from gpt2bench.render.runtimes import (
     MPI_RUNTIME,
     RUNTIME_IMAGE_PULL_POLICY,
@@ -74,49 +66,51 @@ def pod_patch(template: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     added where the template has none."""
     spec, (container,) = template["spec"], template["spec"]["containers"]
     patch_spec = {key: spec[key] for key in POD_PATCH_FIELDS if key in spec}
-    patch_spec.setdefault("securityContext", pod_security_context())
+    if "securityContext" not in patch_spec:
+        patch_spec["securityContext"] = pod_security_context()
     container_patch = {key: container[key] for key in CONTAINER_PATCH_FIELDS if key in container}
-    container_patch.setdefault("securityContext", container_security_context())
+    if "securityContext" not in container_patch:
+        container_patch["securityContext"] = container_security_context()
     patch_spec["containers"] = [{"name": TRAINJOB_CONTAINER, **container_patch}]
     dropped = [f"pod.{key}" for key in spec if key not in POD_PATCH_FIELDS + POD_SET_BY_RUNTIME and key != "containers"]
     dropped += [f"container.{key}" for key in container if key not in CONTAINER_PATCH_FIELDS + tuple(CARRIED_ELSEWHERE)]
     return {"metadata": template["metadata"], "spec": patch_spec}, dropped
 
 
-def runtime_patch(benchmark: Benchmark, run: Run) -> dict[str, Any]:
-    replicated_jobs = []
-    for name in trainjob_pods(run.strategy.name, run.nodes):
-        container = {"name": TRAINJOB_CONTAINER, "env": container_env()}
-        template = pod_template(benchmark, run, container, gpus=run.devices_per_node, serves_metrics=True)
-        pod, _ = pod_patch(template)
-        replicated_jobs.append({"name": name, "template": {"spec": {"template": pod}}})
+def runtime_patch(pods: RunPods) -> dict[str, Any]:
+    """The run's pod template, as a patch of each replicated job's pods (all alike: one pod template)."""
+    pod, _ = pod_patch(pods.template({"name": TRAINJOB_CONTAINER, "env": pods.env}))
+    replicated_jobs = [{"name": name, "template": {"spec": {"template": copy.deepcopy(pod)}}}
+                       for name in trainjob_pods(pods.run.strategy.name, pods.run.nodes)]
     return {
         "manager": PATCH_MANAGER,
         "trainingRuntimeSpec": {
             "template": {
-                "metadata": {"labels": job_labels(benchmark, run)},  # onto the JobSet (TR trainingruntime.go L144-161)
+                "metadata": {"labels": pods.labels},  # onto the JobSet (TR trainingruntime.go L144-161)
                 "spec": {"replicatedJobs": replicated_jobs},
             }
         },
     }
 
 
-def render_trainjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
-    spec = benchmark.spec
+def render_trainjob(pods: RunPods) -> dict[str, Any]:
+    spec, run = pods.benchmark.spec, pods.run
     horovod = run.strategy.name == "horovod"
     trainer: dict[str, Any] = {
-        "image": spec.trainer_image(gpus=run.devices_per_node > 0),
+        "image": pods.image,
         "command": mpi_launcher_command(run) if horovod else torchrun_command(run),
-        "env": container_env(budget_env(benchmark)),
+        "env": copy.deepcopy([*pods.env, *pods.budget]),
         "numNodes": run.nodes,
         # torch: PET_NPROC_PER_NODE (never "auto": the CPU count of a request would be guessed);
         # MPI: slots per host in the hostfile.
         "numProcPerNode": run.procs_per_node,
+        "resourcesPerNode": copy.deepcopy(pods.resources),
     }
-    trainer["resourcesPerNode"] = container_resources(benchmark, run.devices_per_node, run.procs_per_node)
-    metadata = job_metadata(benchmark, run)
-    metadata["name"] = run.job_name  # shorter than the run's name where JobSet's pod names need room
-    metadata["annotations"] = {RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if horovod else NODE_JOB}
+    metadata = {
+        **pods.metadata,
+        "name": run.job_name,  # shorter than the run's name where JobSet's pod names need room
+        "annotations": {RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if horovod else NODE_JOB},
+    }
     job_spec: dict[str, Any] = {
         "runtimeRef": {
             "apiGroup": TRAINJOB_API.split("/")[0],
@@ -124,7 +118,7 @@ def render_trainjob(benchmark: Benchmark, run: Run) -> dict[str, Any]:
             "name": MPI_RUNTIME if horovod else TORCH_RUNTIME,
         },
         "trainer": trainer,
-        "runtimePatches": [runtime_patch(benchmark, run)],
+        "runtimePatches": [runtime_patch(pods)],
     }
     if spec.run_policy.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.run_policy.active_deadline_seconds

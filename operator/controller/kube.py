@@ -176,7 +176,7 @@ def _missing_runtime(job: dict[str, Any]) -> Refused | None:
     """A TrainJob whose ClusterTrainingRuntime is missing, refused saying what to install (None when it is
     there, or for other kinds): Trainer's webhook would refuse it with less to go on. Without Trainer v2 at
     all, the kind is what is missing."""
-    ref = (job.get("spec") or {}).get("runtimeRef") if job["kind"] == "TrainJob" else None
+    ref = kinds.runtime_ref(job)
     if not ref or ref.get("kind", RUNTIME_KIND) != RUNTIME_KIND:
         return None
     group, version = TRAINJOB_API.split("/")
