@@ -74,6 +74,7 @@ OPENAPI_V3 = {
                                               "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"),
     "api/v1": _patch_op("", "v1", "Namespace", "/api/v1/namespaces/{name}"),
 }
+CUT = "_CUT"  # a bus message that ends the watch streams reading it (cut_watches), never sent to clients
 ORPHAN_FINALIZER = "orphan"  # deletion with propagationPolicy Orphan, until the GC has orphaned the dependents
 HISTORY_LIMIT = 20_000
 _POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")  # watch events kept for resuming; older resourceVersions get 410 Gone
@@ -454,12 +455,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         event = await asyncio.wait_for(anext(events), remaining)
                     except TimeoutError:
                         return
+                    if event["type"] == CUT:
+                        return
                     if self._select(request, event["object"]):
                         yield event
             finally:
                 await bus.unmark(mark)
 
         return kmock.Response(headers={"Content-Type": "application/json"}, payload=stream())
+
+    async def cut_watches(self) -> None:
+        """End every open watch stream now, as a restarting API server or a load balancer would; clients
+        resume from their last resourceVersion (tests/kube/faults.py)."""
+        for bus in list(self._buses.values()):
+            await bus.put({"type": CUT, "object": {}})
 
     async def _serve_namespaces(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         names = {"default"} | {ns for (_, ns, _) in self.objects if ns}

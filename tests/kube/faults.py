@@ -47,7 +47,9 @@ def is_operator(request: kmock.Request) -> bool:
 
 
 class ApiFaults:
-    """A seeded share of the operator's calls answered with an error; its watches cut and 410'd.
+    """A seeded share of the operator's calls answered with an error; its watches cut and 410'd. Each error
+    code is also given to the first operator call it fits, and the first resumed watch gets 410, so that every
+    fault is met whatever the timing.
 
     `injected` counts what was answered ("409", "429", "500", "503", "watch-cut", "410"); `failures`
     and `successes` keep (time, method, resource) of the operator's calls, for the longest gap between
@@ -57,6 +59,8 @@ class ApiFaults:
         self.rng = random.Random(seed)
         self.share, self.watch_seconds, self.gone_share = share, watch_seconds, gone_share
         self.injected: Counter[str] = Counter()
+        self.first = [409, 429, 500, 503]
+        self.first_resume_gone = True
         self.calls: list[tuple[float, str, str, bool]] = []  # (time, method, resource, failed)
         self._lock = threading.Lock()
 
@@ -67,9 +71,19 @@ class ApiFaults:
             return None  # watches: see _watch
         kind = f"{request.resource.plural}/{request.subresource}" if request.subresource else request.resource.plural
         with self._lock:
-            failed = self.rng.random() < self.share
-            code = self.rng.choice([c for c in ERRORS if c != 409 or request.method in WRITES]) if failed else 0
-            self.calls.append((time.monotonic(), str(request.method), kind, failed))
+            method = request.method.name if hasattr(request.method, "name") else str(request.method)
+            # each code at least once, whatever the timing: the first calls it fits get it
+            code = next((c for c in self.first if c != 409 or method in WRITES), 0)
+            if code:
+                self.first.remove(code)
+            elif self.rng.random() >= self.share:
+                code = 0
+            elif method in WRITES and self.rng.random() < 0.5:  # a write's most likely error: a lost race
+                code = 409
+            else:
+                code = self.rng.choice([429, 500, 503])
+            failed = bool(code)
+            self.calls.append((time.monotonic(), method, kind, failed))
             if not failed:
                 return None
             self.injected[str(code)] += 1
@@ -81,14 +95,18 @@ class ApiFaults:
             return None
         with self._lock:
             since = request.params.get("resourceVersion")
-            if since not in (None, "", "0") and self.rng.random() < self.gone_share:
+            if since not in (None, "", "0") and (self.first_resume_gone or self.rng.random() < self.gone_share):
+                self.first_resume_gone = False
                 self.injected["410"] += 1
                 return "gone"
             self.injected["watch-cut"] += 1
             return self.rng.uniform(0.5, self.watch_seconds)
 
     def install(self, cluster: EmulatedCluster) -> None:
+        """From now on; the watches already open are cut, so that the resumed ones meet the faults too."""
         cluster.call(lambda emulator: (emulator.faults.append(self._error), emulator.watch_faults.append(self._watch)))
+        cluster.call(lambda emulator: emulator.cut_watches())
+        self.injected["watch-cut"] += 1
 
     def uninstall(self, cluster: EmulatedCluster) -> None:
         cluster.call(lambda emulator: (emulator.faults.remove(self._error), emulator.watch_faults.remove(self._watch)))
