@@ -67,6 +67,15 @@ BAD_FILES = [
     ("infinity", VALID + b"  training: {maxGradNorm: -.Inf}\n", "(spec.training.maxGradNorm): -.Inf is not a number"),
     ("null-key", VALID + b"  ~: 1\n", "line 6, column 3 (spec): a mapping key cannot be null"),
     ("merge-then-same-key", VALID + b"  training: {<<: {steps: 5}, steps: 6}\n", "spec.training.steps is given twice"),
+    ("list-bad-item", b"apiVersion: v1\nkind: List\nitems:\n- {apiVersion: gpt2bench.io/v1alpha1, kind: GPT2Benchmark,"
+     b" metadata: {name: a}, spec: {}}\n- {apiVersion: gpt2bench.io/v1alpha1, kind: GPT2Benchmark, metadata: {name: b},"
+     b" spec: {sweep: {strategies: [{name: nope}]}}}\n", "items[1].spec.sweep.strategies[0].name: Input should be"),
+    ("list-items-not-a-list", b"apiVersion: v1\nkind: List\nitems: {a: 1}\n",
+     "items: must be a list of objects, got a mapping"),
+    ("list-empty", b"apiVersion: v1\nkind: List\nitems: []\n", "empty file: expected one GPT2Benchmark"),
+    ("list-same-name-twice", b"apiVersion: v1\nkind: List\nitems:\n- " + VALID.replace(b"\n", b"\n  ")[:-2]
+     + b"- " + VALID.replace(b"\n", b"\n  ")[:-2],
+     "items[1].metadata.name: 'ok' is also the name of items[0]"),
 ]
 
 
@@ -231,6 +240,47 @@ def test_a_key_given_twice_is_refused_where_kubectl_would_keep_the_last(cluster)
                                   "key twice in a mapping, and the API server refuses it")
     with pytest.raises(documents.DocumentError, match=r"spec.training.steps is given twice \(lines 6 and 6\)"):
         documents.parse_documents(VALID + b"  training: {steps: 1, steps: 0x1}\n")  # the same key once resolved
+
+
+def list_of(*items: dict) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": list(items)}, sort_keys=False)
+
+
+def benchmark_document(name: str) -> dict:
+    return {"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": {"name": name},
+            "spec": {"sweep": {"strategies": [{"name": "ddp"}]}}}
+
+
+def test_a_kind_list_is_expanded_as_kubectl_expands_it(cluster, tmp_path):
+    """`kubectl get -o yaml` writes several objects as a v1 List; `kubectl apply -f` takes its items, and so do
+    render, run and validate, in the same order; a List in a List, which kubectl refuses, is refused too."""
+    from gpt2bench.spec.validation import load_benchmarks_file
+
+    text = list_of(benchmark_document("first"), benchmark_document("second"), benchmark_document("third"))
+    path = tmp_path / "list.yaml"
+    path.write_text(text + "---\n" + yaml.safe_dump(benchmark_document("fourth")))
+    # --validate=false: kubectl's server-side validation asks OpenAPI about v1 List, which the emulator lacks
+    done = cluster.kubectl("apply", "--dry-run=client", "--validate=false", "-o", "name", "-f", "-",
+                           input=path.read_text())
+    assert done.stdout.split() == [f"gpt2benchmark.gpt2bench.io/{n}" for n in ("first", "second", "third", "fourth")]
+    assert [b.name for b in load_benchmarks_file(str(path))] == ["first", "second", "third", "fourth"]
+    assert [b.name for b in load_benchmarks_file(str(path), "second")] == ["second"]
+    nested = list_of(benchmark_document("fine"), {"apiVersion": "v1", "kind": "List",
+                                                  "items": [benchmark_document("deep")]})
+    path.write_text(nested)
+    refused = cluster.kubectl("apply", "--dry-run=client", "--validate=false", "-o", "name", "-f", "-",
+                              input=nested, check=False)
+    assert refused.returncode == 1 and "is not a list" in refused.stderr
+    bad = list_of(benchmark_document("fine"), {**benchmark_document("bad"), "spec": {
+        "sweep": {"strategies": [{"name": "ddp"}]}, "concurrency": 0}})
+    path.write_text(nested + "---\n" + bad)
+    with pytest.raises(SpecError) as caught:
+        load_benchmarks_file(str(path))
+    assert caught.value.lines() == [
+        f"{path}: document 1 (line 1): items[1]: a List inside a List: kubectl does not take it; list the objects "
+        "in the outer List's items",
+        f"{path}: document 2 (line 24): items[1].spec.concurrency: Input should be greater than or equal to 1, "
+        "got 0"]
 
 
 def several(*names: str, extra: str = "") -> bytes:

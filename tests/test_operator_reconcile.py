@@ -278,6 +278,20 @@ def test_termination_message_prefers_the_named_container_and_falls_back_to_last_
         {"state": {"terminated": {"reason": "Completed", "exitCode": 0}}}]}}) is None  # it did not fail
 
 
+def test_termination_reason_says_what_happened_to_the_pod_itself():
+    evicted = {"metadata": {"name": "p"}, "status": {
+        "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory.",
+        "containerStatuses": [{"state": {"terminated": {"reason": "Error", "exitCode": 137}}}]}}
+    assert kube.termination_reason(evicted) == ("Error (exit code 137); pod p Evicted: The node was low on "
+                                                "resource: memory.")
+    stranded = {"metadata": {"name": "p", "deletionTimestamp": "2026-11-25T10:00:00Z"},
+                "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+    assert kube.termination_reason(stranded) == ("pod p stuck Terminating since 2026-11-25T10:00:00Z (is its node "
+                                                 "gone? `kubectl get node n1`)")
+    finished = {"metadata": {"name": "p", "deletionTimestamp": "2026-11-25T10:00:00Z"}, "status": {"phase": "Succeeded"}}
+    assert kube.termination_reason(finished) is None  # being deleted after it ended: nothing went wrong
+
+
 def test_only_job_events_that_can_change_a_sweep_wake_it():
     created = {"kind": "PyTorchJob", "metadata": {"name": "j"}, "spec": {"runPolicy": {}}}
     assert not rc.job_event_matters(None, created), "the listing at startup"

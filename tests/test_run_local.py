@@ -380,3 +380,21 @@ def test_every_strategy_gets_the_same_cpu_budget_per_rank_whatever_launches_it(t
         assert summary["threads_by_rank"] == [max(1, int(share))] * processes, entry.name
         assert entry.results.threads_per_rank == max(1, int(share))
         assert entry.results.cores_per_rank == pytest.approx(share), entry.name
+
+
+def test_a_reason_with_brackets_is_printed_as_text_not_read_as_markup(example):
+    """gloo's timeout reason holds `[/…/unbound_buffer.cc:78]`, which rich would read as a closing tag."""
+    import io
+
+    from rich.console import Console
+
+    from gpt2bench.collect import run_entry
+    from gpt2bench.local.progress import Display
+
+    out = io.StringIO()
+    run = plan_runs(load_benchmark_file(str(example)))[0]
+    reason = "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out"
+    with Display(Console(file=out, width=300), total_runs=1, steps=3, live=False) as display:
+        display.start_run(0, 1, run)
+        display.end_run(run_entry(run, phase="Failed", reason=reason))
+    assert f"{run.name}: Failed: {reason}" in out.getvalue()

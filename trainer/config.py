@@ -67,6 +67,9 @@ class ProcessOptions(BaseModel):
                                               "hooks, the breakdown fields are null")
     fail_at_step: int | None = Field(None, ge=1, description="test hook: the first worker raises at this step")
     nan_at_step: int | None = Field(None, ge=1, description="test hook: the loss becomes NaN at this step")
+    hang_at_step: int | None = Field(None, ge=1, description="test hook: the first worker stops making progress "
+                                                             "at this step, alive (its peers wait in their "
+                                                             "collectives until --timeout-seconds)")
     slow_worker_seconds: float | None = Field(None, gt=0, description="test hook: the last worker sleeps this long "
                                                                       "in every step")
     comm_delay_seconds: float | None = Field(None, gt=0, description="test hook: under ddp with --breakdown, "

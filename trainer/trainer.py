@@ -39,6 +39,13 @@ class InjectedFailure(RuntimeError):
     """--fail-at-step: the first worker crashes alone, as a real crash would (its peers are left waiting)."""
 
 
+def hang(step: int) -> None:
+    """--hang-at-step: the first worker stays alive and does nothing, as a deadlocked or stuck rank would."""
+    log.warning("hanging at step %d (--hang-at-step)", step)
+    while True:
+        time.sleep(3600)
+
+
 def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
     """`training.compile`, or by default: on for GPUs, off on CPU (docs/performance.md says why)."""
     choice = config.training.compile
@@ -113,6 +120,8 @@ class Trainer:
         for step in steps:
             if step == config.process.fail_at_step and p.rank == 0:  # the first worker (job rank 0 is a server under ps)
                 raise InjectedFailure(f"failure injected at step {step} (--fail-at-step)")
+            if step == config.process.hang_at_step and p.rank == 0:
+                hang(step)
             if first_step_at is not None and not first_step_at:
                 first_step_at.append(time.time())
             self.batches.seconds = 0.0

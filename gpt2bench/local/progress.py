@@ -79,7 +79,7 @@ class Display:
                 self.progress.remove_task(self.current)
             self.current = self.progress.add_task(label, total=self.steps, stats="starting")
         else:
-            self.console.print(f"{label}: starting ({run.job_kind}, {run.nodes}x{run.procs_per_node})")
+            self.console.print(f"{label}: starting ({run.job_kind}, {run.nodes}x{run.procs_per_node})", markup=False)
 
     def tick(self, replicas_dir: Path) -> None:
         record = self.tail.poll(replicas_dir)
@@ -100,4 +100,6 @@ class Display:
         if tokens is not None:
             line += f" ({tokens:,.0f} tokens/s)"
         style = {SUCCEEDED: "green", SKIPPED: "yellow"}.get(entry.phase, "red")
-        self.console.print(line, style=style, highlight=False)
+        # markup=False: a reason is the trainer's or the library's text, e.g. gloo's "[/path/unbound_buffer.cc:78]
+        # Timed out", which rich would read as a closing tag and raise on
+        self.console.print(line, style=style, highlight=False, markup=False)

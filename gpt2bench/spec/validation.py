@@ -1,7 +1,7 @@
 """The one validation of a GPT2Benchmark, shared by `gpt2bench render`, `run`, `report` and the operator.
 
-- `load_benchmarks_file(path, name)`: every GPT2Benchmark of a file (`---` between them), as `run` and
-  `validate` read it, or the one named; `load_benchmark_file(path)`: the one GPT2Benchmark of a file, as
+- `load_benchmarks_file(path, name)`: every GPT2Benchmark of a file (`---` between them, or the items of a
+  `kind: List`), as `run` and `validate` read it, or the one named; `load_benchmark_file(path)`: the one GPT2Benchmark of a file, as
   `render` reads it (how a file is read, and its limits: gpt2bench.spec.documents);
 - `load_benchmark(document)`: a whole resource as `kubectl apply` sends it: apiVersion, kind, metadata
   (names, labels, annotations as the API server checks them), spec, and its size;
@@ -137,9 +137,10 @@ EMPTY_FILE = "empty file: expected one GPT2Benchmark (apiVersion, kind, metadata
 
 
 def load_benchmarks_file(path: str, name: str | None = None) -> list[Benchmark]:
-    """The GPT2Benchmarks of a YAML file, in order (`kubectl apply -f` takes every document; empty ones are
-    skipped), or only the one whose metadata.name is `name`. Every document is validated; each error names
-    its document when the file holds several. Raises OSError (unreadable) or SpecError naming the file."""
+    """The GPT2Benchmarks of a YAML file, in order (`kubectl apply -f` takes every document, and every item
+    of a `kind: List`; empty ones are skipped), or only the one whose metadata.name is `name`. Every document
+    is validated; each error names its document when the file holds several, and its List item
+    (`items[1].spec...`). Raises OSError (unreadable) or SpecError naming the file."""
     try:
         found = documents.read_documents(path)
     except documents.DocumentError as exc:
@@ -149,21 +150,32 @@ def load_benchmarks_file(path: str, name: str | None = None) -> list[Benchmark]:
     benchmarks: list[Benchmark] = []
     failures: list[SpecError] = []
     first_of: dict[tuple[str, str], str] = {}
+    objects = 0
     for document in found:
         label = document_label(document, len(found))
         try:
-            benchmark = load_benchmark(document.value)
+            items = list_items(document.value)
         except SpecError as exc:
             failures.append(SpecError(exc.errors, document=label))
             continue
-        key = (benchmark.namespace, benchmark.name)
-        if key in first_of:
-            failures.append(SpecError([("metadata.name", f"{benchmark.name!r} is also the name of {first_of[key]}: "
-                                        "kubectl apply would replace one with the other")], document=label))
-        first_of.setdefault(key, label or "")
-        benchmarks.append(benchmark)
+        for prefix, value in items:
+            objects += 1
+            try:
+                benchmark = load_benchmark(value)
+            except SpecError as exc:
+                failures.append(SpecError([(_under(prefix, where), why) for where, why in exc.errors], document=label))
+                continue
+            key = (benchmark.namespace, benchmark.name)
+            if key in first_of:
+                failures.append(SpecError([(_under(prefix, "metadata.name"),
+                                            f"{benchmark.name!r} is also the name of {first_of[key]}: "
+                                            "kubectl apply would replace one with the other")], document=label))
+            first_of.setdefault(key, ", ".join(filter(None, [label, prefix])))
+            benchmarks.append(benchmark)
     if failures:
         raise SpecError.joined(failures, path)
+    if not objects:
+        raise SpecError([("", EMPTY_FILE)], source=path)
     if name is None:
         return benchmarks
     chosen = [benchmark for benchmark in benchmarks if benchmark.name == name]
@@ -171,6 +183,34 @@ def load_benchmarks_file(path: str, name: str | None = None) -> list[Benchmark]:
         names = ", ".join(benchmark.name for benchmark in benchmarks)
         raise SpecError([("", f"--name {name}: no GPT2Benchmark of that name here (it holds {names})")], source=path)
     return chosen
+
+
+def list_items(value: Any) -> list[tuple[str, Any]]:
+    """(path, object) for each object a document holds, as kubectl reads a file: the document itself, or
+    the items of a `kind: List` (apiVersion v1, what `kubectl get -o yaml` writes for several objects), each
+    named by its path (`items[1]`). An empty List holds nothing. Raises SpecError when `items` is not a
+    list, or holds a List (kubectl refuses it: "is not a list")."""
+    if not _is_list(value):
+        return [("", value)]
+    items = value.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SpecError([("items", f"must be a list of objects, got {shown(items)}")])
+    nested = [(f"items[{i}]", "a List inside a List: kubectl does not take it; list the objects in the outer "
+                              "List's items") for i, item in enumerate(items) if _is_list(item)]
+    if nested:
+        raise SpecError(nested)
+    return [(f"items[{i}]", item) for i, item in enumerate(items)]
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("kind") == "List" and value.get("apiVersion") == "v1"
+
+
+def _under(prefix: str, path: str) -> str:
+    """`path` inside the List item at `prefix`: `items[1].spec.sweep`."""
+    return ".".join(filter(None, [prefix, path]))
 
 
 def load_benchmark_file(path: str, name: str | None = None) -> Benchmark:

@@ -303,11 +303,26 @@ def termination_message(pod: dict[str, Any] | None, container: str | None = None
 
 
 def termination_reason(pod: dict[str, Any] | None) -> str | None:
-    """`OOMKilled (exit code 137)`, `Error (exit code 1)`...: how a container of the pod failed, if one did."""
+    """`OOMKilled (exit code 137)`, `Error (exit code 1)`...: how a container of the pod failed, if one did;
+    then what happened to the pod itself: evicted by the kubelet (`Evicted: The node was low on resource:
+    memory...`), or stuck Terminating (its node gone: nobody confirms that the containers stopped)."""
+    container = None
     for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
         terminated = (status.get("state") or {}).get("terminated") or {}
         if terminated and terminated.get("exitCode") != 0:
-            return f"{terminated.get('reason') or 'terminated'} (exit code {terminated.get('exitCode')})"
+            container = f"{terminated.get('reason') or 'terminated'} (exit code {terminated.get('exitCode')})"
+            break
+    return "; ".join(filter(None, [container, _pod_fate(pod)])) or None
+
+
+def _pod_fate(pod: dict[str, Any] | None) -> str | None:
+    status, metadata = (pod or {}).get("status") or {}, (pod or {}).get("metadata") or {}
+    name = metadata.get("name", "")
+    if status.get("reason"):  # the pod's own end: Evicted, NodeLost, DeadlineExceeded, Shutdown...
+        return f"pod {name} {status['reason']}" + (f": {status['message']}" if status.get("message") else "")
+    if metadata.get("deletionTimestamp") and status.get("phase") not in ("Succeeded", "Failed"):
+        return (f"pod {name} stuck Terminating since {metadata['deletionTimestamp']} (is its node gone? "
+                f"`kubectl get node {(pod or {}).get('spec', {}).get('nodeName') or '<node>'}`)")
     return None
 
 

@@ -15,7 +15,6 @@ from typing import Any
 from gpt2bench import collect
 from gpt2bench import jobkinds as kinds
 from gpt2bench.plan import Run
-from gpt2bench.report.analysis import analyze
 from gpt2bench.spec.model import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     COMPLETE,
@@ -322,10 +321,18 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
         runs_failed=sum(r.phase == FAILED for r in runs),
         runs_skipped=sum(r.phase == SKIPPED for r in runs),
         best=best_run(runs),
-        analysis=None if phase == RUNNING else analyze(runs, _camel(spec)),
+        analysis=None if phase == RUNNING else _analyze(runs, spec),
         conditions=sweep_conditions(status.conditions or [], phase, message, runs, generation, now),
         completion_time=now if phase != RUNNING and not status.completion_time else None,
     )
+
+
+def _analyze(runs: list[RunStatus], spec: GPT2BenchmarkSpec | None) -> Any:
+    # Imported when a sweep finishes, not at start-up: the analysis pulls in scipy (~2 s here), and an
+    # operator restarted after a crash should serve its sweeps again as soon as it can (docs/reliability.md).
+    from gpt2bench.report.analysis import analyze
+
+    return analyze(runs, _camel(spec))
 
 
 def _camel(spec: GPT2BenchmarkSpec | None) -> dict[str, Any] | None:

@@ -20,6 +20,8 @@ Added here, as a real API server does it:
 - pod logs (`pods/NAME/log`, `tailLines`, `limitBytes`), from what the test double says a container printed;
 - mutating admission: functions in `admission` may change an object before it is validated and stored
   (the test plays Kueue's webhook with one);
+- fault injection (tests/kube/faults.py): functions in `faults` may answer a request with an error before
+  anything is stored, and functions in `watch_faults` may end a watch stream early or answer 410 Gone;
 - orphaning deletion removes the owner's reference from its dependents, as the garbage collector does.
 """
 
@@ -72,6 +74,7 @@ OPENAPI_V3 = {
                                               "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"),
     "api/v1": _patch_op("", "v1", "Namespace", "/api/v1/namespaces/{name}"),
 }
+CUT = "_CUT"  # a bus message that ends the watch streams reading it (cut_watches), never sent to clients
 ORPHAN_FINALIZER = "orphan"  # deletion with propagationPolicy Orphan, until the GC has orphaned the dependents
 HISTORY_LIMIT = 20_000
 _POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")  # watch events kept for resuming; older resourceVersions get 410 Gone
@@ -98,6 +101,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # (User-Agent, group, resource, verb) of the requests served past kmock (which records the others)
     outside_requests: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
     _builtin_reactions: int = attrs.field(default=0, init=False)
+    # fn(request) -> ApiError | None: an error to answer instead (nothing stored); see tests/kube/faults.py
+    faults: list[Any] = attrs.field(factory=list, init=False)
+    # fn(request) -> None | "gone" | seconds: a watch answered 410 Gone, or ended after that many seconds
+    watch_faults: list[Any] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -139,6 +146,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # Skip KubernetesEmulator._handle: it mutates the store before any reaction is chosen. Here the
         # fallbacks below mutate it, so a test's injected error (a reaction) leaves the store untouched.
         try:
+            for fault in self.faults:
+                if (error := fault(request)) is not None:
+                    raise error
             serve = self._direct(request)
             if serve is None:
                 return await kmock.RawHandler._handle(self, request)
@@ -147,7 +157,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(
                 {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
                  "code": exc.code, "reason": exc.reason, "message": exc.message},
-                status=exc.code,
+                status=exc.code, headers=exc.headers,
             )
 
     def _direct(self, request: kmock.Request) -> Any:
@@ -408,13 +418,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._info(request.resource)
         since = request.params.get("resourceVersion")
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        faults = [f for f in (fault(request) for fault in self.watch_faults) if f is not None]
+        gone = "gone" in faults
+        drops = [f for f in faults if f != "gone"]
+        if drops:  # the connection is cut that early (the client sees a stream end, then resumes)
+            timeout = min(timeout or float("inf"), *drops)
         bus = self._buses[request.resource]
         async with self._lock:
             mark = await bus.mark()
             history = self._history.get(request.resource, [])
             if since in (None, "", "0"):
                 backlog = [{"type": "ADDED", "object": obj} for obj in self._items(request)]
-            elif history and int(since) < history[0][0] - 1 and len(history) >= HISTORY_LIMIT:
+            elif gone or history and int(since) < history[0][0] - 1 and len(history) >= HISTORY_LIMIT:
                 backlog = [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "code": 410,
                                                          "reason": "Expired", "message": "too old resource version"}}]
             else:
@@ -426,7 +441,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             try:
                 yield b""  # send the headers now, even if nothing happens for a while
                 for event in backlog:
-                    if event["type"] == "ERROR" or self._select(request, event["object"]):
+                    if event["type"] == "ERROR":
+                        yield event
+                        return  # as the API server: the stream ends after its error
+                    if self._select(request, event["object"]):
                         yield event
                 events = bus.stream(since=mark)
                 while True:
@@ -437,12 +455,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         event = await asyncio.wait_for(anext(events), remaining)
                     except TimeoutError:
                         return
+                    if event["type"] == CUT:
+                        return
                     if self._select(request, event["object"]):
                         yield event
             finally:
                 await bus.unmark(mark)
 
         return kmock.Response(headers={"Content-Type": "application/json"}, payload=stream())
+
+    async def cut_watches(self) -> None:
+        """End every open watch stream now, as a restarting API server or a load balancer would; clients
+        resume from their last resourceVersion (tests/kube/faults.py)."""
+        for bus in list(self._buses.values()):
+            await bus.put({"type": CUT, "object": {}})
 
     async def _serve_namespaces(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         names = {"default"} | {ns for (_, ns, _) in self.objects if ns}

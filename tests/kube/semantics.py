@@ -27,9 +27,10 @@ import jsonschema
 class ApiError(Exception):
     """An error the emulator answers as a Kubernetes `Status` with this code and reason."""
 
-    def __init__(self, code: int, reason: str, message: str):
+    def __init__(self, code: int, reason: str, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
+        self.headers = headers or {}  # e.g. Retry-After with a 429
 
 
 # --- patches ------------------------------------------------------------------------------------

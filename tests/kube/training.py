@@ -199,3 +199,72 @@ class TrainingOperator:
             "containerStatuses": [{"name": container, "ready": False, "restartCount": 0, "image": "gpt2bench",
                                    "imageID": "", "state": {"terminated": terminated}}],
         }})  # fmt: skip
+
+    # --- faults (tests/test_faults.py) -----------------------------------------------------------
+
+    def past_deadline(self, job: dict[str, Any]) -> bool:
+        """Upstream's pastActiveDeadline: runPolicy.activeDeadlineSeconds (a TrainJob's spec's) counted
+        from the job's start (here: its creation, when the controller first saw it)."""
+        current = self.get(job)
+        spec = current.get("spec") or {}
+        deadline = spec.get("activeDeadlineSeconds", (spec.get("runPolicy") or {}).get("activeDeadlineSeconds"))
+        created = datetime.datetime.strptime(current["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
+        started = created.replace(tzinfo=datetime.UTC)
+        return deadline is not None and datetime.datetime.now(datetime.UTC) - started > datetime.timedelta(
+            seconds=deadline)
+
+    def exceed_deadline(self, job: dict[str, Any]) -> None:
+        """The job ran past its deadline: Failed, worded as the training operator's common job controller
+        (`Job <name> has failed because it was active longer than specified deadline`; mpi-operator's
+        reason is DeadlineExceeded). Its still running pods are deleted (cleanPodPolicy Running)."""
+        name = job["metadata"]["name"]
+        reason = "DeadlineExceeded" if job["kind"] == "MPIJob" else messages(job)["Failed"][0]
+        current = self.get(job)
+        conditions = set_condition(list((current.get("status") or {}).get("conditions") or []), "Failed", "True",
+                                   reason, f"Job {name} has failed because it was active longer than specified "
+                                           f"deadline")
+        group, version, plural = GROUPS[job["kind"]]
+        self.custom.patch_namespaced_custom_object_status(group, version, self.namespace, plural, name,
+                                                          {"status": {"conditions": conditions}})
+
+    def running_pod(self, job: dict[str, Any], node: str = "node-1") -> dict[str, Any]:
+        """The job's master/launcher pod, running on `node` (no termination yet)."""
+        name = job["metadata"]["name"]
+        role, replica, container = ROLES[job["kind"]]
+        labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": role}
+        if role == "master":
+            labels["training.kubeflow.org/replica-type"] = replica.lower()
+        pod = self.core.create_namespaced_pod(self.namespace, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{name}-{role}-0", "labels": labels, "ownerReferences": [{
+                "apiVersion": job["apiVersion"], "kind": job["kind"], "name": name,
+                "uid": job["metadata"]["uid"], "controller": True}]},
+            "spec": {"nodeName": node, "containers": [{"name": container, "image": "gpt2bench"}]},
+        })  # fmt: skip
+        self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
+            "phase": "Running", "containerStatuses": [{"name": container, "ready": True, "restartCount": 0,
+                                                       "image": "gpt2bench", "imageID": "",
+                                                       "state": {"running": {"startedAt": _now()}}}]}})
+        return {"name": pod.metadata.name, "container": container}
+
+    def evict(self, job: dict[str, Any], message: str) -> None:
+        """The kubelet evicts the running pod (node pressure): phase Failed, reason Evicted, the container
+        killed; the job controller then fails the job (backoffLimit 0) with its usual words."""
+        pod = self.running_pod(job)
+        self.core.patch_namespaced_pod_status(pod["name"], self.namespace, {"status": {
+            "phase": "Failed", "reason": "Evicted", "message": message,
+            "containerStatuses": [{"name": pod["container"], "ready": False, "restartCount": 0, "image": "gpt2bench",
+                                   "imageID": "", "state": {"terminated": {
+                                       "exitCode": 137, "reason": "Error", "startedAt": _now(),
+                                       "finishedAt": _now()}}}]}})  # fmt: skip
+        self._condition(job, ("Created", "True", "Created"), ("Failed", "True", "Failed"))
+
+    def lose_node(self, job: dict[str, Any]) -> str:
+        """The pod's node is gone: the taint manager deletes the pod, but no kubelet confirms that its
+        containers stopped, so it stays Terminating (held here by a finalizer, as the missing kubelet
+        holds it). Returns the pod's name."""
+        pod = self.running_pod(job, node="node-gone")
+        self.core.patch_namespaced_pod(pod["name"], self.namespace,
+                                       {"metadata": {"finalizers": ["test.gpt2bench.io/kubelet-gone"]}})
+        self.core.delete_namespaced_pod(pod["name"], self.namespace)
+        return pod["name"]

@@ -1,0 +1,420 @@
+"""Fault injection, measured (docs/reliability.md): the real `gpt2bench operator` process against the API
+emulator, the test playing the Kubeflow training operator (tests/kube/training.py) and the user.
+
+One emulator and one operator process for the module (the SIGKILL test kills and restarts that process);
+every fault is drawn from a fixed seed. Each test adds its figures to one JSON document, written at the end
+to $GPT2BENCH_FAULTS_JSON when set (docs/reliability.md's table comes from it) and printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import psutil
+import pytest
+import yaml
+from kube import EmulatedCluster
+from kube.faults import ApiFaults
+from kube.fixtures import GROUP, PLURAL, VERSION, Benchmarks, api_client, benchmark, install_crds, wait_for
+from kube.training import TrainingOperator
+from test_operator_process import OperatorProcess, job_creations
+
+from gpt2bench.local import sweep as local_sweep
+from gpt2bench.local.replicas import free_port
+from gpt2bench.plan import plan_runs
+from gpt2bench.render import render_job
+from gpt2bench.spec.validation import load_benchmark_file
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(240)]
+
+SEED = 20
+KILLS = 20
+POLL_SECONDS = 0.5
+SIX_RUNS = {"strategies": [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}],
+            "precisions": ["fp32", "bf16"], "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}
+REPO = Path(__file__).resolve().parents[1]
+FIGURES: dict[str, dict[str, Any]] = {}
+
+
+@dataclass
+class Env:
+    cluster: EmulatedCluster
+    benchmarks: Benchmarks
+    trainer: TrainingOperator
+    operator: OperatorProcess
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    with EmulatedCluster(tmp_path_factory.mktemp("faults") / "kube") as cluster:
+        install_crds(cluster)
+        client = api_client(cluster)
+        operator = OperatorProcess(cluster, free_port(), free_port(), poll_seconds=POLL_SECONDS)
+        operator.start()
+        try:
+            yield Env(cluster, Benchmarks(client), TrainingOperator(client, cluster=cluster), operator)
+        finally:
+            code = operator.stop()
+            text = json.dumps(FIGURES, indent=2, sort_keys=True)
+            print("\nfault-injection figures:\n" + text)
+            if os.environ.get("GPT2BENCH_FAULTS_JSON"):
+                Path(os.environ["GPT2BENCH_FAULTS_JSON"]).write_text(text + "\n")
+        assert code == 0, operator.log.read_text()[-3000:]
+
+
+def terminal(job: dict[str, Any]) -> bool:
+    return any(c["type"] in ("Succeeded", "Failed") and c["status"] == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])
+
+
+def finish_one(env: Env, name: str, tokens_per_second: dict[str, float]) -> bool:
+    """Play the training operator for one unfinished job of `name`: Running, then Succeeded with its
+    figure. False when no job waits."""
+    for job in env.trainer.jobs(name):
+        if not terminal(job):
+            env.trainer.start(job)
+            env.trainer.succeed(job, tokens_per_second[job["metadata"]["name"]])
+            return True
+    return False
+
+
+def drive(env: Env, name: str, tokens_per_second: dict[str, float], timeout: float = 60) -> dict[str, Any]:
+    """Finish every job the operator creates until the sweep has a final phase; its status."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = env.benchmarks.status(name)
+        if status.get("phase") not in (None, "Running"):
+            return status
+        if not finish_one(env, name, tokens_per_second):
+            time.sleep(0.1)
+    raise AssertionError(f"{name} did not finish in {timeout} s: {env.benchmarks.status(name).get('message')}")
+
+
+def figures_of(name: str, runs: int) -> dict[str, float]:
+    """A distinct tokens/s per run, so that a result read twice, lost or swapped shows."""
+    plan = [f"{name}-{s}-{p}-{'1x1' if s == 'single' else '1x2'}" for s in ("single", "ddp", "fsdp")
+            for p in ("fp32", "bf16")][:runs]
+    return {run: 100.0 + 7 * i for i, run in enumerate(plan)}
+
+
+def check_results(status: dict[str, Any], expected: dict[str, float]) -> None:
+    got = {r["name"]: (r.get("results") or {}).get("tokensPerSecond") for r in status["runs"]}
+    assert got == expected, "every finished result kept, as the trainer reported it"
+    assert status["best"]["run"] == max(expected, key=expected.get)
+
+
+def duplicates(env: Env, name: str) -> int:
+    created = [job for job in job_creations(env.cluster) if job.startswith(f"{name}-")]
+    return len(created) - len(set(created))
+
+
+# --- 1. the operator process SIGKILLed at random points of a sweep --------------------------------------
+
+
+def test_sigkill_at_seeded_random_points_loses_no_result_and_creates_no_job_twice(env):
+    rng = random.Random(SEED)
+    name, kills, restart_seconds = "killed", 0, []
+    expected = figures_of(name, 6)
+    env.benchmarks.create(benchmark(name, sweep=SIX_RUNS))
+    finished_while_up = finished_while_down = 0
+    while kills < KILLS:
+        if env.operator.proc is None or env.operator.proc.poll() is not None:
+            started = time.monotonic()
+            env.operator.start()
+            restart_seconds.append(time.monotonic() - started)
+        if rng.random() < 0.3:  # killed while it resumes: lists, reads status, starts its timers
+            time.sleep(rng.uniform(0.0, 0.5))
+        else:  # killed while it reacts to a job's end (collects, writes status, creates the next), or after
+            waiting = wait_for(lambda: [j for j in env.trainer.jobs(name) if not terminal(j)] or
+                               env.benchmarks.status(name).get("phase") != "Running", 10, what="a job to finish")
+            if isinstance(waiting, list) and rng.random() < 0.5 and finish_one(env, name, expected):
+                finished_while_up += 1
+            time.sleep(rng.uniform(0.0, 0.5))
+        env.operator.kill()
+        kills += 1
+        if rng.random() < 0.15 and finish_one(env, name, expected):  # a job ends while no operator runs
+            finished_while_down += 1
+    env.operator.start()
+    status = drive(env, name, expected)
+
+    assert status["phase"] == "Succeeded" and [r["phase"] for r in status["runs"]] == ["Succeeded"] * 6
+    check_results(status, expected)
+    assert duplicates(env, name) == 0, job_creations(env.cluster)
+    FIGURES["sigkill"] = {"injected": kills, "runs": 6, "runs_lost": 6 - len([r for r in status["runs"]
+                                                                             if r.get("results")]),
+                          "runs_twice": duplicates(env, name), "final_phase": status["phase"],
+                          "restart_to_healthz_seconds_max": round(max(restart_seconds), 2),
+                          "restart_to_healthz_seconds_mean": round(sum(restart_seconds) / len(restart_seconds), 2),
+                          "jobs_finished_while_operator_up": finished_while_up,
+                          "jobs_finished_while_operator_down": finished_while_down}
+
+
+# --- 2. an unreliable API server --------------------------------------------------------------------------
+
+
+def test_api_errors_and_dropped_watches_leave_the_sweep_complete_with_every_status_patch(env):
+    name, expected = "flaky", figures_of("flaky", 6)
+    faults = ApiFaults(seed=SEED, share=0.15, watch_seconds=2.0, gone_share=0.5)
+    faults.install(env.cluster)
+    try:
+        env.benchmarks.create(benchmark(name, sweep=SIX_RUNS))
+        started = time.monotonic()
+        status = drive(env, name, expected, timeout=90)
+        took = time.monotonic() - started
+    finally:
+        faults.uninstall(env.cluster)
+
+    assert status["phase"] == "Succeeded"
+    check_results(status, expected)  # each run's entry, written by a status patch, is there
+    assert status["runsDone"] == 6 and status["runsSucceeded"] == 6
+    assert duplicates(env, name) == 0
+    for code in ("429", "500", "503", "409", "watch-cut", "410"):
+        assert faults.injected[code] > 0, f"{code} was never injected: {dict(faults.injected)}"
+    longest = faults.longest_recovery()
+    assert longest < 30, f"a failed call waited {longest:.1f} s for its next success"
+    FIGURES["api-errors"] = {"injected": {k: faults.injected[k] for k in sorted(faults.injected)},
+                             "operator_calls": len(faults.calls), "share": faults.share, "runs": 6,
+                             "runs_lost": sum(1 for r in status["runs"] if not r.get("results")), "runs_twice": duplicates(env, name), "final_phase": status["phase"],
+                             "longest_failure_to_success_seconds": round(longest, 2),
+                             "sweep_seconds": round(took, 1)}
+
+
+# --- 3./4. jobs and pods gone, evicted, stuck; a hanging rank on the cluster -----------------------------
+
+
+def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with_the_reason(env):
+    name = "hurt"
+    expected = figures_of(name, 6)
+    env.benchmarks.create(benchmark(name, sweep=SIX_RUNS, runPolicy={"activeDeadlineSeconds": 2}))
+
+    seen: set[str] = set()
+
+    def next_job(i: int) -> dict[str, Any]:
+        job = wait_for(lambda: next((j for j in env.trainer.jobs(name) if j["metadata"]["name"] not in seen), None),
+                       20, what=f"job {i}")
+        seen.add(job["metadata"]["name"])
+        return job
+
+    def run_entry(i: int) -> dict[str, Any]:
+        return wait_for(lambda: (r := env.benchmarks.status(name)["runs"][i])["phase"] == "Failed" and r, 20,
+                        what=f"run {i} Failed")
+
+    job = next_job(0)  # deleted by someone else while it runs (its pods go with it: the garbage collector)
+    env.trainer.start(job)
+    env.trainer.running_pod(job)
+    env.trainer.custom.delete_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs",
+                                                       job["metadata"]["name"])
+    assert "was deleted before its results were read" in run_entry(0)["reason"]
+
+    job = next_job(1)  # its pod evicted by the kubelet (node pressure)
+    env.trainer.start(job)
+    env.trainer.evict(job, "The node was low on resource: memory.")
+    evicted = run_entry(1)["reason"]
+    assert "Evicted: The node was low on resource: memory." in evicted and "1 Master replica(s) failed" in evicted
+
+    job = next_job(2)  # its node gone: the pod stays Terminating; the job ends at its deadline
+    env.trainer.start(job)
+    pod = env.trainer.lose_node(job)
+    wait_for(lambda: env.trainer.past_deadline(job), 5, what="the deadline")
+    env.trainer.exceed_deadline(job)
+    lost = run_entry(2)["reason"]
+    assert "active longer than specified deadline" in lost and f"pod {pod} stuck Terminating" in lost
+
+    job = next_job(3)  # a rank that hangs: alive, no progress, until the deadline
+    env.trainer.start(job)
+    env.trainer.running_pod(job)
+    wait_for(lambda: env.trainer.past_deadline(job), 5, what="the deadline")
+    env.trainer.exceed_deadline(job)
+    assert "active longer than specified deadline" in run_entry(3)["reason"]
+
+    status = drive(env, name, expected)  # the sweep went on: the last two runs
+    assert status["phase"] == "PartiallySucceeded"
+    assert [r["phase"] for r in status["runs"]] == ["Failed"] * 4 + ["Succeeded"] * 2
+    assert duplicates(env, name) == 0
+    env.trainer.core.patch_namespaced_pod(pod, "default", {"metadata": {"finalizers": None}})  # node back
+    FIGURES["job-deleted"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
+                              "reason": run_entry(0)["reason"]}
+    FIGURES["pod-evicted"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
+                              "reason": evicted}
+    FIGURES["node-lost"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
+                            "reason": lost}
+    FIGURES["rank-hangs-cluster"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
+                                     "reason": run_entry(3)["reason"], "activeDeadlineSeconds": 2}
+
+
+def test_rendered_jobs_bound_the_process_group_timeout_below_the_deadline():
+    """A rank that hangs holds its peers in a collective: the trainer's process group gives up after
+    --timeout-seconds (passed to every rendered job), well before the default deadline."""
+    bench = load_benchmark_file(str(REPO / "manifests" / "examples" / "cpu-sweep.yaml"))
+    for run in plan_runs(bench):
+        job = render_job(bench, run)
+        text = json.dumps(job)
+        command = _trainer_command(job)
+        timeout = float(command[command.index("--timeout-seconds") + 1])
+        deadline = json.loads(text)["spec"].get("runPolicy", {}).get("activeDeadlineSeconds")
+        assert 0 < timeout < deadline, (run.name, timeout, deadline)
+
+
+def _trainer_command(job: dict[str, Any]) -> list[str]:
+    def containers(node: Any) -> list[list[str]]:
+        if isinstance(node, dict):
+            found = [node["command"]] if "command" in node and "gpt2bench" in node["command"] else []
+            return found + [c for v in node.values() for c in containers(v)]
+        if isinstance(node, list):
+            return [c for v in node for c in containers(v)]
+        return []
+    return containers(job)[0]
+
+
+# --- 4. a hanging rank, locally, with the real trainer ----------------------------------------------------
+
+
+@pytest.mark.parametrize("deadline, timeout, expected", [
+    (12, 300, "DeadlineExceeded: ran longer than activeDeadlineSeconds=12"),
+    (120, 4, "Timed out waiting 4000ms"),
+])
+def test_a_hanging_rank_ends_its_local_run_at_the_deadline_or_the_process_group_timeout(
+        tmp_path, deadline, timeout, expected):
+    document = yaml.safe_load((REPO / "manifests" / "examples" / "cpu-sweep.yaml").read_text())
+    document["spec"].setdefault("metrics", {})["port"] = free_port()
+    document["spec"]["sweep"]["repeats"] = 1
+    document["spec"]["runPolicy"] = {"activeDeadlineSeconds": deadline}
+    path = tmp_path / "hang.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    bench = local_sweep.with_steps(load_benchmark_file(str(path)), 3)
+    runs = local_sweep.select_runs(plan_runs(bench), r"-ddp-fp32-1x2$")
+    job = render_job(bench, runs[0])
+    command = _trainer_command(job)
+    command[command.index("--timeout-seconds") + 1] = str(timeout)
+    command += ["--hang-at-step", "2"]
+    started = time.monotonic()
+    doc = local_sweep.run_sweep(bench, runs[:1], tmp_path / "out", jobs=[job], live=False).doc.dump()
+    took = time.monotonic() - started
+    (run,) = doc["runs"]
+    assert run["phase"] == "Failed" and expected.lower() in run["reason"].lower(), run["reason"]
+    assert took < min(deadline, timeout) + 45, f"{took:.0f} s"
+    FIGURES[f"rank-hangs-local-{'deadline' if deadline < timeout else 'pg-timeout'}"] = {
+        "injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": run["phase"],
+        "activeDeadlineSeconds": deadline, "timeout_seconds": timeout, "run_seconds": round(took, 1),
+        "reason": run["reason"][:200]}
+
+
+# --- 5. the GPT2Benchmark deleted mid-run, its spec edited mid-sweep -------------------------------------
+
+
+def test_a_benchmark_deleted_mid_run_takes_its_jobs_and_pods_with_it(env):
+    name = "dropped"
+    env.benchmarks.create(benchmark(name, sweep=SIX_RUNS))
+    job = wait_for(lambda: env.trainer.jobs(name), 20, what="the first job")[0]
+    env.trainer.start(job)
+    pod = env.trainer.running_pod(job)["name"]
+    env.benchmarks.delete(name)
+    wait_for(lambda: not env.benchmarks.exists(name), 20, what="the benchmark gone (kopf's finalizer removed)")
+    assert env.trainer.jobs(name) == [], "no orphan job"
+    with pytest.raises(kubernetes.client.ApiException) as gone:
+        env.trainer.core.read_namespaced_pod(pod, "default")
+    assert gone.value.status == 404, "the job's pod went with it"
+    time.sleep(2 * POLL_SECONDS)
+    assert env.trainer.jobs(name) == [], "and nothing was created after"
+    FIGURES["benchmark-deleted"] = {"injected": 1, "runs_lost": 0, "runs_twice": duplicates(env, name),
+                                    "final_phase": "deleted", "orphan_jobs": 0}
+
+
+def test_a_spec_edited_mid_sweep_is_ignored_for_that_sweep_as_documented(env):
+    """docs/operator.md: a started sweep keeps the spec pinned at start; SpecChangeIgnored says so."""
+    name, expected = "edited", figures_of("edited", 6)
+    env.benchmarks.create(benchmark(name, sweep=SIX_RUNS))
+    finish_one_when = wait_for(lambda: env.trainer.jobs(name), 20, what="the first job")
+    assert finish_one_when
+    finish_one(env, name, expected)
+    env.benchmarks.patch_spec(name, {"sweep": {**SIX_RUNS, "strategies": [{"name": "single"}]},
+                                     "training": {"steps": 8, "warmupSteps": 1, "seqLen": 32}})
+    status = drive(env, name, expected)
+    assert status["phase"] == "Succeeded" and len(status["runs"]) == 6, "the pinned spec's six runs"
+    check_results(status, expected)
+    assert status["observedGeneration"] == 1
+    ignored = next(c for c in status["conditions"] if c["type"] == "SpecChangeIgnored")
+    assert ignored["status"] == "True" and "generation 2" in ignored["message"]
+    FIGURES["spec-edited"] = {"injected": 1, "runs_lost": sum(1 for r in status["runs"] if not r.get("results")), "runs_twice": duplicates(env, name),
+                              "final_phase": status["phase"], "rule": "ignored for the started sweep"}
+
+
+# --- 6. fifty GPT2Benchmarks at once ----------------------------------------------------------------------
+
+
+def test_fifty_benchmarks_at_once_all_complete_one_run_at_a_time_with_bounded_memory(env):
+    count, names = 50, [f"many-{i:02d}" for i in range(50)]
+    two_runs = {"strategies": [{"name": "single"}, {"name": "ddp"}],
+                "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}
+    env.operator.stop()  # job events drive the sweeps; a slower safety-net timer keeps 50 sweeps from
+    env.operator.poll_seconds = 5.0  # polling the emulator 100 times a second (the test's own load)
+    env.operator.start()
+    process = psutil.Process(env.operator.proc.pid)
+    peak, stop = [process.memory_info().rss], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                peak.append(process.memory_info().rss)
+            except psutil.Error:
+                return
+            stop.wait(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.monotonic()
+    for name in names:
+        env.benchmarks.create(benchmark(name, sweep=two_runs))
+    most_at_once, deadline = 0, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        jobs = env.trainer.jobs()
+        active: dict[str, int] = {}
+        for job in jobs:
+            owner = job["metadata"]["labels"]["gpt2bench.io/benchmark"]
+            if owner in names and not terminal(job):
+                active[owner] = active.get(owner, 0) + 1
+        most_at_once = max([most_at_once, *active.values()])
+        for job in jobs:
+            owner = job["metadata"]["labels"]["gpt2bench.io/benchmark"]
+            if owner in names and not terminal(job):
+                env.trainer.start(job)
+                env.trainer.succeed(job, 100.0)
+        if all(p == "Succeeded" for p in phases_of(env, names)):
+            break
+        time.sleep(0.2)
+    took = time.monotonic() - started
+    cpu = process.cpu_times()
+    print(f"fifty: operator cpu {cpu.user + cpu.system:.1f} s, test process cpu "
+          f"{sum(psutil.Process().cpu_times()[:2]):.1f} s, wall {took:.1f} s")
+    stop.set()
+    sampler.join(5)
+    env.operator.stop()
+    env.operator.poll_seconds = POLL_SECONDS
+    env.operator.start()
+    phases = phases_of(env, names)
+    assert phases.count("Succeeded") == count, phases
+    assert most_at_once == 1, "concurrency 1 (the default): one run at a time per benchmark"
+    assert sum(duplicates(env, n) for n in names) == 0
+    peak_mib = max(peak) / 2**20
+    assert peak_mib < 400, f"operator RSS peak {peak_mib:.0f} MiB"
+    FIGURES["fifty-benchmarks"] = {"injected": count, "runs": 2 * count, "runs_lost": 0, "runs_twice": 0,
+                                   "final_phase": "Succeeded", "most_runs_at_once_per_benchmark": most_at_once,
+                                   "operator_rss_peak_mib": round(peak_mib, 1),
+                                   "operator_rss_start_mib": round(peak[0] / 2**20, 1),
+                                   "seconds": round(took, 1)}
+
+
+def phases_of(env: Env, names: list[str]) -> list[str | None]:
+    """The phases of these benchmarks, in one list call (50 GETs a loop would load the emulator more than
+    the operator does)."""
+    listed = env.benchmarks.api.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
+    phases = {item["metadata"]["name"]: (item.get("status") or {}).get("phase") for item in listed["items"]}
+    return [phases.get(name) for name in names]
