@@ -87,16 +87,26 @@ def _read_run(run: TrainerRun) -> TrainerRun:
     return run
 
 
+def shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder every pytest-xdist worker of this session shares (their base temps have one parent): caches
+    whose writers are atomic (the token cache writes whole files; inductor's cache is multi-process safe)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session")
 def token_cache(tmp_path_factory) -> Path:
     """One tokenized-corpus cache for the whole session: the corpus is tokenized once."""
-    return tmp_path_factory.mktemp("token-cache")
+    return shared_dir(tmp_path_factory, "token-cache")
 
 
 @pytest.fixture(scope="session")
 def inductor_cache(tmp_path_factory) -> Path:
     """One torch.compile (inductor) cache for the whole session: each run's TMPDIR would otherwise start cold."""
-    return tmp_path_factory.mktemp("inductor-cache")
+    return shared_dir(tmp_path_factory, "inductor-cache")
 
 
 class TrainerProcess:
