@@ -1,10 +1,11 @@
 """What the network gives: an nccl-tests-like sweep of all-reduce, all-gather and reduce-scatter, run by the same
 launcher on the same nodes as a benchmark's jobs, so a run's achieved bus bandwidth (`comm_bus_bandwidth` in its
-summary) can be read against it.
+summary) can be read against it over a range of sizes. (Every ddp, fsdp and horovod run also probes its own
+message sizes after training with the same code: summary `probe_bus_bandwidth`, gpt2bench/trainer/collectives.py.)
 
 Every rank times `--iters` collectives of each size after `--warmup` untimed ones (a barrier before each timed
-batch; on GPU a synchronize after it). Columns as nccl-tests: size = bytes of the all-reduce buffer, or of the
-full gathered / scattered tensor; time = the slowest rank's mean; algbw = size / time; busbw = algbw x 2(n-1)/n
+batch; on GPU a synchronize after it): `collectives.time_collective`. Columns as nccl-tests: size = bytes of
+the all-reduce buffer, or of the full gathered / scattered tensor; time = the slowest rank's mean; algbw = size / time; busbw = algbw x 2(n-1)/n
 (all-reduce) or x (n-1)/n (all-gather, reduce-scatter): the bytes each rank sends on a ring per second, the
 figure that compares across rank counts (docs/metrics.md, Step breakdown). gloo on CPU tensors, and NCCL on the
 rank's GPU when CUDA is available (`--backends`). Small defaults, quick on CPU:
@@ -18,12 +19,13 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-KINDS = ("allreduce", "allgather", "reduce_scatter")
+from gpt2bench.trainer.collectives import PROBED as KINDS
+from gpt2bench.trainer.collectives import c10d_backend, time_collective
+
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -48,53 +50,19 @@ def sizes(low: int, high: int, factor: int) -> list[int]:
     return out
 
 
-def bus_factor(kind: str, ranks: int) -> float:
-    return 2 * (ranks - 1) / ranks if kind == "allreduce" else (ranks - 1) / ranks
-
-
-def collective(kind: str, nbytes: int, ranks: int, device: torch.device):
-    """A callable running one `kind` of `nbytes` (nccl-tests' size), float32, on `device`."""
-    numel = max(ranks, nbytes // 4 // ranks * ranks)  # divisible by the ranks for the sharded kinds
-    full = torch.ones(numel, device=device)
-    shard = torch.ones(numel // ranks, device=device)
-    if kind == "allreduce":
-        return lambda: dist.all_reduce(full)
-    if kind == "allgather":
-        return lambda: dist.all_gather_into_tensor(full, shard)
-    return lambda: dist.reduce_scatter_tensor(shard, full)
-
-
-def measure(kind: str, nbytes: int, device: torch.device, warmup: int, iters: int) -> dict:
-    ranks = dist.get_world_size()
-    run = collective(kind, nbytes, ranks, device)
-    for _ in range(warmup):
-        run()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    dist.barrier()
-    started = time.perf_counter()
-    for _ in range(iters):
-        run()
-    sync()
-    seconds = torch.tensor([(time.perf_counter() - started) / iters], dtype=torch.float64, device=device)
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's time, as nccl-tests reports
-    size = max(ranks, nbytes // 4 // ranks * ranks) * 4
-    algbw = size / float(seconds)
-    return {"kind": kind, "bytes": size, "seconds": float(seconds), "algbw": algbw,
-            "busbw": algbw * bus_factor(kind, ranks), "ranks": ranks}
-
-
-def sweep(backend: str, args) -> list[dict]:
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
+def sweep(backend_name: str, args) -> list[dict]:
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend_name == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend)
+    dist.init_process_group(backend_name)
     try:
-        rows = [dict(measure(kind, n, device, args.warmup, args.iters), backend=backend)
-                for kind in args.kinds for n in sizes(args.min_bytes, args.max_bytes, args.factor)]
+        backend = c10d_backend(device)
+        timings = [time_collective(backend, kind, n, warmup=args.warmup, iters=args.iters)
+                   for kind in args.kinds for n in sizes(args.min_bytes, args.max_bytes, args.factor)]
     finally:
         dist.destroy_process_group()
-    return rows
+    return [{"kind": t.kind, "bytes": t.bytes, "seconds": t.seconds, "algbw": t.algbw, "busbw": t.busbw,
+             "ranks": t.ranks, "backend": backend_name} for t in timings]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -124,6 +124,16 @@ class RunResults(StatusModel):
         None, description="1 - exposed / total communication: the share overlap hid (Li 2020).")
     comm_bytes_per_step: int | None = Field(
         None, description="Bytes one rank sends per step, every collective kind together.")
+    bus_kind: str | None = Field(
+        None, description="The collective kind that moves the most bytes per step (allreduce, allgather, ...).")
+    bus_bandwidth_achieved: float | None = Field(
+        None, description="Bus bandwidth the steps achieved on bus_kind (nccl-tests' busbw), bytes/s.")
+    bus_bandwidth_probed: float | None = Field(
+        None, description="Bus bandwidth of bus_kind timed alone after training, at the steps' mean message "
+                          "size on the same group (the collectives probe), bytes/s.")
+    bus_bandwidth_share: float | None = Field(
+        None, description="bus_bandwidth_achieved / bus_bandwidth_probed: what the strategy got of what the "
+                          "network gives.")
     energy_joules_per_million_tokens: float | None = Field(
         None, description="Energy of the measured steps (NVML on GPUs, RAPL on CPUs) per 10^6 tokens.")
     energy_source: str | None = Field(None, description="Where the energy figure comes from (nvml, rapl).")

@@ -60,6 +60,8 @@ SUMMARY = {
     "optimizer_seconds_mean": 0.02, "other_seconds_mean": 0.001, "comm_seconds_mean": 0.04,
     "comm_exposed_seconds_mean": 0.01, "comm_hidden_ratio": 0.75,
     "comm_bytes_per_step": {"allreduce": 27867136, "broadcast": 8},  # per kind: the entry keeps the total
+    "comm_bus_bandwidth": {"allreduce": 3.0e9}, "probe_bus_bandwidth": {"allreduce": 4.0e9},  # per kind: not results
+    "bus_kind": "allreduce", "bus_bandwidth_achieved": 3.0e9, "bus_bandwidth_probed": 4.0e9, "bus_bandwidth_share": 0.75,
     "energy_joules_per_million_tokens": 900.0, "energy_source": "nvml", "energy_unavailable_reason": "n/a",
     "state_bytes": 83_886_080,
     "losses": [9.0, 8.0],  # extra keys are not results
@@ -96,6 +98,8 @@ def test_results_are_camel_case_and_complete():
     assert results["tokensPerSecond"] == 1234.5 and results["worldSize"] == 2
     assert results["peakMemoryBytes"] == 123456789 and isinstance(results["peakMemoryBytes"], int)
     assert results["commBytesPerStep"] == 27867136 + 8
+    assert results["busKind"] == "allreduce" and results["busBandwidthShare"] == 0.75
+    assert "commBusBandwidth" not in results and "probeBusBandwidth" not in results
     camel = {"tokensPerSecond": 10.0, "finalLoss": 2.0}
     assert _summary_results(camel) == camel  # camelCase summaries work too
 
@@ -244,7 +248,8 @@ def test_a_real_trainer_summary_line(runs, run_schema):
               "threadsPerRank", "coresPerRank", "dataSecondsMean", "forwardSecondsMean", "backwardSecondsMean",
               "optimizerSecondsMean", "otherSecondsMean", "commSecondsMean", "commExposedSecondsMean",
               "commHiddenRatio", "commBytesPerStep", "energyJoulesPerMillionTokens", "energySource",
-              "energyUnavailableReason"}
+              "energyUnavailableReason", "busKind", "busBandwidthAchieved", "busBandwidthProbed",
+              "busBandwidthShare"}
     assert set(entry["results"]) == set(RESULT_FIELDS) - absent
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
     run_schema.validate(entry)

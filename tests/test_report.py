@@ -459,3 +459,24 @@ def test_without_prices_or_energy_the_cost_section_says_why():
     results = {**SINGLE_RESULTS, "energyUnavailableReason": "not measurable: no readable RAPL counter"}
     doc = synthetic_doc(runs=[entry("demo-single-fp32-1x1", "single", "fp32", procs=1, results=results)])
     assert cost_markdown(doc) == "No prices (spec.cost) and no energy figure (no readable RAPL counter).\n"
+
+
+def test_the_network_table_sets_achieved_bus_bandwidth_beside_the_probe(tmp_path):
+    bus = {"busKind": "allreduce", "busBandwidthAchieved": 3.0e9, "busBandwidthProbed": 12.0e9,
+           "busBandwidthShare": 0.25}
+    runs = [entry("demo-ddp-bf16-1x2g", "ddp", "bf16", gpus=2, results={**DDP_RESULTS, **bus}),
+            entry("demo-single-bf16-1x1g", "single", "bf16", procs=1, gpus=1, results=SINGLE_RESULTS)]
+    report.write_report(synthetic_doc(runs=runs), tmp_path)
+    section = (tmp_path / "results.md").read_text().split("## Communication against the network")[1].split("\n## ")[0]
+    assert "| demo-ddp-bf16-1x2g | 1×2 GPU | allreduce | 3.000 | 12.000 | 25% |" in section
+    assert "demo-single" not in section  # no communication, no row
+    with open(tmp_path / RESULTS_CSV, newline="") as f:
+        rows = {r["name"]: r for r in csv.DictReader(f)}
+    assert float(rows["demo-ddp-bf16-1x2g"]["busBandwidthShare"]) == 0.25
+
+
+def test_without_communication_the_network_table_says_why():
+    from gpt2bench.report.markdown import network_markdown
+
+    doc = synthetic_doc(runs=[entry("demo-single-fp32-1x1", "single", "fp32", procs=1, results=SINGLE_RESULTS)])
+    assert network_markdown(doc).startswith("No run measured its communication")

@@ -82,6 +82,7 @@ class CommTimer:
         self._lock = threading.Lock()
         self._step = StepComm()
         self._window: list[Transfer] = []
+        self._seen: dict[str, list[int]] = {}  # kind -> [transfers, bytes] over the whole run
 
     def launch(self, kind: str, nbytes: int, ranks: int) -> Transfer:
         if kind not in KINDS:
@@ -90,7 +91,15 @@ class CommTimer:
         with self._lock:
             self._step.transfers.append(transfer)
             self._window.append(transfer)
+            seen = self._seen.setdefault(kind, [0, 0])
+            seen[0] += 1
+            seen[1] += transfer.bytes
         return transfer
+
+    def message_bytes(self) -> dict[str, int]:
+        """Mean bytes of one transfer of each kind over the run (what the collectives probe sizes its own by)."""
+        with self._lock:
+            return {kind: total // count for kind, (count, total) in self._seen.items() if count}
 
     def complete(self, transfer: Transfer) -> None:
         transfer.end = self.clock.mark()

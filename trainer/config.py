@@ -65,6 +65,9 @@ class ProcessOptions(BaseModel):
                                               "its communication, total and exposed, with bytes and bus bandwidth "
                                               "per collective (docs/metrics.md, Step breakdown); off: no timing "
                                               "hooks, the breakdown fields are null")
+    probe_collectives: bool = Field(True, description="with --breakdown, after the last step: time each collective "
+                                                      "kind the strategy used at its mean message size on the same "
+                                                      "group (nccl-tests' busbw; summary probe_bus_bandwidth)")
     fail_at_step: int | None = Field(None, ge=1, description="test hook: the first worker raises at this step")
     nan_at_step: int | None = Field(None, ge=1, description="test hook: the loss becomes NaN at this step")
     hang_at_step: int | None = Field(None, ge=1, description="test hook: the first worker stops making progress "

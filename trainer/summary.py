@@ -265,6 +265,7 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "config": config.as_dict(),
     }
     summary.update(breakdown_summary(config, parallel, lead.get("records") or []))
+    summary.update(network_summary(summary, lead))
     summary.update(energy_summary(workers, figures["measured_steps"], config.tokens_per_step_per_worker * devices,
                                   parallel.independent_steps))
     if parallel.independent_steps:
@@ -283,6 +284,19 @@ def breakdown_summary(config, parallel, records: list[dict[str, Any]]) -> dict[s
     return {"breakdown": bool(config.process.breakdown) and bool(figures),
             "breakdown_method": parallel.breakdown_method if figures else None,
             **{key: figures.get(key) for key in keys}}
+
+
+def network_summary(summary: dict[str, Any], lead: dict[str, Any]) -> dict[str, Any]:
+    """The collectives probe beside what the steps achieved (docs/metrics.md, Achieved and probed bus
+    bandwidth): per kind, and for the kind that moves the most bytes per step (`bus_kind`) as scalars."""
+    probed, achieved = lead.get("probe_bus_bandwidth") or {}, summary.get("comm_bus_bandwidth") or {}
+    sent = summary.get("comm_bytes_per_step") or {}
+    kinds = [k for k in sorted(sent, key=lambda k: (-sent[k], k)) if k in achieved]
+    main = kinds[0] if kinds else None
+    share = (achieved[main] / probed[main] if main in probed and probed[main] > 0 else None) if main else None
+    return {"probe_bus_bandwidth": probed or None, "probe_message_bytes": lead.get("probe_message_bytes"),
+            "bus_kind": main, "bus_bandwidth_achieved": achieved.get(main) if main else None,
+            "bus_bandwidth_probed": probed.get(main) if main else None, "bus_bandwidth_share": share}
 
 
 def energy_summary(workers: list[dict[str, Any]], measured_steps: int, tokens_per_step: int,

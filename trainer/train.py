@@ -109,7 +109,17 @@ def train_worker(config, parallel, exporter, process_started: float) -> dict:
     payload = trainer.payload(status, reason)
     first = first_step_at[0] if first_step_at else ended
     payload.update(startup_seconds=first - process_started, train_seconds=ended - first)
+    if status == "succeeded" and config.process.breakdown and config.process.probe_collectives:
+        payload.update(probe_network(parallel, trainer.metrics.comm.message_bytes()))
     return payload
+
+
+def probe_network(parallel, message_bytes: dict[str, int]) -> dict:
+    """What the network gives the strategy's own messages, timed after training (collectives.py)."""
+    from gpt2bench.trainer.collectives import probe, summary_fields
+
+    backend = parallel.collectives_backend()
+    return summary_fields(probe(backend, message_bytes) if backend is not None else [])
 
 
 # The CLI ends this process with os._exit once main() has returned and output is flushed: C++ destructors

@@ -174,6 +174,27 @@ def breakdown_markdown(doc: ResultsDocument) -> str:
     return markdown_table(headers, rows, {"configuration", "scale"})
 
 
+GB = 1e9
+
+
+def network_markdown(doc: ResultsDocument) -> str:
+    """Per configuration with communication: the bus bandwidth its steps achieved on its main collective kind
+    beside what the collectives probe measured for the same messages on the same group, and the share."""
+    rows = []
+    for config in configurations(doc.runs):
+        achieved, probed, share = (config.stat(result(f)) for f in (
+            "bus_bandwidth_achieved", "bus_bandwidth_probed", "bus_bandwidth_share"))
+        if achieved is None:
+            continue
+        kinds = sorted({run.results.bus_kind for run in config.succeeded if run.results.bus_kind})
+        rows.append([config.name, config.scale.label, ", ".join(kinds) or NO_VALUE, fmt_stat(achieved, ",.3f", 1 / GB),
+                     fmt_stat(probed, ",.3f", 1 / GB), fmt_stat(share, ".0%")])
+    if not rows:
+        return "No run measured its communication (a strategy with collectives, 2+ workers, --breakdown).\n"
+    headers = ["configuration", "scale", "main kind", "achieved busbw (GB/s)", "probe busbw (GB/s)", "share"]
+    return markdown_table(headers, rows, {"configuration", "scale", "main kind"})
+
+
 JOULES_PER_WH = 3600.0
 
 
@@ -228,6 +249,12 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
                   "add up to the step: exposed communication is the time the step waited for communication no "
                   "computation hid; *comm hidden* = 1 − exposed ÷ total (docs/metrics.md, Step breakdown).", "",
                   breakdown_markdown(doc),
+                  "## Communication against the network", "",
+                  "The bus bandwidth (nccl-tests' busbw) the steps achieved on the kind that moves the most bytes, "
+                  "beside the collectives probe: the same kind and message size timed alone on the same group "
+                  "after training (docs/metrics.md, Achieved and probed bus bandwidth). A share well below 100 % "
+                  "means the strategy loses bandwidth to how it launches its messages, not to the network.", "",
+                  network_markdown(doc),
                   "## Cost and energy", "",
                   "What a million tokens cost each configuration: the price of what its pods hold "
                   "(spec.cost, docs/analysis.md) and the energy its devices drew (docs/metrics.md, Energy).", "",

@@ -57,6 +57,7 @@ import torch
 
 if TYPE_CHECKING:  # only for annotations; avoids an import cycle
     from gpt2bench.trainer.breakdown import CommTimer
+    from gpt2bench.trainer.collectives import Backend
     from gpt2bench.trainer.config import TrainConfig
     from gpt2bench.trainer.env import DistEnv
 
@@ -140,6 +141,11 @@ class Parallelism:
         """--breakdown: hook `comm` (a `breakdown.CommTimer`) into this strategy's communication, after `wrap`
         and `build_optimizer`: record every collective's kind, bytes, launch and completion, and the intervals
         in which the step waits for it (exposed). No host sync inside a step. Default: nothing to time."""
+
+    def collectives_backend(self) -> Backend | None:
+        """The collectives probe's library on this strategy's group (`collectives.Backend`), after training;
+        None where workers exchange no ring collectives (single, DataParallel, ps's point-to-point messages)."""
+        return None
 
     @property
     def comm_measurable(self) -> bool:

@@ -20,6 +20,11 @@ class CollectiveParallelism(Parallelism):
     def setup(self) -> None:
         self.init_process_group()
 
+    def collectives_backend(self):
+        from gpt2bench.trainer.collectives import c10d_backend
+
+        return c10d_backend(self.device)
+
     def mean_over_workers(self, value: torch.Tensor) -> torch.Tensor:
         value = value.detach().to(self.device, torch.float32).clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)

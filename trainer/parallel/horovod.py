@@ -54,6 +54,11 @@ class HorovodParallelism(Parallelism):
             self.device = torch.device("cuda", hvd.local_rank())
             torch.cuda.set_device(self.device)
 
+    def collectives_backend(self):
+        from gpt2bench.trainer.collectives import horovod_backend
+
+        return horovod_backend(self.device)
+
     def teardown(self) -> None:
         if hvd.is_initialized():
             hvd.shutdown()
