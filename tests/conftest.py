@@ -217,8 +217,26 @@ def cluster(tmp_path_factory):
 
 
 # ---------------------------------------------------------------- the operator's emulator tests
-# Each module defines `cluster` (the emulated API server with the CRDs it serves) and `operator` (the
-# real operator on it, tests/kube/fixtures.kopf_operator); these two are the same everywhere.
+# One emulated API server (`cluster`) and one real operator on it (`operator`) per module; a module that needs
+# another set-up (an admission webhook, a slower poll) overrides the fixture. `trainer` plays the training
+# operator's controller (Trainer v2 modules override it).
+@pytest.fixture(scope="module")
+def operator(cluster):
+    """The real kopf operator (a subprocess) on the module's cluster (tests/kube/fixtures.kopf_operator)."""
+    from kube.fixtures import kopf_operator
+
+    with kopf_operator(cluster, poll_seconds=0.3) as runner:
+        yield runner
+
+
+@pytest.fixture
+def trainer(cluster, client):
+    """The Kubeflow training operator (v1), as its controller really behaves (tests/kube/training.py)."""
+    from kube.training import TrainingOperator
+
+    return TrainingOperator(client, cluster=cluster)
+
+
 @pytest.fixture
 def client(cluster, operator):
     """A kubernetes client of the module's cluster, with its operator running."""

@@ -35,11 +35,6 @@ def operator(cluster):
         yield runner
 
 
-@pytest.fixture
-def trainer(cluster, client):
-    return TrainingOperator(client, cluster=cluster)
-
-
 def next_job(trainer: TrainingOperator, name: str, done: set[str]) -> dict:
     return wait_for(lambda: next((j for j in trainer.jobs(name) if j["metadata"]["name"] not in done), None), 30,
                     what=f"the next job of {name}")

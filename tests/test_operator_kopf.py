@@ -16,7 +16,6 @@ import yaml
 from kube.fixtures import (
     REPO,
     benchmark,
-    kopf_operator,
     operator_calls,
     wait_for,
 )
@@ -24,17 +23,6 @@ from kube.training import TrainingOperator, trainer_summary
 
 pytestmark = pytest.mark.timeout(120)
 TERMINAL = ("Succeeded", "Failed")
-
-
-@pytest.fixture(scope="module")
-def operator(cluster):
-    with kopf_operator(cluster, poll_seconds=0.3) as runner:
-        yield runner
-
-
-@pytest.fixture
-def trainer(cluster, client):
-    return TrainingOperator(client, cluster=cluster)
 
 
 def _finished(job: dict) -> bool:

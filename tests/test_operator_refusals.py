@@ -15,7 +15,6 @@ import pytest
 import yaml
 from kube import EmulatedCluster
 from kube.fixtures import CRD, benchmark, kopf_operator, operator_calls, wait_for
-from kube.training import TrainingOperator
 from kubeflow_crds import CRD_FILES, crd_dir
 
 pytestmark = pytest.mark.timeout(180)
@@ -56,11 +55,6 @@ def cluster(tmp_path_factory):
 def operator(cluster):
     with kopf_operator(cluster, poll_seconds=0.5) as runner:
         yield runner
-
-
-@pytest.fixture
-def trainer(cluster, client):
-    return TrainingOperator(client, cluster=cluster)
 
 
 def runs_by_strategy(status: dict) -> dict[str, dict]:

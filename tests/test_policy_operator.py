@@ -12,21 +12,9 @@ import json
 
 import kubernetes
 import pytest
-from kube.fixtures import benchmark, kopf_operator, operator_calls, wait_for
-from kube.training import TrainingOperator
+from kube.fixtures import benchmark, operator_calls, wait_for
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster):
-    with kopf_operator(cluster, poll_seconds=0.3) as runner:
-        yield runner
-
-
-@pytest.fixture
-def trainer(cluster, client):
-    return TrainingOperator(client, cluster=cluster)
 
 
 @pytest.fixture
