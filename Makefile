@@ -10,11 +10,16 @@ install:
 demo: install
 	gpt2bench run manifests/examples/cpu-sweep.yaml --output results/cpu-sweep
 
+# Two pytest-xdist workers (the suite's target machine has 2 cores); whole files per worker, so that a module's
+# emulator, operator and order-dependent checks stay together (docs/ci.md, Suite time).
+WORKERS ?= 2
+PYTEST = $(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile
+
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTEST)
 
 test-fast:
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Regenerate every generated file (CRD copies, monitoring rules and dashboards, manifests/operator.yaml
 # from the chart); tests diff them.
