@@ -244,6 +244,7 @@ def test_pods_share_this_machines_cores_capped_by_their_rendered_budget(tmp_path
     """Three pods of a PyTorchJob on 6 cores: 2 each, or their rendered 1.5 if that is less; an MPI launcher
     stands for its worker pods together, since mpirun starts their ranks here."""
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(6)))
+    monkeypatch.setattr("gpt2bench.trainer.cores.cgroup_cpu_quota", lambda: None)
 
     def replicas(rendered: str | None, count: int) -> list[Replica]:
         env = {} if rendered is None else {"GPT2BENCH_POD_CPUS": rendered}
@@ -255,3 +256,6 @@ def test_pods_share_this_machines_cores_capped_by_their_rendered_budget(tmp_path
     assert share_machine(replicas("8", 1), pods_each=2)[0].env["GPT2BENCH_POD_CPUS"] == "6"  # the machine's
     with pytest.raises(JobSpecError, match="GPT2BENCH_POD_CPUS='lots' is not a number of cores"):
         share_machine(replicas("lots", 1))
+    # in a container limited to 1.5 CPUs (rounded up to 2 whole cores) the 6 cores it can see are not its own
+    monkeypatch.setattr("gpt2bench.trainer.cores.cgroup_cpu_quota", lambda: 1.5)
+    assert [r.env["GPT2BENCH_POD_CPUS"] for r in share_machine(replicas(None, 3))] == ["0.666667"] * 3

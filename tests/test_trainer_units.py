@@ -242,6 +242,28 @@ def test_each_rank_gets_its_share_of_the_pods_cores_as_threads(monkeypatch):
         budget(1, {"GPT2BENCH_POD_CPUS": "two"})
 
 
+def test_cores_are_the_affinity_capped_by_the_containers_cpu_quota(tmp_path, monkeypatch):
+    from gpt2bench.trainer import cores
+
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert cores.cgroup_cpu_quota(v2) == 1.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cores.cgroup_cpu_quota(v2) is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cores.cgroup_cpu_quota(v1) == 3.0
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cores.cgroup_cpu_quota(v1) is None and cores.cgroup_cpu_quota(tmp_path / "none") is None
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)))
+    for quota, expected in ((None, 8), (1.5, 2), (0.2, 1), (16.0, 8)):
+        monkeypatch.setattr(cores, "cgroup_cpu_quota", lambda q=quota: q)
+        assert cores.available_cpus() == expected, quota
+
+
 def test_a_bad_budget_exits_2_naming_the_variable(monkeypatch, capsys):
     monkeypatch.setenv("GPT2BENCH_POD_CPUS", "lots")
     assert train.main(["--model", "tiny", "--steps", "2", "--warmup-steps", "1"]) == 2

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from gpt2bench.protocol import POD_CPUS_ENV
+from gpt2bench.trainer.cores import available_cpus
 from gpt2bench.trainer.cpuflags import cpu_emulation_reason
 
 
@@ -189,13 +190,6 @@ def emulated_precision(precision: str, device_type: str, flags: set[str] | None 
 
 
 # ------------------------------------------------------------------------------------------------ cores
-def available_cpus() -> int:
-    """Cores this process may use: its CPU affinity, capped by the container's CPU quota (cgroup v2 or v1)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    quota = _cgroup_quota()
-    return max(1, min(cores, math.ceil(quota))) if quota else max(1, cores)
-
-
 @dataclass(frozen=True)
 class CpuBudget:
     """One rank's share of the cores its pod may use, and the intra-op threads that share gives it."""
@@ -226,15 +220,3 @@ def apply_cpu_budget(local_processes: int) -> CpuBudget:
     return budget
 
 
-def _cgroup_quota() -> float | None:
-    try:
-        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        return None if limit == "max" else int(limit) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        limit = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return None if limit <= 0 else limit / period
-    except (OSError, ValueError):
-        return None

@@ -5,7 +5,6 @@ reader (trainjob.py) both build on it.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench.protocol import OUTPUT_ENV, POD_CPUS_ENV, TERMINATION_LOG_ENV
+from gpt2bench.trainer.cores import available_cpus
 
 
 class JobSpecError(ValueError):
@@ -81,8 +81,7 @@ def share_machine(replicas: list[Replica], pods_each: int = 1) -> list[Replica]:
     """Pods that would each have a node's CPUs share this machine's: each replica gets cores ÷ replicas as its
     pod's budget (protocol.POD_CPUS_ENV), capped by the budget the job rendered. An MPI launcher stands for the
     `pods_each` worker pods whose ranks it starts here, so its cap is theirs together."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    share = cores / max(1, len(replicas))
+    share = available_cpus() / max(1, len(replicas))  # a container's CPU quota counts, as in the trainer
     for replica in replicas:
         rendered = replica.env.get(POD_CPUS_ENV)
         try:
