@@ -9,6 +9,7 @@ once (no Kubeflow CRDs there).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from kube import EmulatedCluster
@@ -77,8 +78,13 @@ def test_the_largest_sweep_through_the_operator_stays_within_the_budget(tmp_path
                                "spec": {**largest_sweep(spec.MAX_RUNS), "backend": "pytorchjob"}})
             status = wait_for(lambda: (s := benchmarks.status("largest")).get("phase") == "Failed" and s, 120,
                               interval=1, what="every run Failed")
-            events = wait_for(lambda: [e for e in benchmarks.events("largest") if e["reason"] == "RunFailed"],
-                              what="the RunFailed Events")
+            def run_failed_events() -> list[dict]:
+                return [e for e in benchmarks.events("largest") if e["reason"] == "RunFailed"]
+
+            # the two Events may be posted after the status: wait for both, then give a third time to show up
+            wait_for(lambda: len(run_failed_events()) >= 2, what="a RunFailed Event per reason")
+            time.sleep(1.0)
+            events = run_failed_events()
         stored = cluster.call(lambda e: json.dumps(next(o.raw for (res, _, name), o in e.objects.items()
                                                         if res.plural == "gpt2benchmarks" and name == "largest"),
                                                    separators=(",", ":")))
