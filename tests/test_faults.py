@@ -328,6 +328,42 @@ def test_a_benchmark_deleted_mid_run_takes_its_jobs_and_pods_with_it(env):
                                     "final_phase": "deleted", "orphan_jobs": 0}
 
 
+def test_a_benchmark_deleted_while_its_poll_runs_is_gone_within_seconds(env):
+    """kopf keeps its finalizer until the benchmark's timer has stopped. A poll (the timer's handler, in a
+    thread) still running at deletion is re-checked only every `cancellation_polling` seconds (kopf's default:
+    60 s, so `kubectl delete` hung that long); the operator re-checks every second."""
+    from kube.faults import is_operator
+
+    name, slow = "dropped-mid-poll", 2.0
+    env.benchmarks.create(benchmark(name, sweep=SIX_RUNS))
+    job = wait_for(lambda: env.trainer.jobs(name), 20, what="the first job")[0]
+    env.trainer.start(job)
+    time.sleep(1.0)  # the job's own events handled: the next list of jobs is the timer's poll
+    polling = threading.Event()
+
+    def slow_job_lists(request) -> float | None:
+        method = getattr(request.method, "name", str(request.method))
+        if is_operator(request) and request.resource is not None and request.resource.plural == "pytorchjobs" \
+                and method == "GET":
+            polling.set()
+            return slow
+        return None
+
+    env.cluster.call(lambda emulator: emulator.faults.append(slow_job_lists))
+    try:
+        assert polling.wait(10), "the timer did not poll"
+        env.benchmarks.delete(name)  # while the poll waits for its answer
+        deleted = time.monotonic()
+        wait_for(lambda: not env.benchmarks.exists(name), 15, what="the benchmark gone")
+        took = time.monotonic() - deleted
+    finally:
+        env.cluster.call(lambda emulator: emulator.faults.remove(slow_job_lists))
+    assert took < slow + 5, f"{took:.1f} s"
+    assert env.trainer.jobs(name) == [], "no orphan job"
+    FIGURES["benchmark-deleted-mid-poll"] = {"injected": 1, "runs_lost": 0, "runs_twice": duplicates(env, name),
+                                             "final_phase": "deleted", "seconds_to_gone": round(took, 1)}
+
+
 def test_a_spec_edited_mid_sweep_is_ignored_for_that_sweep_as_documented(env):
     """docs/operator.md: a started sweep keeps the spec pinned at start; SpecChangeIgnored says so."""
     name, expected = "edited", figures_of("edited", 6)

@@ -51,6 +51,9 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     settings.execution.max_workers = workers
     settings.execution.default_backoff = 5
     settings.networking.request_timeout = 60
+    # A deleted benchmark keeps kopf's finalizer until its timer has stopped; a poll still running then is
+    # re-checked every this-many seconds (kopf's default, 60, held `kubectl delete` that long).
+    settings.background.cancellation_polling = 1
     kube.configure(pool_size=workers)
     port = os.environ.get("GPT2BENCH_OPERATOR_METRICS_PORT", "")
     if port and port != "0":

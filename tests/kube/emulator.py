@@ -101,7 +101,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # (User-Agent, group, resource, verb) of the requests served past kmock (which records the others)
     outside_requests: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
     _builtin_reactions: int = attrs.field(default=0, init=False)
-    # fn(request) -> ApiError | None: an error to answer instead (nothing stored); see tests/kube/faults.py
+    # fn(request) -> ApiError | float | None: an error to answer instead (nothing stored), or seconds to wait
+    # before answering; see tests/kube/faults.py
     faults: list[Any] = attrs.field(factory=list, init=False)
     # fn(request) -> None | "gone" | seconds: a watch answered 410 Gone, or ended after that many seconds
     watch_faults: list[Any] = attrs.field(factory=list, init=False)
@@ -147,8 +148,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # fallbacks below mutate it, so a test's injected error (a reaction) leaves the store untouched.
         try:
             for fault in self.faults:
-                if (error := fault(request)) is not None:
-                    raise error
+                outcome = fault(request)
+                if isinstance(outcome, float):  # a slow answer: this many seconds, other requests go on
+                    await asyncio.sleep(outcome)
+                elif outcome is not None:
+                    raise outcome
             serve = self._direct(request)
             if serve is None:
                 return await kmock.RawHandler._handle(self, request)
