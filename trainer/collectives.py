@@ -14,6 +14,7 @@ bus factor (`breakdown.bus_factor`: 2(n-1)/n for all-reduce, (n-1)/n for all-gat
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2bench.trainer.breakdown import bus_factor
+from gpt2bench.trainer.devices import device_sync
 
 PROBED = ("allreduce", "allgather", "reduce_scatter")  # push / pull / broadcast: not ring collectives
 PROBE_WARMUP, PROBE_ITERS = 2, 5
@@ -126,8 +128,7 @@ def c10d_backend(device: torch.device) -> Backend:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor.tolist()
 
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    return Backend(ranks, call, agree_max, dist.barrier, sync)
+    return Backend(ranks, call, agree_max, dist.barrier, functools.partial(device_sync, device))
 
 
 def horovod_backend(device: torch.device) -> Backend:
@@ -150,5 +151,4 @@ def horovod_backend(device: torch.device) -> Backend:
         tensor = torch.tensor(values, dtype=torch.float64)
         return hvd.allreduce(tensor, op=hvd.Max, name=f"gpt2bench.probe.max.{len(values)}").tolist()
 
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    return Backend(ranks, call, agree_max, lambda: hvd.barrier(), sync)
+    return Backend(ranks, call, agree_max, hvd.barrier, functools.partial(device_sync, device))

@@ -189,6 +189,13 @@ def emulated_precision(precision: str, device_type: str, flags: set[str] | None 
     return cpu_emulation_reason(precision, flags)
 
 
+def device_sync(device: torch.device) -> None:
+    """Wait for `device`'s queued work (no-op on CPU): outside measured steps only, e.g. before a peer reads a
+    buffer (ps) or at the end of timed collectives (collectives.py)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 # ------------------------------------------------------------------------------------------------ cores
 @dataclass(frozen=True)
 class CpuBudget:

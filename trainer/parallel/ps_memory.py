@@ -72,9 +72,3 @@ def open_shared(handle: Any) -> torch.Tensor:
         return rebuild(*args)
     _, path, numel = handle
     return torch.from_numpy(np.memmap(path, dtype=np.float32, mode="r+", shape=(numel,)))
-
-
-def device_sync(device: torch.device) -> None:
-    """Wait for `device`'s queued work: a peer reads or writes the buffers next (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
