@@ -5,9 +5,9 @@ message sizes after training with the same code: summary `probe_bus_bandwidth`, 
 
 Every rank times `--iters` collectives of each size after `--warmup` untimed ones (a barrier before each timed
 batch; on GPU a synchronize after it): `collectives.time_collective`. Columns as nccl-tests: size = bytes of
-the all-reduce buffer, or of the full gathered / scattered tensor; time = the slowest rank's mean; algbw = size / time; busbw = algbw x 2(n-1)/n
-(all-reduce) or x (n-1)/n (all-gather, reduce-scatter): the bytes each rank sends on a ring per second, the
-figure that compares across rank counts (docs/metrics.md, Step breakdown). gloo on CPU tensors, and NCCL on the
+the all-reduce buffer, or of the full gathered / scattered tensor; time = the slowest rank's mean; algbw =
+size / time; busbw = algbw x 2(n-1)/n (all-reduce) or x (n-1)/n (all-gather, reduce-scatter): the bytes each
+rank sends on a ring per second, the figure that compares across rank counts (docs/metrics.md, Step breakdown). gloo on CPU tensors, and NCCL on the
 rank's GPU when CUDA is available (`--backends`). Small defaults, quick on CPU:
 
     torchrun --nproc-per-node 2 benchmarks/bench_collectives.py [--min-bytes 1K] [--max-bytes 4M] [--json out.json]

@@ -291,12 +291,11 @@ def network_summary(summary: dict[str, Any], lead: dict[str, Any]) -> dict[str, 
     bandwidth): per kind, and for the kind that moves the most bytes per step (`bus_kind`) as scalars."""
     probed, achieved = lead.get("probe_bus_bandwidth") or {}, summary.get("comm_bus_bandwidth") or {}
     sent = summary.get("comm_bytes_per_step") or {}
-    kinds = [k for k in sorted(sent, key=lambda k: (-sent[k], k)) if k in achieved]
-    main = kinds[0] if kinds else None
-    share = (achieved[main] / probed[main] if main in probed and probed[main] > 0 else None) if main else None
+    main = min((k for k in sent if k in achieved), key=lambda k: (-sent[k], k), default=None)  # a tie: first name
+    share = achieved[main] / probed[main] if probed.get(main) else None
     return {"probe_bus_bandwidth": probed or None, "probe_message_bytes": lead.get("probe_message_bytes"),
-            "bus_kind": main, "bus_bandwidth_achieved": achieved.get(main) if main else None,
-            "bus_bandwidth_probed": probed.get(main) if main else None, "bus_bandwidth_share": share}
+            "bus_kind": main, "bus_bandwidth_achieved": achieved.get(main),
+            "bus_bandwidth_probed": probed.get(main), "bus_bandwidth_share": share}
 
 
 def energy_summary(workers: list[dict[str, Any]], measured_steps: int, tokens_per_step: int,

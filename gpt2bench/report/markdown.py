@@ -253,7 +253,8 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
                   "The bus bandwidth (nccl-tests' busbw) the steps achieved on the kind that moves the most bytes, "
                   "beside the collectives probe: the same kind and message size timed alone on the same group "
                   "after training (docs/metrics.md, Achieved and probed bus bandwidth). A share well below 100 % "
-                  "means the strategy loses bandwidth to how it launches its messages, not to the network.", "",
+                  "means bandwidth is lost inside the steps (how messages are launched and queued, or compute "
+                  "competing for the same cores or links), not for want of network.", "",
                   network_markdown(doc),
                   "## Cost and energy", "",
                   "What a million tokens cost each configuration: the price of what its pods hold "
