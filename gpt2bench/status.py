@@ -91,6 +91,7 @@ class RunResults(StatusModel):
     train_seconds: float | None = Field(None, description="Worker 0: start of step 1 to end of the last step.")
     startup_seconds: float | None = Field(None, description="Worker 0: process start to the start of step 1.")
     final_loss: float | None = Field(None, description="Loss of the last step.")
+    first_loss: float | None = Field(None, description="Loss of the first step.")
     grad_norm: float | None = Field(None, description="Gradient norm of the last step, before clipping.")
     mfu: float | None = Field(None, description="Model FLOPs utilisation, 0-1 (absent where the peak is unknown).")
     device_name: str | None = Field(None, description="What worker 0 trained on: the GPU's or the CPU's model name.")
@@ -143,6 +144,11 @@ class RunResults(StatusModel):
                           "the largest if they differ).")
     cores_per_rank: float | None = Field(
         None, description="CPU cores each process may use: its pod's CPU budget / the processes in the pod.")
+    step_time_halves_ratio: float | None = Field(
+        None, description="Step time of the second half of the measured steps / the first half's (geometric means): "
+                          "below 1 the run was still getting faster.")
+    step_time_halves_low: float | None = Field(None, description="Lower end of its 95 % interval (Welch).")
+    step_time_halves_high: float | None = Field(None, description="Upper end of its 95 % interval (Welch).")
 
 
 class RunStatus(StatusModel):
@@ -157,7 +163,10 @@ class RunStatus(StatusModel):
     job_kind: str = Field(description="PyTorchJob or MPIJob.")
     job_name: str
     devices: int | None = Field(None, description="Devices it trains on: GPUs, or worker processes on CPU.")
-    repeat: int | None = Field(None, ge=1, description="Repetition of its configuration (sweep.repeats > 1).")
+    repeat: int | None = Field(None, ge=1, description="The round it ran in: every configuration runs once per round "
+                                                       "(sweep.repeats > 1).")
+    profile: bool | None = Field(None, description="A breakdown-round run: timed with the step breakdown's hooks, "
+                                                   "used in no decision (sweep.breakdown: separate).")
     phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded, Failed or "
                                         "Skipped (not trained on purpose: `reason` says why).")
     start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
@@ -216,13 +225,21 @@ class Recommendation(StatusModel):
                                                    "the runner-up (means; positive: better).")
     margin_low: float | None = Field(None, description="Lower end of the margin's confidence interval.")
     margin_high: float | None = Field(None, description="Upper end of the margin's confidence interval.")
-    confidence: float | None = Field(None, description="Confidence level of the interval (0.95).")
-    noise: float | None = Field(None, description="The sweep's pooled coefficient of variation of this figure.")
-    noise_df: int | None = Field(None, description="Degrees of freedom of `noise` (0: no configuration repeated).")
+    confidence: float | None = Field(None, description="Confidence level of the interval: 0.95, corrected for the "
+                                                       "report's other decisions (Holm).")
+    noise: float | None = Field(None, description="The top-ranked configuration's noise: its scale's pooled "
+                                                  "coefficient of variation, or its own where it is far noisier.")
+    noise_df: float | None = Field(None, description="Degrees of freedom of the margin's interval (Welch; 0: noise "
+                                                     "unknown).")
     candidates: list[str] | None = Field(
         None, description="No clear winner: the configurations the noise cannot tell from the top-ranked (it first); "
                           "needs-repeats: every configuration, best mean first.")
     excluded: list[str] | None = Field(None, description="Runs at this scale left out: they did not succeed.")
+    per_rank: str | None = Field(None, description="CPU: the threads and cores per rank of the configurations "
+                                                   "ranked here (CPU runs rank only with equal resources per rank).")
+    ranked_apart: list[str] | None = Field(
+        None, description="Configurations of this scale ranked in their own group: their ranks had other CPU "
+                          "resources (each with its threads and cores per rank).")
     note: str | None = None
 
 
@@ -240,6 +257,8 @@ class ScalingEfficiency(StatusModel):
     spread: float | None = Field(None, description="Propagated from both scales' spreads (docs/analysis.md).")
     low: float | None = Field(None, description="Lower end of the efficiency's confidence interval.")
     high: float | None = Field(None, description="Upper end of the efficiency's confidence interval.")
+    refused: str | None = Field(None, description="Why it measures no scaling (CPU ranks with fewer cores each than "
+                                                  "the baseline's): no scaling verdict rests on it.")
 
 
 class Finding(StatusModel):
@@ -264,18 +283,25 @@ class Finding(StatusModel):
 
 
 class FigureNoise(StatusModel):
-    """The sweep's own noise for one figure: its pooled coefficient of variation over the repeats."""
+    """The sweep's own noise for one figure at one scale: its pooled coefficient of variation over the repeats,
+    and the configurations far noisier than the rest, which keep their own."""
 
     figure: str = Field(description="tokensPerSecond, peakMemoryBytes, costPer1MTokens, ...")
-    cv: float = Field(description="Pooled coefficient of variation (relative standard deviation) of one run.")
-    df: int = Field(description="Degrees of freedom: repeats beyond the first, summed over configurations.")
-    configurations: int = Field(description="Configurations measured at least twice.")
+    scale: str | None = Field(None, description="The scale whose configurations are pooled.")
+    cv: float = Field(description="Pooled coefficient of variation (standard deviation of ln x) of one run.")
+    df: float = Field(description="Degrees of freedom: repeats beyond the first, summed over the pooled "
+                                  "configurations.")
+    configurations: int = Field(description="Configurations pooled (measured at least twice).")
+    noisier: list[str] | None = Field(None, description="Far noisier configurations with their own noise, each "
+                                                        "as `name ±cv (df)`.")
 
 
 class Analysis(StatusModel):
     """What the report concludes from the runs: computed when every run is done (docs/analysis.md)."""
 
     recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
+    decisions: int | None = Field(None, description="Decisions (recommendations and findings with an interval) "
+                                                    "whose error rate the report controls together (Holm).")
     noise: list[FigureNoise] = Field(default_factory=list, description="The sweep's noise per figure.")
     recommendations: list[Recommendation] = Field(default_factory=list)
     scaling: list[ScalingEfficiency] = Field(default_factory=list)

@@ -19,6 +19,7 @@ import yaml
 from gpt2bench import report
 from gpt2bench.report import cli, compare, plots, table
 from gpt2bench.report.export import COLUMNS, RESULTS_CSV
+from gpt2bench.report.markdown import level_text
 from gpt2bench.report.steps import read_steps
 from gpt2bench.status import ResultsDocument
 
@@ -400,13 +401,16 @@ def test_results_md_says_no_clear_winner_and_names_the_candidates(tmp_path):
     report.write_report(doc, tmp_path)
     markdown = (tmp_path / "results.md").read_text()
     rec = doc.analysis.recommended
-    margin = f"+3.0% [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] (95%)"
+    level = level_text(rec.confidence)  # Holm: 3 decisions here (fastest, ddp-mixed's, fsdp's memory)
+    assert doc.analysis.decisions == 3 and level == "98.33%"
+    margin = f"+3.0% [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] ({level})"  # geometric means 102.97 / 99.92
     assert rec.margin_low < 0 < rec.margin_high
     assert (f"| 1×2 GPU | fastest | — | demo-fsdp-bf16-1x2g | 103 tokens/s | demo-ddp-bf16-1x2g (100 tokens/s) | "
-            f"{margin} | no clear winner: margin {margin} includes 0; within the noise: demo-fsdp-bf16-1x2g, "
-            f"demo-ddp-bf16-1x2g |") in markdown
+            f"{margin} | no clear winner: demo-ddp-bf16-1x2g not beaten beyond the noise (margin over the runner-up "
+            f"{margin}); within the noise: demo-fsdp-bf16-1x2g, demo-ddp-bf16-1x2g |") in markdown
     assert "**No clear winner at the largest scale measured (1×2 GPU)**" in markdown
-    assert "| tokensPerSecond | ±" in markdown  # the noise section
+    assert "| tokensPerSecond | 1×2 GPU | ±" in markdown  # the noise section, per scale
+    assert f"This report takes {doc.analysis.decisions} decisions" in markdown
 
 
 def test_compare_applies_the_noise_rule():

@@ -26,6 +26,7 @@ from gpt2bench.protocol import (
     SUMMARY_FILE,
     SUMMARY_PREFIX,
 )
+from gpt2bench.trainer.stationarity import halves_ratio
 
 COMPACT_LIMIT_BYTES = MAX_TERMINATION_MESSAGE
 
@@ -60,6 +61,7 @@ def summarize(records: list[dict[str, Any]], devices: int) -> dict[str, Any]:
         "skipped_steps": sum(bool(r.get("skipped")) for r in records),
         "skipped_measured_steps": sum(bool(r.get("skipped")) for r in measured),
         "compile_seconds_in_measured_steps": sum(r.get("compile_seconds") or 0.0 for r in measured),
+        **halves_ratio(times),  # steady or still warming up (docs/analysis.md, Steady state)
     }
 
 
@@ -305,7 +307,13 @@ def energy_summary(workers: list[dict[str, Any]], measured_steps: int, tokens_pe
     readers = [w for w in workers if w.get("energy_reads")]
     joules = [w.get("energy_joules") for w in readers]
     reasons = sorted({w.get("energy_reason") for w in readers if w.get("energy_reason")})
-    if not readers or any(j is None for j in joules) or not measured_steps:
+    stuck = [w for w in readers if w.get("energy_joules") is not None and w["energy_joules"] <= 0]
+    if stuck:  # a counter that did not advance while the devices trained is not a measurement of 0 J
+        devices = ", ".join(d for w in stuck for d in w.get("energy_devices") or []) or "its counter"
+        reasons.append(f"not measurable: the {stuck[0].get('energy_source') or 'energy'} counter ({devices}) did not "
+                       f"advance over the measured steps ({sum(w['energy_joules'] for w in stuck):g} J): it is not "
+                       "updated here (a virtual machine's or a container's stub), so no energy was measured")
+    if not readers or any(j is None for j in joules) or stuck or not measured_steps:
         return {"energy_joules": None, "energy_joules_per_step": None, "energy_joules_per_million_tokens": None,
                 "energy_joules_per_device": None, "energy_source": None,
                 "energy_unavailable_reason": "; ".join(reasons) or "no measured step"}

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.report.measures import BREAKDOWN_PARTS, Prices, configurations, hardware, result
+from gpt2bench.plan import seed_for
+from gpt2bench.report.measures import BREAKDOWN_PARTS, Prices, configurations, hardware, result, unsteady
 from gpt2bench.report.table import (
     MIB,
     NO_VALUE,
@@ -38,21 +39,30 @@ def value_text(value: float | None, unit: str | None) -> str:
     return f"{value:.4g} {unit or ''}".rstrip()
 
 
+def level_text(confidence: float) -> str:
+    """`95%`, `97.5%`, `98.33%`: a confidence level with the digits it needs, two at most."""
+    for digits in range(0, 2):
+        text = f"{confidence:.{digits}%}"
+        if abs(float(text.rstrip("%")) / 100 - confidence) < 5e-7:
+            return text
+    return f"{confidence:.2%}"
+
+
 def margin_text(rec: Recommendation) -> str:
     """`+7.2 % [+1.1 %, +13.6 %] (95 %)`: the top-ranked's margin over the runner-up and its interval."""
     if rec.margin is None:
         return NO_VALUE
     if rec.margin_low is None or rec.margin_high is None:
         return f"{rec.margin:+.1%}"
-    return f"{rec.margin:+.1%} [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] ({rec.confidence:.0%})"
+    return f"{rec.margin:+.1%} [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] ({level_text(rec.confidence)})"
 
 
 def decision_text(rec: Recommendation) -> str:
     if rec.decision == "clear":
         return f"clear: margin over {rec.runner_up} {margin_text(rec)}, beyond the noise"
     if rec.decision == "no-clear-winner":
-        return (f"no clear winner: margin {margin_text(rec)} includes 0; within the noise: "
-                f"{', '.join(rec.candidates or [])}")
+        return (f"no clear winner: {', '.join((rec.candidates or [])[1:])} not beaten beyond the noise (margin over "
+                f"the runner-up {margin_text(rec)}); within the noise: {', '.join(rec.candidates or [])}")
     if rec.decision == "needs-repeats":
         return NEEDS_REPEATS
     if rec.decision == "only-candidate":
@@ -71,7 +81,7 @@ def headline(analysis: Analysis) -> str:
                 f"{value_text(rec.value, rec.unit)}{ahead}; {decision_text(rec)}.")
     if rec.decision == "no-clear-winner":
         return (f"**No clear winner {where}**: {', '.join(rec.candidates or [])} are within the noise of each other "
-                f"(fastest mean {rec.run}, {value_text(rec.value, rec.unit)}; margin over {rec.runner_up} "
+                f"(top-ranked {rec.run}, {value_text(rec.value, rec.unit)}; margin over {rec.runner_up} "
                 f"{margin_text(rec)}).")
     return (f"**Not decided {where}**: every configuration was measured once, so the noise is unknown. Highest "
             f"single measurement: {rec.run}, {value_text(rec.value, rec.unit)}. Set spec.sweep.repeats to 2 or more.")
@@ -82,8 +92,12 @@ def _ordered(recs: list[Recommendation]) -> list[Recommendation]:
     return sorted(recs, key=lambda r: (scale_order.index(r.scale), OBJECTIVE_ORDER.index(r.objective)))
 
 
+def _scale_text(rec: Recommendation) -> str:
+    return (rec.scale or "all scales") + (f" ({rec.per_rank})" if rec.per_rank else "")
+
+
 def recommendations_markdown(analysis: Analysis) -> str:
-    rows = [[rec.scale or "all scales", rec.objective, rec.winner or NO_VALUE, rec.run or NO_VALUE,
+    rows = [[_scale_text(rec), rec.objective, rec.winner or NO_VALUE, rec.run or NO_VALUE,
              value_text(rec.value, rec.unit),
              f"{rec.runner_up} ({value_text(rec.runner_up_value, rec.unit)})" if rec.runner_up else NO_VALUE,
              margin_text(rec), decision_text(rec)]
@@ -94,6 +108,12 @@ def recommendations_markdown(analysis: Analysis) -> str:
                                             "decision"})]
     excluded = {rec.scale or "all scales": rec.excluded for rec in analysis.recommendations if rec.excluded}
     lines += [f"Not compared at {scale} (did not succeed): {', '.join(names)}.\n" for scale, names in excluded.items()]
+    apart = {rec.scale: rec.ranked_apart for rec in analysis.recommendations if rec.ranked_apart}
+    lines += [f"Ranked apart at {scale}, their ranks had other CPU resources (runs compare only at equal threads "
+              f"and cores per rank): {', '.join(names)}.\n" for scale, names in apart.items()]
+    notes = dict.fromkeys(rec.note for rec in analysis.recommendations
+                          if rec.note and rec.decision != "not-measurable" and not rec.note.startswith("ranked"))
+    lines += [f"Note: {note}.\n" for note in notes]
     return "\n".join(lines)
 
 
@@ -102,19 +122,46 @@ def recommendation_lines(analysis: Analysis) -> list[str]:
     lines = [headline(analysis).replace("**", "")]
     for rec in _ordered(analysis.recommendations):
         pick = rec.winner or (f"top-ranked {rec.run}" if rec.run else NO_VALUE)
-        lines.append(f"  {rec.scale or 'all scales'} {rec.objective}: {pick} "
+        lines.append(f"  {_scale_text(rec)} {rec.objective}: {pick} "
                      f"{value_text(rec.value, rec.unit)} ({decision_text(rec)})")
     return lines
 
 
 def noise_markdown(analysis: Analysis) -> str:
-    """The sweep's own noise per figure, or why there is none."""
+    """Each figure's noise per scale, the far noisier configurations with their own, or why there is none."""
     if not analysis.noise:
         return ("Unknown: no configuration was measured twice, so nothing is decided (set spec.sweep.repeats to 2 "
                 "or more).\n")
-    rows = [[n.figure, f"±{n.cv:.1%}", str(n.df), str(n.configurations)] for n in analysis.noise]
-    return markdown_table(["figure", "noise of one run (pooled CV)", "degrees of freedom", "configurations repeated"],
-                          rows, {"figure"})
+    rows = [[n.figure, n.scale or NO_VALUE, f"±{n.cv:.1%}" if n.configurations else NO_VALUE, f"{n.df:g}",
+             str(n.configurations), "; ".join(n.noisier or []) or NO_VALUE] for n in analysis.noise]
+    return markdown_table(["figure", "scale", "noise of one run (pooled)", "degrees of freedom",
+                           "configurations pooled", "far noisier: their own noise"], rows,
+                          {"figure", "scale", "far noisier: their own noise"})
+
+
+def decisions_text(analysis: Analysis) -> str:
+    """How many decisions the report takes together, and what that means for each interval."""
+    if not analysis.decisions:
+        return "Nothing here is decided against the noise (no interval).\n"
+    return (f"This report takes {analysis.decisions} decision{'s' if analysis.decisions != 1 else ''} (recommendations "
+            "and findings with an interval) together: Holm's correction keeps the chance that any of them is wrong "
+            "at 5 % at most, so each interval is shown at the level its decision was tested at (95 % when it is the "
+            "only one, more with several).\n")
+
+
+def steadiness_markdown(doc: ResultsDocument) -> str:
+    """Runs whose step time was still changing over their measured steps (docs/analysis.md, Steady state)."""
+    found = [(run.name, why) for run in doc.runs if (why := unsteady(run))]
+    measured = sum(1 for run in doc.runs if run.results and run.results.step_time_halves_ratio is not None)
+    if not measured:
+        return "No run reports its step time's halves (a trainer before this check, or under 4 measured steps).\n"
+    if not found:
+        return (f"Every one of the {measured} runs that report it was steady: its measured steps' second half was "
+                "within 5 % of its first, or within their noise.\n")
+    rows = [[name, why] for name, why in found]
+    return (f"{len(found)} of {measured} runs were not steady: their tokens/s is of a machine still changing "
+            "(raise training.steps or warmupSteps until none is listed).\n\n"
+            + markdown_table(["run", "what changed"], rows, {"run", "what changed"}))
 
 
 def scaling_markdown(analysis: Analysis) -> str:
@@ -125,6 +172,8 @@ def scaling_markdown(analysis: Analysis) -> str:
         baseline = row.scale == row.baseline_scale
         efficiency = "1 (baseline)" if baseline else fmt(row.efficiency, ".2f") + (
             "" if row.low is None else f" [{row.low:.2f}, {row.high:.2f}]")
+        if row.refused:
+            efficiency += f" ({row.refused})"
         rows.append([row.strategy, row.precision, row.scale, str(row.devices),
                      fmt(row.tokens_per_second_per_device, ",.0f"), efficiency])
     headers = ["strategy", "precision", "scale", "devices", "tokens/s per device", "efficiency [95 % interval]"]
@@ -137,7 +186,7 @@ def findings_markdown(analysis: Analysis) -> str:
                           {"claim", "source", "measured here", "verdict"})
 
 
-def _spec_line(spec: dict[str, Any]) -> str:
+def _spec_line(spec: dict[str, Any], name: str = "") -> str:
     model = spec.get("model") or {}
     training = spec.get("training") or {}
     parts = [f"model `{model.get('preset', 'tiny')}`"]
@@ -145,7 +194,12 @@ def _spec_line(spec: dict[str, Any]) -> str:
                        ("steps", "steps"), ("warmupSteps", "warm-up steps")):
         if key in training:
             parts.append(f"{label} {training[key]}")
-    parts.append(f"repeats {(spec.get('sweep') or {}).get('repeats', 1)}")
+    sweep = spec.get("sweep") or {}
+    parts.append(f"repeats {sweep.get('repeats', 1)}")
+    if sweep.get("repeats", 1) > 1:
+        parts.append(f"rounds over every scale, each in an order shuffled with seed {seed_for(name, sweep.get('orderSeed'))}"
+                     f" + its number, round k with training seed {training.get('seed', 1234)} + k − 1")
+        parts.append(f"breakdown {sweep.get('breakdown', 'separate')}")
     cost = spec.get("cost") or {}
     prices = [f"{cost[key]} {cost.get('currency', 'USD')}/{label}" for key, label in
               (("gpuHour", "GPU-hour"), ("nodeHour", "node-hour")) if cost.get(key) is not None]
@@ -235,12 +289,16 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
     meta += [f"finished {doc.completion_time}"] if doc.completion_time else []
     lines += ["; ".join(meta) + ".", ""]
     if doc.spec:
-        lines += [_spec_line(doc.spec) + ".", ""]
+        lines += [_spec_line(doc.spec, doc.benchmark or "") + ".", ""]
     if doc.analysis:
         lines += ["## Recommendation", "", headline(doc.analysis), "", recommendations_markdown(doc.analysis),
-                  "## Noise", "", "What one run's figure varies by, measured by this sweep's own repeats "
+                  "## Noise", "", "What one run's figure varies by, measured by this sweep's own repeats, per "
+                  "scale, and on its own for a configuration far noisier than the rest of its scale "
                   "(docs/analysis.md): every margin and verdict above and below is decided against it.", "",
-                  noise_markdown(doc.analysis),
+                  noise_markdown(doc.analysis), decisions_text(doc.analysis),
+                  "## Steady state", "",
+                  "Each run's measured steps, second half against first (docs/analysis.md, Steady state).", "",
+                  steadiness_markdown(doc),
                   "## Scaling efficiency", "",
                   "Tokens/s per device ÷ the same strategy and precision at its smallest scale.", "",
                   scaling_markdown(doc.analysis),

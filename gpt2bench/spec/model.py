@@ -283,12 +283,19 @@ _SERVERS_SPREAD = ("!has(self.scales) || self.strategies.all(s, !(s.name in ['ps
                    "(has(c.nodes) ? c.nodes : 1) == 0))")
 
 
+# CEL: the rounds a sweep plans, each running every configuration once: its repeats, plus the breakdown round
+# (sweep.breakdown separate, the default) where there are 2 repeats or more (SweepSpec.rounds).
+_REPEATS = "(has(self.repeats) ? self.repeats : 1)"
+_ROUNDS = (f"({_REPEATS} + ({_REPEATS} > 1 && (!has(self.breakdown) || self.breakdown == 'separate') ? 1 : 0))")
+Breakdown = Literal["separate", "inline", "off"]
+
+
 class SweepSpec(SpecModel):
     model_config = ConfigDict(json_schema_extra=cel(
         (f"size(self.strategies) * (has(self.precisions) ? size(self.precisions) : 1) * "
-         f"(has(self.scales) ? size(self.scales) : 1) * (has(self.repeats) ? self.repeats : 1) <= {MAX_RUNS}",
-         f"strategies x precisions x scales x repeats must be at most {MAX_RUNS} runs: split the sweep into "
-         "several GPT2Benchmarks"),
+         f"(has(self.scales) ? size(self.scales) : 1) * {_ROUNDS} <= {MAX_RUNS}",
+         f"strategies x precisions x scales x rounds (repeats, plus the breakdown round) must be at most "
+         f"{MAX_RUNS} runs: split the sweep into several GPT2Benchmarks"),
         ("!self.strategies.exists(s, s.name == 'dataparallel') || !has(self.scales) || "
          "self.scales.all(c, !has(c.nodes) || c.nodes == 1)",
          "dataparallel runs in one process on one node: every scale's nodes must be 1"),
@@ -305,8 +312,18 @@ class SweepSpec(SpecModel):
     scales: list[ScaleSpec] = Field(default_factory=lambda: [ScaleSpec()], min_length=1, max_length=MAX_RUNS)
     repeats: int = Field(
         1, ge=1, le=20,
-        description="Runs of every configuration; with 2 or more the report gives mean and spread (docs/analysis.md).",
+        description="Rounds: every configuration runs once per round, in a shuffled order; with 2 or more the report "
+                    "decides only beyond the measured noise (docs/analysis.md).",
     )
+    breakdown: Breakdown = Field(
+        "separate",
+        description="Where the step breakdown's timing hooks run: separate (one extra round first, used in no "
+                    "decision, so that no decision figure is slowed by the hooks; with 1 repeat its only round), "
+                    "inline (every run: decisions include the hooks' cost) or off (no breakdown).")
+    order_seed: int | None = Field(
+        None, ge=0, le=MAX_SEED,
+        description="Seed of the rounds' shuffled order (round r shuffles with orderSeed + r); default: derived from "
+                    "the benchmark's name. Recorded in the status.")
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> SweepSpec:
@@ -327,9 +344,19 @@ class SweepSpec(SpecModel):
         return self
 
     @property
+    def breakdown_round(self) -> bool:
+        """Whether a separate breakdown round runs before the decision rounds (it needs 2 repeats to matter: with
+        1 nothing is decided, and that one round times the breakdown)."""
+        return self.breakdown == "separate" and self.repeats > 1
+
+    @property
+    def rounds(self) -> int:
+        return self.repeats + self.breakdown_round
+
+    @property
     def size(self) -> int:
         """Runs as written (plan_runs may merge some: `single` is the same run at every scale)."""
-        return len(self.strategies) * len(self.precisions) * len(self.scales) * self.repeats
+        return len(self.strategies) * len(self.precisions) * len(self.scales) * self.rounds
 
 
 class ResourcesSpec(SpecModel):
@@ -595,8 +622,9 @@ def cross_field_errors(spec: GPT2BenchmarkSpec):
     if sweep.size > MAX_RUNS:
         yield ("spec", "sweep"), (
             f"{len(sweep.strategies)} strategies x {len(sweep.precisions)} precisions x {len(sweep.scales)} scales "
-            f"x {sweep.repeats} repeats = {sweep.size} runs, more than {MAX_RUNS} per GPT2Benchmark (its status "
-            "holds every run): split the sweep into several GPT2Benchmarks, e.g. one per group of scales")
+            f"x {sweep.repeats} repeats{' (+1 breakdown round)' if sweep.breakdown_round else ''} = {sweep.size} "
+            f"runs, more than {MAX_RUNS} per GPT2Benchmark (its status holds every run): split the sweep into several "
+            "GPT2Benchmarks, e.g. one per group of scales")
     names = [s.name for s in sweep.strategies]
     widest = 1  # processes in one pod, parameter servers included: each serves metrics on port + local rank
     for i, strategy in enumerate(sweep.strategies):
