@@ -462,6 +462,26 @@ def test_a_true_ten_percent_lead_is_found_in_most_sweeps_at_three_repeats():
     assert found / trials >= 0.5
 
 
+def test_a_claim_against_every_rival_and_the_reports_decisions_together_keep_their_error_rates():
+    """Six configurations of equal means (5 % noise, 3 repeats): comparing DDP with mixed precision against the
+    fastest rival said "does not hold" in 9.9 % of seeded sweeps (2.5 % one-sided is what it states), and some
+    decision of the report was wrong in 10.6 %. Against every rival, Bonferroni within the claim and Holm across
+    the report: 2.0 % and 2.5 %."""
+    rng = random.Random(8)
+    configs = [("ddp", "bf16"), ("fsdp", "bf16"), ("horovod", "bf16"), ("ps", "bf16"), ("ddp", "fp32"), ("fsdp", "fp32")]
+    trials, does_not_hold, any_wrong = 1000, 0, 0
+    for _ in range(trials):
+        runs = [run(f"m-{s}-{p}-1x2-r{k}", s, p, devices=2, repeat=k, tokens_per_second=100 * math.exp(rng.gauss(0, 0.05)))
+                for s, p in configs for k in (1, 2, 3)]
+        analysis = analyze(runs)
+        verdicts = {f.id: f.verdict for f in analysis.findings}
+        does_not_hold += verdicts["ddp-mixed-precision-fastest-on-one-node"] == "does-not-hold"
+        any_wrong += (any(r.decision == "clear" for r in analysis.recommendations if r.objective == "fastest")
+                      or verdicts["ddp-mixed-precision-fastest-on-one-node"] in ("holds", "does-not-hold")
+                      or verdicts["mixed-precision-faster"] in ("holds", "does-not-hold"))
+    assert does_not_hold / trials <= 0.035 and any_wrong / trials <= 0.05
+
+
 # ---------------------------------------------------------------- the papers' findings
 def finding(analysis, id_):
     return next(f for f in analysis.findings if f.id == id_)
