@@ -201,22 +201,26 @@ def round_order(configs: list, seed: int, round_: int) -> list:
     return order
 
 
-def rounds_of(spec: GPT2BenchmarkSpec) -> list[tuple[int | None, bool]]:
-    """(round number, breakdown round?) in the order they run: the breakdown round first when there is one."""
-    if spec.sweep.repeats == 1:
+def rounds_of(spec: GPT2BenchmarkSpec, rounds: int | None = None) -> list[tuple[int | None, bool]]:
+    """(round number, breakdown round?) in the order they run: the breakdown round first when there is one.
+    `rounds`: the decision rounds planned so far (a sweep that repeats until decided adds them); default
+    `sweep.repeats`."""
+    rounds = rounds or spec.sweep.repeats
+    if rounds == 1 and spec.sweep.max_repeats is None:
         return [(None, False)]
     first = [(0, True)] if spec.sweep.breakdown_round else []
-    return first + [(k, False) for k in range(1, spec.sweep.repeats + 1)]
+    return first + [(k, False) for k in range(1, rounds + 1)]
 
 
-def plan_runs(benchmark: Benchmark, backend: str | None = None) -> list[Run]:
+def plan_runs(benchmark: Benchmark, backend: str | None = None, rounds: int | None = None) -> list[Run]:
     """All runs of the sweep, in start order, with unique DNS-safe names, as jobs of `backend`
-    (see resolved_backend)."""
+    (see resolved_backend). `rounds`: the decision rounds planned so far (default `sweep.repeats`; a sweep that
+    repeats until decided plans one more each time it adds one: the runs before it stay as they were)."""
     spec = benchmark.spec
     backend = resolved_backend(benchmark, backend)
     configs, seed = _configurations(spec), order_seed(benchmark)
     runs: list[Run] = []
-    for round_, profile in rounds_of(spec):
+    for round_, profile in rounds_of(spec, rounds):
         for c in configs if round_ is None else round_order(configs, seed, round_):
             runs.append(
                 Run(

@@ -198,7 +198,7 @@ READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Fail
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 
 Objective = Literal["fastest", "leanest", "cheapest", "scalable", "efficient"]
-Decision = Literal["clear", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
+Decision = Literal["clear", "equivalent", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
 Verdict = Literal["holds", "does-not-hold", "inconclusive", "needs-repeats", "not-measurable"]
 
 
@@ -207,7 +207,8 @@ class Recommendation(StatusModel):
 
     objective: Objective = Field(description="fastest, leanest, cheapest or scalable.")
     scale: str | None = Field(None, description="Nodes x devices per node (e.g. 2x4 GPU); absent: all scales.")
-    decision: Decision = Field(description="clear (winner beyond the noise), no-clear-winner, needs-repeats (a single "
+    decision: Decision = Field(description="clear (winner beyond the noise), equivalent (the rivals not beaten are "
+                                           "within sweep.minEffect of it), no-clear-winner, needs-repeats (a single "
                                            "measurement: not decided), only-candidate, not-measurable.")
     winner: str | None = Field(None, description="The recommended configuration; set only when the decision is clear "
                                                  "or only-candidate.")
@@ -227,6 +228,8 @@ class Recommendation(StatusModel):
     margin_high: float | None = Field(None, description="Upper end of the margin's confidence interval.")
     confidence: float | None = Field(None, description="Confidence level of the interval: 0.95, corrected for the "
                                                        "report's other decisions (Holm).")
+    paired: bool | None = Field(None, description="The margin compares within rounds (each round's shared drift "
+                                                  "cancels); false: unpaired, a configuration missed a round.")
     noise: float | None = Field(None, description="The top-ranked configuration's noise: its scale's pooled "
                                                   "coefficient of variation, or its own where it is far noisier.")
     noise_df: float | None = Field(None, description="Degrees of freedom of the margin's interval (Welch; 0: noise "
@@ -235,6 +238,13 @@ class Recommendation(StatusModel):
         None, description="No clear winner: the configurations the noise cannot tell from the top-ranked (it first); "
                           "needs-repeats: every configuration, best mean first.")
     excluded: list[str] | None = Field(None, description="Runs at this scale left out: they did not succeed.")
+    rounds_needed: int | None = Field(
+        None, description="No clear winner: rounds in all at which a true difference of the observed size would be "
+                          "decided with 80 % probability at this noise (absent: more than 1000, or decided).")
+    rounds_needed_min_effect: int | None = Field(
+        None, description="The same for a difference of sweep.minEffect.")
+    round_seconds: float | None = Field(None, description="Mean wall time of one round of the sweep (seconds).")
+    round_cost: float | None = Field(None, description="Mean price of one round's runs (spec.cost's currency).")
     per_rank: str | None = Field(None, description="CPU: the threads and cores per rank of the configurations "
                                                    "ranked here (CPU runs rank only with equal resources per rank).")
     ranked_apart: list[str] | None = Field(
@@ -294,6 +304,14 @@ class FigureNoise(StatusModel):
     configurations: int = Field(description="Configurations pooled (measured at least twice).")
     noisier: list[str] | None = Field(None, description="Far noisier configurations with their own noise, each "
                                                         "as `name ±cv (df)`.")
+    paired_cv: float | None = Field(None, description="The same noise once each round's shared effect is out (the "
+                                                      "configurations that ran in every round): what paired "
+                                                      "comparisons use.")
+    paired_df: float | None = Field(None, description="Degrees of freedom of paired_cv.")
+    round_share: float | None = Field(None, description="Share of the configurations' spread that the rounds' shared "
+                                                        "effects explain (1 - residual / within).")
+    round_effects: list[float] | None = Field(None, description="Each round's shared effect, relative (+0.05: every "
+                                                                "run 5 % higher), in round order.")
 
 
 class Analysis(StatusModel):
@@ -302,6 +320,8 @@ class Analysis(StatusModel):
     recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
     decisions: int | None = Field(None, description="Decisions (recommendations and findings with an interval) "
                                                     "whose error rate the report controls together (Holm).")
+    looks: int | None = Field(None, description="Rounds after which a sweep that repeats until decided may stop: "
+                                                "every decision is taken at 5 % / looks (Bonferroni across looks).")
     noise: list[FigureNoise] = Field(default_factory=list, description="The sweep's noise per figure.")
     recommendations: list[Recommendation] = Field(default_factory=list)
     scaling: list[ScalingEfficiency] = Field(default_factory=list)
@@ -341,6 +361,11 @@ class BenchmarkStatus(StatusModel):
     backend: str | None = Field(
         None, description="The backend the sweep runs on, trainjob or pytorchjob: spec.backend, or what `auto` "
                           "resolved to from the job kinds the API server serves (TrainJob preferred).")
+    rounds_planned: int | None = Field(None, description="Decision rounds planned so far (sweep.repeats, plus the "
+                                                         "rounds added until decided).")
+    rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
+    stop_reason: str | None = Field(None, description="Why the sweep added no more rounds: decided, budget spent, "
+                                                      "max rounds.")
     best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
     analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
@@ -362,6 +387,11 @@ class ResultsDocument(StatusModel):
     analysis: Analysis | None = None
     start_time: str | None = None
     completion_time: str | None = None
+    rounds_planned: int | None = Field(None, description="Decision rounds planned so far (sweep.repeats, plus the "
+                                                         "rounds added until decided).")
+    rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
+    stop_reason: str | None = Field(None, description="Why the sweep added no more rounds: decided, budget spent, "
+                                                      "max rounds.")
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write DIR/results.json whole or not at all (an interrupted sweep leaves a readable file)."""
@@ -383,7 +413,8 @@ class ResultsDocument(StatusModel):
                    spec=resource.get("spec") or {}, runs=[LocalRun.read(r.dump()) for r in status.runs or []],
                    phase=status.phase or "Unknown", best=status.best, analysis=status.analysis,
                    start_time=status.start_time,
-                   completion_time=status.completion_time)
+                   completion_time=status.completion_time, rounds_planned=status.rounds_planned,
+                   rounds_done=status.rounds_done, stop_reason=status.stop_reason)
 
 
 # ------------------------------------------------------------------ rules over runs

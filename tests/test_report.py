@@ -407,7 +407,10 @@ def test_results_md_says_no_clear_winner_and_names_the_candidates(tmp_path):
     assert rec.margin_low < 0 < rec.margin_high
     assert (f"| 1×2 GPU | fastest | — | demo-fsdp-bf16-1x2g | 103 tokens/s | demo-ddp-bf16-1x2g (100 tokens/s) | "
             f"{margin} | no clear winner: demo-ddp-bf16-1x2g not beaten beyond the noise (margin over the runner-up "
-            f"{margin}); within the noise: demo-fsdp-bf16-1x2g, demo-ddp-bf16-1x2g |") in markdown
+            f"{margin}); within the noise: demo-fsdp-bf16-1x2g, demo-ddp-bf16-1x2g; a difference of this size needs "
+            f"about {rec.rounds_needed} rounds ({rec.rounds_needed - 3} more: about {rec.rounds_needed - 3} min 00 s) at this "
+            f"noise |") in markdown
+    assert rec.round_seconds == 60.0  # each round's runs: 00:00:00 to 00:01:00 in this document
     assert "**No clear winner at the largest scale measured (1×2 GPU)**" in markdown
     assert "| tokensPerSecond | 1×2 GPU | ±" in markdown  # the noise section, per scale
     assert f"This report takes {doc.analysis.decisions} decisions" in markdown

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sysconfig
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from gpt2bench import collect
 from gpt2bench.files import write_atomic
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
 from gpt2bench.local.progress import Display
-from gpt2bench.plan import Run
+from gpt2bench.plan import Run, plan_runs
 from gpt2bench.protocol import STEPS_FILE
 from gpt2bench.render import render_job
 from gpt2bench.spec.model import Benchmark
@@ -74,7 +75,7 @@ class Sweep:
     """The results document of a local sweep, saved atomically at every change."""
 
     def __init__(self, benchmark: Benchmark, runs: list[Run], directory: Path):
-        self.benchmark, self.runs, self.directory = benchmark, runs, directory
+        self.benchmark, self.runs, self.directory = benchmark, list(runs), directory
         self.interrupted = False
         self.doc = ResultsDocument(
             benchmark=benchmark.name,
@@ -83,6 +84,7 @@ class Sweep:
             runs=[local_entry(collect.run_entry(run, phase=PENDING)) for run in runs],
             phase=RUNNING,
             start_time=rfc3339(),
+            rounds_planned=max((run.repeat or 0 for run in runs), default=0) or None,
         )
 
     def save(self) -> None:
@@ -95,6 +97,10 @@ class Sweep:
     def finish(self) -> None:
         """The operator's own rules for `best` and the overall phase."""
         runs = self.doc.runs
+        if self.doc.rounds_planned:
+            from gpt2bench.report.sequential import rounds_done
+
+            self.doc.rounds_done = rounds_done(runs)
         self.doc.best = best_run(runs)
         self.doc.phase = INTERRUPTED if self.interrupted else overall_phase(runs)
         self.doc.completion_time = rfc3339()
@@ -157,6 +163,35 @@ def emulation_skip(benchmark: Benchmark, run: Run) -> str | None:
     return cpu_emulation_reason(run.precision)
 
 
+def add_round(sweep: Sweep, render: Callable[[Benchmark, Run], dict]) -> list[dict]:
+    """After the last planned run: the next round's runs (the configurations this sweep runs, in the round's own
+    order) added to the sweep and its document, and their jobs; none when the rule stops the sweep (decided,
+    budget spent, max rounds), whose reason the document keeps."""
+    from gpt2bench.report.sequential import next_round
+
+    benchmark, runs = sweep.benchmark, sweep.runs
+    if benchmark.spec.sweep.max_repeats is None:
+        return []
+    step = next_round(sweep.doc.runs, sweep.doc.spec, sweep.doc.start_time, datetime.now(timezone.utc))
+    sweep.doc.rounds_done, sweep.doc.stop_reason = step.rounds_done, None if step.add else step.reason
+    if not step.add:
+        sweep.save()
+        return []
+    planned = max((run.repeat or 0 for run in runs), default=0) + 1
+    ours = {_configuration(run) for run in runs}  # `--only` chose some: the new round runs the same ones
+    new = [run for run in plan_runs(benchmark, runs[0].backend, rounds=planned)
+           if run.repeat == planned and _configuration(run) in ours]
+    sweep.runs += new
+    sweep.doc.runs += [local_entry(collect.run_entry(run, phase=PENDING)) for run in new]
+    sweep.doc.rounds_planned = planned
+    sweep.save()
+    return [render(benchmark, run) for run in new]
+
+
+def _configuration(run: Run) -> tuple:
+    return run.strategy.name, run.precision, run.nodes, run.world_size, run.devices_per_node
+
+
 def child_env() -> dict[str, str]:
     """The local 'image': this environment, with this Python's scripts (gpt2bench, torchrun) on PATH."""
     env = dict(os.environ)
@@ -174,15 +209,17 @@ def run_sweep(
     jobs: list[dict] | None = None,
     console: Any = None,
     live: bool | None = None,
+    render: Callable[[Benchmark, Run], dict] = render_job,
 ) -> Sweep:
-    """Run `runs` (rendered as `jobs`, default: render_job) one at a time; results land in `directory`.
-    A KeyboardInterrupt stops the sweep cleanly: `sweep.interrupted` is then True."""
+    """Run `runs` (rendered as `jobs`, default: `render`) one at a time; results land in `directory`. With
+    sweep.maxRepeats, whole rounds are added (rendered by `render`) while a top decision is unresolved
+    (report.sequential). A KeyboardInterrupt stops the sweep cleanly: `sweep.interrupted` is then True."""
     from rich.console import Console
 
     from gpt2bench import report
 
     console = console or Console()
-    jobs = jobs if jobs is not None else [render_job(benchmark, run) for run in runs]
+    jobs = list(jobs) if jobs is not None else [render(benchmark, run) for run in runs]
     if len(jobs) != len(runs):
         raise ValueError(f"{len(runs)} runs but {len(jobs)} jobs")
     directory.mkdir(parents=True, exist_ok=True)
@@ -192,8 +229,10 @@ def run_sweep(
     live = console.is_terminal if live is None else live
     with Display(console, len(runs), benchmark.spec.training.steps, live) as display:
         try:
-            for index, (run, job) in enumerate(zip(runs, jobs)):
-                display.start_run(index, len(runs), run)
+            index = 0
+            while index < len(sweep.runs):
+                run, job = sweep.runs[index], jobs[index]
+                display.start_run(index, len(sweep.runs), run)
                 if reason := emulation_skip(benchmark, run):  # the trainer would skip it too, after its start-up
                     entry = collect.run_entry(run, phase=SKIPPED, reason=reason, start_time=rfc3339(),
                                               completion_time=rfc3339())
@@ -201,6 +240,9 @@ def run_sweep(
                 else:
                     execute_run(sweep, index, job, display, base_env)
                 display.end_run(sweep.doc.runs[index])
+                index += 1
+                if index == len(sweep.runs):  # repeat until decided: one more round, or why not
+                    jobs += add_round(sweep, render)
         except KeyboardInterrupt:
             sweep.interrupted = True
             for i, entry in enumerate(sweep.doc.runs):

@@ -10,7 +10,9 @@ decisions is wrong stays at most 5 %, however many it makes.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from gpt2bench.report import findings
@@ -30,7 +32,7 @@ from gpt2bench.report.measures import (
     tokens_per_second,
     tokens_per_second_per_device,
 )
-from gpt2bench.report.noise import Contrast, NoiseModel, Pending, Sample, holm, ratio
+from gpt2bench.report.noise import CONFIDENCE, Contrast, NoiseModel, Pending, Sample, holm, looks, ratio
 from gpt2bench.status import Analysis, FigureNoise, Recommendation, RunStatus, ScalingEfficiency
 
 # Step records (steps.jsonl) by run name, where a local run kept them; the operator has none.
@@ -49,6 +51,16 @@ FASTEST = Objective("fastest", True, "tokens/s")
 LEANEST = Objective("leanest", False, "bytes")
 SCALABLE = Objective("scalable", True, "ratio")
 EFFICIENT = Objective("efficient", False, "J per 1M tokens")
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a decision needs beyond its data: the smallest difference that matters (sweep.minEffect: a rival
+    within it of the top-ranked is equivalent), and what one more round costs (for "rounds needed")."""
+
+    min_effect: float | None = None
+    round_seconds: float | None = None
+    round_cost: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,14 +86,19 @@ class Candidate:
 
 
 def decide(objective: Objective, scale: str | None, candidates: list[Candidate], model: NoiseModel,
-           excluded: list[str], note: str | None = None, **extra: Any) -> Pending:
+           excluded: list[str], note: str | None = None, rules: Rules | None = None, **extra: Any) -> Pending:
     """Rank the candidates by their geometric mean; name a winner only beyond the noise, against every rival:
     - clear: the interval of the top-ranked's ratio over each rival lies wholly on the better side of 1;
-    - no-clear-winner: some do not; `candidates` lists the top-ranked and every rival it does not beat;
+    - equivalent (with rules.min_effect): each rival is beaten or lies within the min effect of the top-ranked
+      (its interval inside 1 ± min effect); `candidates`: the top-ranked and the equivalent ones;
+    - no-clear-winner: some rival is neither; `candidates` lists the top-ranked and every rival it does not beat,
+      with the rounds that would resolve the hardest one (`rounds_needed`, and for the min effect);
     - needs-repeats: a noise is unknown (nothing at the scale measured twice): not decided;
     - only-candidate: nothing to compare with; not-measurable: no candidate at all (`note` says why).
-    The p-value is the largest of the top-ranked's against its rivals (every one must be beaten). The margin is
-    over the runner-up, relative to it, positive when the top-ranked is better (docs/analysis.md)."""
+    The p-value is the largest over the rivals of the smaller of (beaten, equivalent): every one must be
+    resolved. The margin is over the runner-up, relative to it, positive when the top-ranked is better
+    (docs/analysis.md)."""
+    rules = rules or Rules()
     common = {"objective": objective.name, "scale": scale, "excluded": excluded or None, **extra}
     if not candidates:
         result = Recommendation(decision="not-measurable", note=note or "no succeeded run has this figure", **common)
@@ -111,13 +128,30 @@ def decide(objective: Objective, scale: str | None, candidates: list[Candidate],
         better = "above" if objective.higher_is_better else "below"
         low, high = sorted((_advantage(intervals[0].low, objective), _advantage(intervals[0].high, objective)))
         found = {**common, "margin_low": low, "margin_high": high, "confidence": confidence,
-                 "noise_df": contrasts[0].df if contrasts[0].se else None}
-        tied = [r.config.name for r, i in zip(rivals, intervals) if i.side(1.0) != better]
+                 "noise_df": contrasts[0].df if contrasts[0].se else None, "paired": contrasts[0].paired}
+        if model.paired is not None and not all(c.paired for c in contrasts):
+            missed = [c.config.name for c in ranked if c.config.name not in model.complete]
+            found["note"] = "; ".join(filter(None, [found.get("note"), f"unpaired: {', '.join(missed)} did not run "
+                                                                       "in every round"]))
+        tied = [(r, c) for r, c, i in zip(rivals, contrasts, intervals) if i.side(1.0) != better]
         if not tied:
             return Recommendation(decision="clear", winner=top.config.name, **found)
-        return Recommendation(decision="no-clear-winner", candidates=[top.config.name, *tied], **found)
+        effect = rules.min_effect
+        if effect and all(c.p_within(effect) <= 1 - confidence for _, c in tied):
+            return Recommendation(decision="equivalent", candidates=[top.config.name, *(r.config.name for r, _ in tied)],
+                                  **found)
+        hardest = max(tied, key=lambda pair: pair[1].p_value())[1]  # the rival furthest from being resolved
+        rounds = top.over[0].n
+        needed = hardest.rounds_to_resolve(rounds, 1 - confidence, abs(hardest.center))
+        needed_min = hardest.rounds_to_resolve(rounds, 1 - confidence, math.log(1 + effect)) if effect else None
+        return Recommendation(decision="no-clear-winner", candidates=[top.config.name, *(r.config.name for r, _ in tied)],
+                              rounds_needed=needed, rounds_needed_min_effect=needed_min,
+                              round_seconds=rules.round_seconds, round_cost=rules.round_cost, **found)
 
-    return Pending(max(c.p_value() for c in contrasts), conclude)
+    def resolved(contrast: Contrast) -> float:
+        return min(contrast.p_value(), contrast.p_within(rules.min_effect)) if rules.min_effect else contrast.p_value()
+
+    return Pending(max(resolved(c) for c in contrasts), conclude)
 
 
 def _advantage(ratio_: float, objective: Objective) -> float:
@@ -144,7 +178,8 @@ def resource_groups(configs: list[Configuration]) -> list[list[Configuration]]:
 
 
 def _by_metric(objective: Objective, configs: list[Configuration], metric: Metric, model: NoiseModel,
-               scale: str | None, note: str | None = None, grouped: bool = False) -> list[Pending]:
+               scale: str | None, note: str | None = None, grouped: bool = False,
+               rules: Rules | None = None) -> list[Pending]:
     groups = resource_groups(configs) if grouped else [configs]
     found = []
     for index, group in enumerate(groups):
@@ -156,8 +191,7 @@ def _by_metric(objective: Objective, configs: list[Configuration], metric: Metri
         if index > 0:
             group_note = (f"{APART} from the rest of {scale}: its ranks had {group[0].per_rank}, the others "
                           f"{groups[0][0].per_rank}")
-        found.append(decide(objective, scale, candidates, model, _excluded(group),
-                            group_note, **extra))
+        found.append(decide(objective, scale, candidates, model, _excluded(group), group_note, rules, **extra))
     return found
 
 
@@ -222,12 +256,12 @@ RAPL_NOTE = ("RAPL counts the whole CPU package of each node: other processes on
 
 
 def recommendations(configs: list[Configuration], prices: Prices | None,
-                    effs: list[Efficiency]) -> list[Pending]:
+                    effs: list[Efficiency], rules: Rules | None = None) -> list[Pending]:
     found = []
     throughput, memory = noise_model(configs, tokens_per_second), noise_model(configs, peak_memory)
     for scale in scales(configs):
         here = [c for c in configs if c.scale == scale]
-        found += _by_metric(FASTEST, here, tokens_per_second, throughput, scale.label, grouped=True)
+        found += _by_metric(FASTEST, here, tokens_per_second, throughput, scale.label, grouped=True, rules=rules)
         found += _by_metric(LEANEST, here, peak_memory, memory, scale.label)
     return found + cheapest(configs, prices) + scalable(configs, effs) + efficient(configs)
 
@@ -265,11 +299,32 @@ def _scaling_row(config: Configuration, base: Configuration, tps: float, stat: S
                              refused=refused)
 
 
-def conclude_all(pendings: list[Pending]) -> tuple[list[Any], int]:
-    """Decide every pending decision together: Holm over those with a p-value; the others need no level."""
+def conclude_all(pendings: list[Pending], alpha: float = 1 - CONFIDENCE) -> tuple[list[Any], int]:
+    """Decide every pending decision together: Holm at `alpha` over those with a p-value; the others need no
+    level."""
     deciding = [i for i, p in enumerate(pendings) if p.p_value is not None]
-    levels = dict(zip(deciding, holm([pendings[i].p_value for i in deciding])))
-    return [p.conclude(levels.get(i, 0.95)) for i, p in enumerate(pendings)], len(deciding)
+    levels = dict(zip(deciding, holm([pendings[i].p_value for i in deciding], alpha)))
+    return [p.conclude(levels.get(i, 1 - alpha)) for i, p in enumerate(pendings)], len(deciding)
+
+
+def round_timing(runs: list[RunStatus], prices: Prices | None) -> tuple[float | None, float | None]:
+    """The mean wall time of a decision round (its first start to its last completion) and the mean price of
+    its runs (each run's hourly price × its duration), over the rounds whose runs have both times."""
+    spans: dict[int, list[tuple[datetime, datetime, RunStatus]]] = {}
+    for run in runs:
+        if run.repeat and run.start_time and run.completion_time:
+            spans.setdefault(run.repeat, []).append((_time(run.start_time), _time(run.completion_time), run))
+    if not spans:
+        return None, None
+    seconds = [(max(end for _, end, _ in found) - min(start for start, _, _ in found)).total_seconds()
+               for found in spans.values()]
+    costs = [sum((prices.hourly(run) or 0) * (end - start).total_seconds() / 3600 for start, end, run in found)
+             for found in spans.values()] if prices else []
+    return statistics.fmean(seconds), (statistics.fmean(costs) if costs and any(costs) else None)
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: Curves | None = None) -> Analysis:
@@ -279,11 +334,13 @@ def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: C
     configs = configurations(runs)
     effs = efficiencies(configs)
     prices = Prices.from_spec(spec)
-    recs = recommendations(configs, prices, effs)
+    sweep = (spec or {}).get("sweep") or {}
+    rules = Rules(sweep.get("minEffect"), *round_timing(runs, prices))
+    recs = recommendations(configs, prices, effs, rules)
     claims = findings.check_all(configs, effs, spec or {}, curves)
-    concluded, decisions = conclude_all([*recs, *claims])
+    concluded, decisions = conclude_all([*recs, *claims], (1 - CONFIDENCE) / looks(sweep))
     found, verdicts = concluded[: len(recs)], concluded[len(recs):]
-    return Analysis(recommended=headline(found, configs), decisions=decisions,
+    return Analysis(recommended=headline(found, configs), decisions=decisions, looks=looks(sweep),
                     noise=noise_entries(configs, prices), recommendations=found, scaling=scaling_entries(effs),
                     findings=verdicts)
 
@@ -298,11 +355,18 @@ def noise_entries(configs: list[Configuration], prices: Prices | None) -> list[F
     found = []
     for name, metric in figures:
         model = noise_model(configs, metric)
+        paired = {pool.name: pool for pool in (model.paired.pools if model.paired else [])}
+        effects = [math.exp(model.round_effects[r]) - 1 for r in sorted(model.round_effects)] or None
         for pool in model.pools:
             if pool.variance is None and not pool.noisier:
                 continue
             noisier = [f"{n} ±{model.of(n).cv:.1%} (df {model.of(n).df:g})" for n in pool.noisier]
+            blocked = paired.get(pool.name)
+            within = blocked.variance if blocked else None
             found.append(FigureNoise(figure=name, scale=pool.name, cv=pool.variance.cv if pool.variance else 0.0,
                                      df=pool.variance.df if pool.variance else 0, configurations=len(pool.members),
-                                     noisier=noisier or None))
+                                     noisier=noisier or None, paired_cv=within.cv if within else None,
+                                     paired_df=within.df if within else None,
+                                     round_share=blocked.round_share if blocked else None,
+                                     round_effects=effects if blocked else None))
     return found

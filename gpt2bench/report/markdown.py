@@ -7,7 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench.plan import seed_for
-from gpt2bench.report.measures import BREAKDOWN_PARTS, Prices, configurations, hardware, result, unsteady
+from gpt2bench.report.measures import (
+    BREAKDOWN_PARTS,
+    Prices,
+    configurations,
+    hardware,
+    noise_model,
+    result,
+    tokens_per_second,
+    unsteady,
+)
 from gpt2bench.report.table import (
     MIB,
     NO_VALUE,
@@ -60,14 +69,41 @@ def margin_text(rec: Recommendation) -> str:
 def decision_text(rec: Recommendation) -> str:
     if rec.decision == "clear":
         return f"clear: margin over {rec.runner_up} {margin_text(rec)}, beyond the noise"
+    if rec.decision == "equivalent":
+        return (f"equivalent: {', '.join(rec.candidates or [])} lie within the smallest difference that matters of "
+                f"each other (margin over the runner-up {margin_text(rec)}): any of them")
     if rec.decision == "no-clear-winner":
         return (f"no clear winner: {', '.join((rec.candidates or [])[1:])} not beaten beyond the noise (margin over "
-                f"the runner-up {margin_text(rec)}); within the noise: {', '.join(rec.candidates or [])}")
+                f"the runner-up {margin_text(rec)}); within the noise: {', '.join(rec.candidates or [])}"
+                + rounds_needed_text(rec))
     if rec.decision == "needs-repeats":
         return NEEDS_REPEATS
     if rec.decision == "only-candidate":
         return "only candidate"
     return f"not measurable: {rec.note}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def rounds_needed_text(rec: Recommendation) -> str:
+    """`; a difference this size needs about 9 rounds (7 more: about 21 min, 1.20 USD)`."""
+    done = rec.measurements or 0
+
+    def cost(needed: int | None) -> str:
+        if needed is None:
+            return "more than 1,000 rounds"
+        more = max(needed - done, 0)
+        extras = [_duration(more * rec.round_seconds)] if rec.round_seconds else []
+        extras += [f"{more * rec.round_cost:,.2f}"] if rec.round_cost else []
+        return f"about {needed} rounds ({more} more" + (f": about {', '.join(extras)})" if extras else ")")
+    parts = [f"a difference of this size needs {cost(rec.rounds_needed)} at this noise"]
+    if rec.rounds_needed_min_effect is not None:
+        parts.append(f"the smallest that matters (sweep.minEffect) {cost(rec.rounds_needed_min_effect)}")
+    return "; " + "; ".join(parts)
 
 
 def headline(analysis: Analysis) -> str:
@@ -79,6 +115,9 @@ def headline(analysis: Analysis) -> str:
         ahead = f", {rec.runner_up} {rec.runner_up_value:,.0f} tokens/s" if rec.runner_up else ""
         return (f"**Recommended {where}: {rec.winner}** ({rec.strategy}, {rec.precision}): fastest, "
                 f"{value_text(rec.value, rec.unit)}{ahead}; {decision_text(rec)}.")
+    if rec.decision == "equivalent":
+        return (f"**Equivalent {where}**: {', '.join(rec.candidates or [])} are within the smallest difference that "
+                f"matters of each other (top-ranked {rec.run}, {value_text(rec.value, rec.unit)}): any of them.")
     if rec.decision == "no-clear-winner":
         return (f"**No clear winner {where}**: {', '.join(rec.candidates or [])} are within the noise of each other "
                 f"(top-ranked {rec.run}, {value_text(rec.value, rec.unit)}; margin over {rec.runner_up} "
@@ -133,20 +172,61 @@ def noise_markdown(analysis: Analysis) -> str:
         return ("Unknown: no configuration was measured twice, so nothing is decided (set spec.sweep.repeats to 2 "
                 "or more).\n")
     rows = [[n.figure, n.scale or NO_VALUE, f"±{n.cv:.1%}" if n.configurations else NO_VALUE, f"{n.df:g}",
-             str(n.configurations), "; ".join(n.noisier or []) or NO_VALUE] for n in analysis.noise]
-    return markdown_table(["figure", "scale", "noise of one run (pooled)", "degrees of freedom",
-                           "configurations pooled", "far noisier: their own noise"], rows,
+             str(n.configurations), "; ".join(n.noisier or []) or NO_VALUE,
+             NO_VALUE if n.paired_cv is None else f"±{n.paired_cv:.1%} ({n.paired_df:g})",
+             NO_VALUE if n.round_share is None else f"{max(n.round_share, 0):.0%}"] for n in analysis.noise]
+    text = markdown_table(["figure", "scale", "noise of one run (pooled)", "degrees of freedom",
+                           "configurations pooled", "far noisier: their own noise",
+                           "after the rounds' effect (df)", "spread the rounds explain"], rows,
                           {"figure", "scale", "far noisier: their own noise"})
+    effects = next((n.round_effects for n in analysis.noise if n.figure == "tokensPerSecond" and n.round_effects), None)
+    if effects:
+        text += ("\nRound effect on tokens/s (what every run of a round shared, against the sweep's mean): "
+                 + ", ".join(f"round {k} {e:+.1%}" for k, e in enumerate(effects, start=1)) + ". Paired comparisons "
+                 "(within a round) are free of it; a configuration that missed a round is compared unpaired.\n")
+    return text
+
+
+def rounds_markdown(doc: ResultsDocument) -> str:
+    """Each configuration's own noise on tokens/s, over its rounds, beside what is left once the rounds' shared
+    effect is taken out (docs/analysis.md, Rounds as blocks)."""
+    configs = configurations(doc.runs)
+    model = noise_model(configs, tokens_per_second)
+    rows = []
+    for config in configs:
+        own = model.own_cv(config.name)
+        if own is None:
+            continue
+        after = model.paired.own_cv(config.name) if model.paired else None
+        rows.append([config.name, config.scale.label, str(config.sample(tokens_per_second).n), f"±{own:.1%}",
+                     NO_VALUE if after is None else f"±{after:.1%}"])
+    if not rows:
+        return "No configuration ran in two rounds.\n"
+    return markdown_table(["configuration", "scale", "rounds", "own noise (tokens/s)", "after the rounds' effect"],
+                          rows, {"configuration", "scale"})
+
+
+def rounds_line(doc: ResultsDocument) -> str:
+    """How many rounds ran and why no more did (a sweep that repeats until decided)."""
+    rounds = doc.rounds_done or max((run.repeat or 0 for run in doc.runs), default=0)
+    if not rounds:
+        return "One round: nothing repeated, so nothing is compared within rounds."
+    text = f"{rounds} round{'s' if rounds != 1 else ''} run, every configuration once per round, each round in a shuffled order."
+    if doc.stop_reason:
+        text += f" Stopped: {doc.stop_reason}."
+    return text
 
 
 def decisions_text(analysis: Analysis) -> str:
     """How many decisions the report takes together, and what that means for each interval."""
     if not analysis.decisions:
         return "Nothing here is decided against the noise (no interval).\n"
+    looks = f" at 5 % / {analysis.looks} (the sweep may have stopped at any of {analysis.looks} rounds)" if (
+        analysis.looks or 1) > 1 else " at 5 %"
     return (f"This report takes {analysis.decisions} decision{'s' if analysis.decisions != 1 else ''} (recommendations "
-            "and findings with an interval) together: Holm's correction keeps the chance that any of them is wrong "
-            "at 5 % at most, so each interval is shown at the level its decision was tested at (95 % when it is the "
-            "only one, more with several).\n")
+            f"and findings with an interval) together: Holm's correction keeps the chance that any of them is wrong"
+            f"{looks} at most, so each interval is shown at the level its decision was tested at (95 % when it is "
+            "the only one, more with several).\n")
 
 
 def steadiness_markdown(doc: ResultsDocument) -> str:
@@ -296,6 +376,7 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
                   "scale, and on its own for a configuration far noisier than the rest of its scale "
                   "(docs/analysis.md): every margin and verdict above and below is decided against it.", "",
                   noise_markdown(doc.analysis), decisions_text(doc.analysis),
+                  "## Rounds", "", rounds_line(doc), "", rounds_markdown(doc),
                   "## Steady state", "",
                   "Each run's measured steps, second half against first (docs/analysis.md, Steady state).", "",
                   steadiness_markdown(doc),

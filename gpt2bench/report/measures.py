@@ -109,9 +109,10 @@ class Configuration:
         return Stat.of(self.values(metric))
 
     def sample(self, metric: Metric) -> Sample:
-        """The repeats' figure for ratios and noise: values ≤ 0 are not measurements and are left out (an
-        energy counter that did not advance), pooled with the rest of its scale."""
-        return Sample(self.name, self.scale.label, tuple(v for v in self.values(metric) if v > 0))
+        """The repeats' figure for ratios and noise, with the round of each: values ≤ 0 are not measurements and
+        are left out (an energy counter that did not advance), pooled with the rest of its scale."""
+        found = [(float(v), run.repeat) for run in self.succeeded if (v := metric(run)) is not None and v > 0]
+        return Sample(self.name, self.scale.label, tuple(v for v, _ in found), tuple(r for _, r in found))
 
     @property
     def breakdown_runs(self) -> list[RunStatus]:

@@ -33,6 +33,8 @@ from scipy.special import fdtrc, stdtr, stdtrit  # F survival, Student t cdf and
 
 CONFIDENCE = 0.95  # of every decision, before the report's multiplicity correction (Holm)
 FAR_NOISIER = 0.05  # one-sided level of the F test that gives a configuration its own noise
+POWER = 0.8  # the chance at which "rounds needed" would resolve a true difference of the size asked
+MAX_ROUNDS = 1000  # beyond this, "rounds needed" says "more than"
 
 
 def logs(values: Iterable[float], what: str = "a figure") -> list[float]:
@@ -54,11 +56,13 @@ def geometric_mean(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Sample:
-    """One configuration's repeats of one figure: `name`, the `pool` it belongs to (its scale) and its values."""
+    """One configuration's repeats of one figure: `name`, the `pool` it belongs to (its scale), its values and
+    the round each was measured in (`rounds`, aligned with `values`; empty when unknown)."""
 
     name: str
     pool: str
     values: tuple[float, ...]
+    rounds: tuple[int | None, ...] = ()
 
     @property
     def n(self) -> int:
@@ -77,6 +81,10 @@ class Sample:
         found = logs(self.values, self.name)
         mean = statistics.fmean(found)
         return sum((y - mean) ** 2 for y in found)
+
+    def by_round(self) -> dict[int, float]:
+        """ln x per round (rounds without a number left out)."""
+        return {r: y for r, y in zip(self.rounds, logs(self.values, self.name)) if r is not None}
 
 
 @dataclass(frozen=True)
@@ -104,57 +112,116 @@ class Pool:
     variance: Variance | None  # None: no configuration of this pool was measured twice
     members: tuple[str, ...]
     noisier: tuple[str, ...] = ()
+    round_share: float | None = None  # share of the configurations' spread the rounds explain (paired only)
+
+
+Part = tuple[str, float, float]  # (pool, Σ squares, degrees of freedom) of one configuration
 
 
 @dataclass
 class NoiseModel:
-    """Per configuration name, the variance its comparisons use (None: unknown); per pool, its estimate."""
+    """Per configuration name, the variance its comparisons use (None: unknown); per pool, its estimate.
+    `paired`: the same after each round's shared effect is taken out (the rounds as blocks), for the
+    configurations that ran in every round (`complete`); `round_effects`: each round's effect (ln)."""
 
     variances: dict[str, Variance | None] = field(default_factory=dict)
     pools: list[Pool] = field(default_factory=list)
+    paired: NoiseModel | None = None
+    complete: frozenset[str] = frozenset()
+    round_effects: dict[int, float] = field(default_factory=dict)
+    parts: dict[str, Part] = field(default_factory=dict)  # each configuration's own (pool, Σ squares, df)
 
     def of(self, name: str) -> Variance | None:
         return self.variances.get(name)
 
+    def own_cv(self, name: str) -> float | None:
+        """A configuration's own noise (its Σ squares over its degrees of freedom), whatever its comparisons use."""
+        part = self.parts.get(name)
+        return math.sqrt(part[1] / part[2]) if part and part[2] > 0 else None
 
-def _pooled(samples: Sequence[Sample], source: str) -> Variance | None:
-    df = sum(s.n - 1 for s in samples if s.n >= 2)
+
+def _pooled(parts: Sequence[Part], source: str) -> Variance | None:
+    df = sum(part[2] for part in parts)
     if not df:
         return None
-    return Variance(sum(s.log_squares() for s in samples if s.n >= 2) / df, df, source)
+    return Variance(sum(part[1] for part in parts) / df, df, source)
 
 
 def far_noisier(own: Variance, others: Variance | None, level: float = FAR_NOISIER) -> bool:
     """Whether `own` exceeds the others' pooled variance beyond chance: F = own / others above the F(own.df,
     others.df) distribution's 1 − level quantile (one-sided)."""
-    if others is None or own.df < 1:
+    if others is None or own.df <= 0:
         return False
     if others.value == 0:
         return own.value > 0
     return float(fdtrc(own.df, others.df, own.value / others.value)) < level
 
 
-def estimate(samples: Iterable[Sample], level: float = FAR_NOISIER) -> NoiseModel:
-    """Each pool's noise, each configuration's: the pool's, or its own where it is far noisier than the rest of
-    its pool (tested against the pool of the others, leaving itself out)."""
-    model = NoiseModel()
-    by_pool: dict[str, list[Sample]] = {}
-    for sample in samples:
-        by_pool.setdefault(sample.pool, []).append(sample)
-    for pool, members in by_pool.items():
-        repeated = [s for s in members if s.n >= 2]
+def _pools(parts: dict[str, Part], names: dict[str, str], level: float, prefix: str = "") -> NoiseModel:
+    """Each pool's variance over its configurations' parts, and a configuration's own where it is far noisier
+    than the rest of its pool (tested against the pool of the others, leaving itself out). `names`: every
+    configuration and its pool (those without a part take their pool's)."""
+    model = NoiseModel(parts=dict(parts))
+    for pool in dict.fromkeys(names.values()):
+        members = {name: part for name, part in parts.items() if part[0] == pool and part[2] > 0}
         noisier = []
-        for sample in repeated:
-            own = Variance(sample.log_squares() / (sample.n - 1), sample.n - 1, f"own:{sample.name}", own=True)
-            if far_noisier(own, _pooled([s for s in repeated if s is not sample], pool), level):
-                noisier.append(sample.name)
-                model.variances[sample.name] = own
-        pooled = _pooled([s for s in repeated if s.name not in noisier], f"pool:{pool}")
-        for sample in members:
-            model.variances.setdefault(sample.name, pooled)
-        model.pools.append(Pool(pool, pooled, tuple(s.name for s in repeated if s.name not in noisier),
-                                tuple(noisier)))
+        for name, part in members.items():
+            own = Variance(part[1] / part[2], part[2], f"{prefix}own:{name}", own=True)
+            others = _pooled([p for n, p in members.items() if n != name], pool)
+            if far_noisier(own, others, level):
+                noisier.append(name)
+                model.variances[name] = own
+        kept = [p for n, p in members.items() if n not in noisier]
+        pooled = _pooled(kept, f"{prefix}pool:{pool}")
+        for name, its_pool in names.items():
+            if its_pool == pool:
+                model.variances.setdefault(name, pooled)
+        model.pools.append(Pool(pool, pooled, tuple(n for n in members if n not in noisier), tuple(noisier)))
     return model
+
+
+def estimate(samples: Iterable[Sample], level: float = FAR_NOISIER) -> NoiseModel:
+    """The noise of every configuration (unpaired: the spread of its own repeats) and, where the sweep ran in
+    rounds, the paired model: the same after each round's effect, shared by every configuration, is taken out."""
+    samples = list(samples)
+    names = {s.name: s.pool for s in samples}
+    raw = {s.name: (s.pool, s.log_squares(), s.n - 1) for s in samples if s.n >= 2}
+    model = _pools(raw, names, level)
+    paired = _rounds_model(samples, names, level)
+    if paired is not None:
+        model.paired, model.complete, model.round_effects = paired
+    return model
+
+
+def _rounds_model(samples: list[Sample], names: dict[str, str],
+                  level: float) -> tuple[NoiseModel, frozenset[str], dict[int, float]] | None:
+    """Two-way model ln x_cr = μ_c + ρ_r + ε_cr over the configurations measured in every round (complete):
+    ρ_r = the mean over them of (ln x_cr − their mean); residuals e_cr = ln x_cr − mean_c − ρ_r. A configuration's
+    residual variance has (R − 1)(K − 1) / K degrees of freedom (K complete configurations, R rounds: one-way
+    ANOVA's (R − 1)(K − 1) shared out). None below 2 rounds or 2 complete configurations."""
+    rounds = sorted({r for s in samples for r in s.by_round()})
+    complete = [s for s in samples if len(s.by_round()) == len(rounds) == s.n]
+    if len(rounds) < 2 or len(complete) < 2:
+        return None
+    logs_ = {s.name: s.by_round() for s in complete}
+    means = {name: statistics.fmean(values.values()) for name, values in logs_.items()}
+    effects = {r: statistics.fmean(logs_[name][r] - means[name] for name in logs_) for r in rounds}
+    df = (len(rounds) - 1) * (len(complete) - 1) / len(complete)
+    residual = {s.name: (s.pool, sum((logs_[s.name][r] - means[s.name] - effects[r]) ** 2 for r in rounds), df)
+                for s in complete}
+    paired = _pools(residual, {s.name: s.pool for s in complete}, level, prefix="paired:")
+    within = {s.name: s.log_squares() for s in complete}
+    paired.pools = [Pool(p.name, p.variance, p.members, p.noisier, _share(p.name, residual, within))
+                    for p in paired.pools]
+    return paired, frozenset(logs_), effects
+
+
+def _share(pool: str, residual: dict[str, Part], within: dict[str, float]) -> float | None:
+    """1 − Σ residual squares ÷ Σ squares about each configuration's mean, over the pool's complete
+    configurations: the share of their spread that the rounds' shared effects explain."""
+    total = sum(within[name] for name, part in residual.items() if part[0] == pool)
+    left = sum(part[1] for part in residual.values() if part[0] == pool)
+    return 1 - left / total if total > 0 else None
 
 
 @dataclass(frozen=True)
@@ -194,6 +261,7 @@ class Contrast:
     se: float
     df: float
     log: bool = True
+    paired: bool = False  # from within-round ratios (the rounds' shared effects cancel)
 
     @property
     def estimate(self) -> float:
@@ -213,6 +281,32 @@ class Contrast:
         if self.se == 0:
             return 0.0 if distance > 0 else 1.0
         return float(2 * stdtr(self.df, -distance / self.se))
+
+    def p_within(self, margin: float) -> float:
+        """Two-sided p-value of "the ratio lies within 1 ± margin" (equivalence): the α at which the 1 − α
+        interval starts to fit inside (1/(1 + margin), 1 + margin) on the log scale (1: it never does)."""
+        room = math.log(1 + margin) - abs(self.center)
+        if room <= 0:
+            return 1.0
+        if self.se == 0:
+            return 0.0
+        return float(2 * stdtr(self.df, -room / self.se))
+
+    def rounds_to_resolve(self, rounds: int, level: float, effect: float, power: float = POWER,
+                          most: int = MAX_ROUNDS) -> int | None:
+        """Rounds in all at which a true ratio of exp(±`effect`) would be decided at `level` with probability
+        `power`, at this contrast's per-round noise: the smallest k with (t(1 − level/2, ν_k) + t(power, ν_k)) ·
+        se·√(rounds / k) ≤ effect, the degrees of freedom growing with the rounds (ν_k = ν·(k − 1)/(rounds − 1)).
+        None: more than `most` (a difference of 0 never resolves)."""
+        if effect <= 0:
+            return None
+        for k in range(max(rounds, 2), most + 1):
+            df = self.df * (k - 1) / (rounds - 1) if rounds > 1 and math.isfinite(self.df) else self.df
+            df = max(df, 1.0)
+            quantiles = float(stdtrit(df, 1 - level / 2)) + float(stdtrit(df, power))
+            if quantiles * self.se * math.sqrt(rounds / k) <= effect:
+                return k
+        return None
 
     def side(self, threshold: float = 1.0) -> int:
         """+1 when the estimate lies above the threshold, −1 below, 0 on it."""
@@ -235,16 +329,23 @@ def satterthwaite(terms: Sequence[tuple[float, Variance]]) -> tuple[float, float
 
 def ratio(numerator: Sequence[Sample], denominator: Sequence[Sample], model: NoiseModel) -> Contrast | None:
     """Π geometric means(numerator) ÷ Π geometric means(denominator) on the log scale, with se² = Σ V_g / n_g;
-    None when a sample is empty or a variance unknown (nothing measured twice at its scale)."""
+    None when a sample is empty or a variance unknown (nothing measured twice at its scale).
+
+    Paired where every sample ran in every round (and the ratio is balanced, as many samples over as under):
+    the estimate is then the mean of the within-round log ratios, in which each round's shared effect cancels,
+    and the variances are the paired model's (the spread left once the rounds' effects are out). Otherwise
+    unpaired: each configuration's own spread, round effects included."""
     samples = [*numerator, *denominator]
     if any(s.n == 0 for s in samples):
         return None
-    variances = [model.of(s.name) for s in samples]
+    paired = (model.paired is not None and len(numerator) == len(denominator)
+              and all(s.name in model.complete for s in samples))
+    variances = [(model.paired if paired else model).of(s.name) for s in samples]
     if any(v is None for v in variances):
         return None
     center = sum(s.log_mean for s in numerator) - sum(s.log_mean for s in denominator)
     se2, df = satterthwaite([(1 / s.n, v) for s, v in zip(samples, variances)])
-    return Contrast(center, math.sqrt(se2), df)
+    return Contrast(center, math.sqrt(se2), df, paired=paired)
 
 
 def mean_contrast(values: Sequence[float]) -> Contrast | None:
@@ -268,6 +369,14 @@ def between_sweeps(a: Sample, a_noise: Variance | None, b: Sample, b_noise: Vari
 
 
 # ------------------------------------------------------------------ many decisions
+def looks(spec_sweep: dict[str, Any] | None) -> int:
+    """How many times a repeat-until-decided sweep may decide (sweep.maxRepeats − repeats + 1; 1 otherwise)."""
+    sweep = spec_sweep or {}
+    low = int(sweep.get("repeats") or 1)
+    high = int(sweep.get("maxRepeats") or low)
+    return max(1, high - max(low, 2) + 1) if high > low else 1
+
+
 def holm(p_values: Sequence[float], alpha: float = 1 - CONFIDENCE) -> list[float]:
     """Holm's step-down levels: the j-th smallest of m p-values is tested at α / (m − j + 1) while every
     smaller one was rejected; from the first that is not, every later one keeps that level (so its interval at
