@@ -319,3 +319,26 @@ def test_manifest_rbac_covers_every_call_the_operator_made(cluster, benchmarks, 
             ("", "pods/log", "get"), ("", "events", "create"), ("gpt2bench.io", "gpt2benchmarks/status", "patch"),
             ("gpt2bench.io", "gpt2benchmarks/finalizers", "update")} <= made
     assert [call for call in sorted(made) if not allowed(rules, *call)] == []
+
+
+def test_a_sweep_that_repeats_until_decided_adds_whole_rounds_and_says_why_it_stopped(cluster, benchmarks, trainer):
+    """ddp and fsdp measured alike never decide: the operator adds round 3, then stops at maxRepeats, saying so in
+    status (roundsPlanned, roundsDone, stopReason) and with a RoundAdded Event; the same rule as the local runner's
+    (report.sequential), read from the stored status alone."""
+    sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2, "maxRepeats": 3, "breakdown": "off",
+             "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}
+    benchmarks.create(benchmark("until", sweep=sweep))
+    assert wait_for(lambda: benchmarks.status("until").get("runsTotal"), what="runsTotal") == 4
+    assert benchmarks.status("until")["roundsPlanned"] == 2
+
+    def alike(t: TrainingOperator, job: dict, i: int) -> None:
+        t.succeed(job, 1000.0 + (i % 3))  # within a few parts in a thousand of each other: never decided
+
+    order = play(trainer, "until", 6, alike)
+    status = wait_for(lambda: (s := benchmarks.status("until")).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert [r["repeat"] for r in status["runs"]] == [1, 1, 2, 2, 3, 3] and len(order) == 6
+    assert (status["runsTotal"], status["roundsPlanned"], status["roundsDone"]) == (6, 3, 3)
+    assert status["stopReason"].startswith("max rounds: 3 rounds run, still undecided at 1×2 CPU")
+    assert status["analysis"]["looks"] == 2  # rounds 2 and 3 may decide: each at 5 % / 2
+    added = [e["message"] for e in benchmarks.events("until") if e["reason"] == "RoundAdded"]
+    assert len(added) == 1 and added[0].startswith("round 3 added: undecided at 1×2 CPU")

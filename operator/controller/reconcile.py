@@ -50,6 +50,10 @@ def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_rfc3339(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 # --- job conditions -------------------------------------------------------------------------------
 
 
@@ -94,8 +98,10 @@ def owner_description(job: dict[str, Any]) -> str:
 
 
 def initial_status(runs: list[Run], generation: int | None, now: str) -> BenchmarkStatus:
-    """The status a new sweep starts with: every run Pending, nothing started."""
+    """The status a new sweep starts with: every run Pending, nothing started (and, in rounds, the rounds
+    planned: a sweep that repeats until decided adds more)."""
     status = BenchmarkStatus(
+        rounds_planned=max((run.repeat or 0 for run in runs), default=0) or None,
         phase=RUNNING,
         message=f"{len(runs)} runs planned",
         observed_generation=generation,
@@ -332,10 +338,10 @@ def _analyze(runs: list[RunStatus], spec: GPT2BenchmarkSpec | None) -> Any:
     # operator restarted after a crash should serve its sweeps again as soon as it can (docs/reliability.md).
     from gpt2bench.report.analysis import analyze
 
-    return analyze(runs, _camel(spec))
+    return analyze(runs, camel(spec))
 
 
-def _camel(spec: GPT2BenchmarkSpec | None) -> dict[str, Any] | None:
+def camel(spec: GPT2BenchmarkSpec | None) -> dict[str, Any] | None:
     return spec.model_dump(by_alias=True, exclude_none=True, mode="json") if spec else None
 
 

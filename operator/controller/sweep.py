@@ -169,7 +169,7 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
     stored = fresh["status"]
     status = BenchmarkStatus.read(stored)
     benchmark = benchmark_of(fresh, sweep_spec(fresh))
-    runs = plan_runs(benchmark)
+    runs = plan_runs(benchmark, rounds=status.rounds_planned)
     by_name = {run.name: run for run in runs}
     old_runs = list(status.runs or [])
     listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
@@ -200,8 +200,10 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
         ttl = benchmark.spec.run_policy.ttl_seconds_after_finished
         entries[name] = rc.vanished_entry(by_name[name], entries[name], now, ttl)
     current = [entries[entry.name] for entry in old_runs]
+    current, runs, rounds = _add_round(fresh, benchmark, status, current, runs, now)
     current = _start_runs(fresh, benchmark, runs, current, jobs, now, logger)
     summary = rc.summarize(status, current, now, benchmark.spec)
+    summary.rounds_planned, summary.rounds_done, summary.stop_reason = rounds
     _export(fresh, summary)
     generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
     if generation > observed:  # written here, not by the update handler: one writer while Running
@@ -290,6 +292,27 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
             present[entry.job_name] = job
             current[name] = rc.mark_running(entry, now)
     return [current[entry.name] for entry in entries]
+
+
+def _add_round(owner: dict[str, Any], benchmark: Benchmark, status: BenchmarkStatus, current: list[RunStatus],
+               runs: list[Run], now: str) -> tuple[list[RunStatus], list[Run], tuple]:
+    """Repeat until decided (sweep.maxRepeats): once every planned run has finished, one more whole round while a
+    scale's fastest decision is unresolved and the budget allows (report.sequential, the local runner's rule), as
+    Pending entries; else why the sweep stops. The rule reads only the stored runs and times, so a restarted
+    operator continues it. Returns the entries, the runs planned and (rounds planned, rounds done, stop reason)."""
+    rounds = (status.rounds_planned, status.rounds_done, status.stop_reason)
+    if benchmark.spec.sweep.max_repeats is None or any(e.phase not in rc.TERMINAL_RUN_PHASES for e in current):
+        return current, runs, rounds
+    from gpt2bench.report.sequential import next_round
+
+    step = next_round(current, rc.camel(benchmark.spec), status.start_time, rc.parse_rfc3339(now))
+    if not step.add:
+        return current, runs, (status.rounds_planned, step.rounds_done, step.reason)
+    planned = (status.rounds_planned or 0) + 1
+    runs = plan_runs(benchmark, rounds=planned)
+    added = [collect.run_entry(run, phase=rc.PENDING) for run in runs if run.repeat == planned]
+    _event(owner, "Normal", "RoundAdded", step.reason)
+    return current + added, runs, (planned, step.rounds_done, None)
 
 
 def _create_run(owner: dict[str, Any], benchmark: Benchmark, policy: list[dict[str, Any]],
