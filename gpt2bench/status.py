@@ -361,6 +361,8 @@ class BenchmarkStatus(StatusModel):
     backend: str | None = Field(
         None, description="The backend the sweep runs on, trainjob or pytorchjob: spec.backend, or what `auto` "
                           "resolved to from the job kinds the API server serves (TrainJob preferred).")
+    order_seed: int | None = Field(None, description="Seed of the rounds' shuffled order (sweep.orderSeed, else derived "
+                                                     "from the benchmark's name): round r shuffles with seed + r.")
     rounds_planned: int | None = Field(None, description="Decision rounds planned so far (sweep.repeats, plus the "
                                                          "rounds added until decided).")
     rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
@@ -387,6 +389,8 @@ class ResultsDocument(StatusModel):
     analysis: Analysis | None = None
     start_time: str | None = None
     completion_time: str | None = None
+    order_seed: int | None = Field(None, description="Seed of the rounds' shuffled order (sweep.orderSeed, else derived "
+                                                     "from the benchmark's name): round r shuffles with seed + r.")
     rounds_planned: int | None = Field(None, description="Decision rounds planned so far (sweep.repeats, plus the "
                                                          "rounds added until decided).")
     rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
@@ -413,7 +417,8 @@ class ResultsDocument(StatusModel):
                    spec=resource.get("spec") or {}, runs=[LocalRun.read(r.dump()) for r in status.runs or []],
                    phase=status.phase or "Unknown", best=status.best, analysis=status.analysis,
                    start_time=status.start_time,
-                   completion_time=status.completion_time, rounds_planned=status.rounds_planned,
+                   completion_time=status.completion_time, order_seed=status.order_seed,
+                   rounds_planned=status.rounds_planned,
                    rounds_done=status.rounds_done, stop_reason=status.stop_reason)
 
 

@@ -330,6 +330,9 @@ def test_a_sweep_that_repeats_until_decided_adds_whole_rounds_and_says_why_it_st
     benchmarks.create(benchmark("until", sweep=sweep))
     assert wait_for(lambda: benchmarks.status("until").get("runsTotal"), what="runsTotal") == 4
     assert benchmarks.status("until")["roundsPlanned"] == 2
+    from gpt2bench.plan import seed_for
+
+    assert benchmarks.status("until")["orderSeed"] == seed_for("until", None)  # the rounds' order, recorded
 
     def alike(t: TrainingOperator, job: dict, i: int) -> None:
         t.succeed(job, 1000.0 + (i % 3))  # within a few parts in a thousand of each other: never decided

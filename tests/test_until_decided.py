@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 
 from gpt2bench.local import sweep as local_sweep
-from gpt2bench.plan import plan_runs
+from gpt2bench.plan import order_seed, plan_runs
 from gpt2bench.protocol import SUMMARY_PREFIX, TERMINATION_LOG_ENV
 from gpt2bench.render import render_job
 from gpt2bench.report.analysis import analyze
@@ -128,6 +128,7 @@ def test_the_local_runner_adds_whole_rounds_until_decided_and_says_why_it_stoppe
     assert [r.repeat for r in doc.runs] == [k for k in range(1, rounds + 1) for _ in (0, 1)]
     assert all(r.phase == "Succeeded" for r in doc.runs)
     assert doc.rounds_planned == doc.rounds_done == rounds and doc.stop_reason.startswith(reason)
+    assert doc.order_seed == order_seed(bench)  # recorded: round k ran in random.Random(seed + k)'s order
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["roundsDone"] == rounds and saved["stopReason"] == doc.stop_reason
     assert doc.analysis.looks == 3  # rounds 2, 3 and 4 may decide: each at 5 % / 3

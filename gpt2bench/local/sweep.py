@@ -27,7 +27,7 @@ from gpt2bench import collect
 from gpt2bench.files import write_atomic
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
 from gpt2bench.local.progress import Display
-from gpt2bench.plan import Run, plan_runs
+from gpt2bench.plan import Run, order_seed, plan_runs
 from gpt2bench.protocol import STEPS_FILE
 from gpt2bench.render import render_job
 from gpt2bench.spec.model import Benchmark
@@ -86,6 +86,8 @@ class Sweep:
             start_time=rfc3339(),
             rounds_planned=max((run.repeat or 0 for run in runs), default=0) or None,
         )
+        if self.doc.rounds_planned:
+            self.doc.order_seed = order_seed(benchmark)
 
     def save(self) -> None:
         self.doc.save(self.directory)

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpt2bench import collect
 from gpt2bench import jobkinds as kinds
-from gpt2bench.plan import Run
+from gpt2bench.plan import Run, seed_for
 from gpt2bench.spec.model import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     COMPLETE,
@@ -100,8 +100,10 @@ def owner_description(job: dict[str, Any]) -> str:
 def initial_status(runs: list[Run], generation: int | None, now: str) -> BenchmarkStatus:
     """The status a new sweep starts with: every run Pending, nothing started (and, in rounds, the rounds
     planned: a sweep that repeats until decided adds more)."""
+    rounds = max((run.repeat or 0 for run in runs), default=0) or None
     status = BenchmarkStatus(
-        rounds_planned=max((run.repeat or 0 for run in runs), default=0) or None,
+        rounds_planned=rounds,
+        order_seed=seed_for(runs[0].benchmark, runs[0].spec.sweep.order_seed) if rounds and runs[0].spec else None,
         phase=RUNNING,
         message=f"{len(runs)} runs planned",
         observed_generation=generation,
