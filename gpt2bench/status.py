@@ -216,7 +216,7 @@ class Recommendation(StatusModel):
                                               "not.")
     strategy: str | None = None
     precision: str | None = None
-    value: float | None = Field(None, description="The top-ranked configuration's mean, in `unit`.")
+    value: float | None = Field(None, description="The top-ranked configuration's geometric mean, in `unit`.")
     unit: str | None = None
     spread: float | None = Field(None, description="Sample standard deviation over its repeats.")
     measurements: int | None = Field(None, description="Succeeded repeats behind `value`.")
@@ -235,8 +235,9 @@ class Recommendation(StatusModel):
     noise_df: float | None = Field(None, description="Degrees of freedom of the margin's interval (Welch; 0: noise "
                                                      "unknown).")
     candidates: list[str] | None = Field(
-        None, description="No clear winner: the configurations the noise cannot tell from the top-ranked (it first); "
-                          "needs-repeats: every configuration, best mean first.")
+        None, description="No clear winner: the top-ranked and every rival it does not beat beyond the noise; "
+                          "equivalent: the top-ranked and the rivals within sweep.minEffect; needs-repeats: every "
+                          "configuration, best first.")
     excluded: list[str] | None = Field(None, description="Runs at this scale left out: they did not succeed.")
     rounds_needed: int | None = Field(
         None, description="No clear winner: rounds in all at which a true difference of the observed size would be "
