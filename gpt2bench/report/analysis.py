@@ -313,7 +313,7 @@ def round_timing(runs: list[RunStatus], prices: Prices | None) -> tuple[float | 
     spans: dict[int, list[tuple[datetime, datetime, RunStatus]]] = {}
     for run in runs:
         if run.repeat and run.start_time and run.completion_time:
-            spans.setdefault(run.repeat, []).append((_time(run.start_time), _time(run.completion_time), run))
+            spans.setdefault(run.repeat, []).append((parse_time(run.start_time), parse_time(run.completion_time), run))
     if not spans:
         return None, None
     seconds = [(max(end for _, end, _ in found) - min(start for start, _, _ in found)).total_seconds()
@@ -323,7 +323,7 @@ def round_timing(runs: list[RunStatus], prices: Prices | None) -> tuple[float | 
     return statistics.fmean(seconds), (statistics.fmean(costs) if costs and any(costs) else None)
 
 
-def _time(text: str) -> datetime:
+def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpt2bench.report.analysis import APART, analyze
+from gpt2bench.report.analysis import APART, analyze, parse_time
 from gpt2bench.status import TERMINAL_RUN_PHASES, Recommendation, RunStatus
 
 RESOLVED = ("clear", "equivalent", "only-candidate", "not-measurable")
@@ -71,7 +71,7 @@ def _over_budget(runs: list[RunStatus], budget: dict[str, Any], start_time: str 
     rounds = {}
     for run in runs:
         if run.repeat and run.start_time and run.completion_time:
-            start, end = _time(run.start_time), _time(run.completion_time)
+            start, end = parse_time(run.start_time), parse_time(run.completion_time)
             rounds.setdefault(run.repeat, []).append((start, end, run))
     if not rounds:
         return None
@@ -79,16 +79,12 @@ def _over_budget(runs: list[RunStatus], budget: dict[str, Any], start_time: str 
     gpu = [sum(run.nodes * run.devices_per_node * (e - s).total_seconds() / 3600 for s, e, run in r)
            for r in rounds.values()]
     if budget.get("wallSeconds") and start_time:
-        elapsed = (now - _time(start_time)).total_seconds()
+        elapsed = (now - parse_time(start_time)).total_seconds()
         if elapsed + wall > budget["wallSeconds"]:
             return (f"{elapsed:.0f} s of {budget['wallSeconds']} s used, a round takes about {wall:.0f} s")
     if budget.get("gpuHours"):
-        used = sum(run.nodes * run.devices_per_node * (_time(run.completion_time) - _time(run.start_time))
+        used = sum(run.nodes * run.devices_per_node * (parse_time(run.completion_time) - parse_time(run.start_time))
                    .total_seconds() / 3600 for run in runs if run.start_time and run.completion_time)
         if used + statistics.fmean(gpu) > budget["gpuHours"]:
             return f"{used:.2f} of {budget['gpuHours']} GPU-hours used, a round takes about {statistics.fmean(gpu):.2f}"
     return None
-
-
-def _time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
