@@ -23,7 +23,17 @@ import pytest
 import yaml
 from kube import EmulatedCluster
 from kube.faults import ApiFaults
-from kube.fixtures import GROUP, PLURAL, VERSION, Benchmarks, api_client, benchmark, install_crds, wait_for
+from kube.fixtures import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Benchmarks,
+    api_client,
+    benchmark,
+    install_crds,
+    run_entry,
+    wait_for,
+)
 from kube.training import TrainingOperator
 from test_operator_process import OperatorProcess, job_creations
 
@@ -203,8 +213,8 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
         seen.add(job["metadata"]["name"])
         return job
 
-    def run_entry(i: int) -> dict[str, Any]:
-        return wait_for(lambda: (r := env.benchmarks.status(name)["runs"][i])["phase"] == "Failed" and r, 20,
+    def failed_run(i: int) -> dict[str, Any]:
+        return wait_for(lambda: (r := run_entry(env.benchmarks.status(name), i)).get("phase") == "Failed" and r, 20,
                         what=f"run {i} Failed")
 
     job = next_job(0)  # deleted by someone else while it runs (its pods go with it: the garbage collector)
@@ -212,12 +222,12 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
     env.trainer.running_pod(job)
     env.trainer.custom.delete_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs",
                                                        job["metadata"]["name"])
-    assert "was deleted before its results were read" in run_entry(0)["reason"]
+    assert "was deleted before its results were read" in failed_run(0)["reason"]
 
     job = next_job(1)  # its pod evicted by the kubelet (node pressure)
     env.trainer.start(job)
     env.trainer.evict(job, "The node was low on resource: memory.")
-    evicted = run_entry(1)["reason"]
+    evicted = failed_run(1)["reason"]
     assert "Evicted: The node was low on resource: memory." in evicted and "1 Master replica(s) failed" in evicted
 
     job = next_job(2)  # its node gone: the pod stays Terminating; the job ends at its deadline
@@ -225,7 +235,7 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
     pod = env.trainer.lose_node(job)
     wait_for(lambda: env.trainer.past_deadline(job), 5, what="the deadline")
     env.trainer.exceed_deadline(job)
-    lost = run_entry(2)["reason"]
+    lost = failed_run(2)["reason"]
     assert "active longer than specified deadline" in lost and f"pod {pod} stuck Terminating" in lost
 
     job = next_job(3)  # a rank that hangs: alive, no progress, until the deadline
@@ -233,7 +243,7 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
     env.trainer.running_pod(job)
     wait_for(lambda: env.trainer.past_deadline(job), 5, what="the deadline")
     env.trainer.exceed_deadline(job)
-    assert "active longer than specified deadline" in run_entry(3)["reason"]
+    assert "active longer than specified deadline" in failed_run(3)["reason"]
 
     status = drive(env, name, expected)  # the sweep went on: the last two runs
     assert status["phase"] == "PartiallySucceeded"
@@ -241,13 +251,13 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
     assert duplicates(env, name) == 0
     env.trainer.core.patch_namespaced_pod(pod, "default", {"metadata": {"finalizers": None}})  # node back
     FIGURES["job-deleted"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
-                              "reason": run_entry(0)["reason"]}
+                              "reason": failed_run(0)["reason"]}
     FIGURES["pod-evicted"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
                               "reason": evicted}
     FIGURES["node-lost"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
                             "reason": lost}
     FIGURES["rank-hangs-cluster"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
-                                     "reason": run_entry(3)["reason"], "activeDeadlineSeconds": 2}
+                                     "reason": failed_run(3)["reason"], "activeDeadlineSeconds": 2}
 
 
 def test_rendered_jobs_bound_the_process_group_timeout_below_the_deadline():
