@@ -65,12 +65,14 @@ def _method(request: kmock.Request) -> str:
 class Placed:
     """A fault for the operator's calls of one method whose path matches a regular expression (`None`: any),
     installed on a cluster for a `with` block. `agents`: whose calls (kopf's and the operator's client by
-    default; OWN_CLIENT for the client's only). `hits` counts the calls it answered."""
+    default; OWN_CLIENT for the client's only). `hits` counts the calls it answered; `calls` keeps
+    (time.monotonic(), answered by the fault) of every matching call."""
 
     def __init__(self, method: str | None = None, path: str | None = None,
                  agents: tuple[str, ...] = OPERATOR_AGENTS):
         self.method, self.path, self.agents = method, re.compile(path) if path else None, agents
         self.hits = 0
+        self.calls: list[tuple[float, bool]] = []
         self.cluster: EmulatedCluster | None = None
 
     def matches(self, request: kmock.Request) -> bool:
@@ -106,7 +108,9 @@ class FailCalls(Placed):
         if not self.matches(request):
             return None
         with self._lock:
-            if self.hits >= self.times:
+            failed = self.hits < self.times
+            self.calls.append((time.monotonic(), failed))
+            if not failed:
                 return None
             self.hits += 1
         reason, message = ERRORS[self.code]
