@@ -208,3 +208,55 @@ def test_an_edit_of_a_started_sweep_is_ignored_once_though_a_call_fails(cluster,
     assert reasons(benchmarks, name).count("SpecChangeIgnored") == 1
     assert len(trainer.jobs(name)) == 1, "the pinned spec's one run"
     benchmarks.delete(name)
+
+
+# --- Running, held: what this version cannot read (pure: no cluster) ----------------------------------
+
+
+def pinned_benchmark(spec_changes: dict | None = None, pinned_by: str = "9.9.0") -> dict:
+    """A started sweep as stored: its pinned spec (with `spec_changes`, as a later version may pin it), the
+    version that pinned it, and status as initial_status writes it."""
+    from gpt2bench.controller import reconcile as rc
+    from gpt2bench.controller import sweep
+    from gpt2bench.plan import plan_runs
+
+    body = benchmark("held", [{"name": "single"}, {"name": "ddp"}], backend="pytorchjob")
+    body["metadata"].update(namespace="default", uid="u-1", generation=1)
+    runs = plan_runs(sweep.benchmark_of(body, body["spec"]))
+    body["status"] = rc.initial_status(runs, 1, rc.now_rfc3339()).dump()
+    body["metadata"]["annotations"] = {sweep.SWEEP_SPEC_ANNOTATION: json.dumps({**body["spec"], **(spec_changes or {})}),
+                                       sweep.SWEEP_SPEC_VERSION_ANNOTATION: pinned_by}
+    return body
+
+
+def test_a_pinned_state_this_version_reads_is_read_as_pinned():
+    from gpt2bench.controller import sweep
+
+    status, bench, runs = sweep._pinned(pinned_benchmark())
+    assert [r.name for r in runs] == [r.name for r in status.runs] == ["held-single-fp32-1x1", "held-ddp-fp32-1x2"]
+    assert bench.spec.backend == "pytorchjob"
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"spec": {"addedLater": True}}, "spec.addedLater"),  # a field a later version added
+    ({"spec": {"training": {"steps": 4, "warmupSteps": 1, "seqLen": 32, "optimizer": "lion"}}}, "spec.training"),
+    ({"status": "Preempted"}, "Preempted"),  # a run phase a later version writes
+    ({"status": "renamed"}, "it plans other runs than the sweep's (held-ddp-fp32-1x2"),  # another naming scheme
+    ({"annotation": "{not json"}, "Expecting property name"),
+], ids=["field", "value", "run-phase", "plan", "json"])
+def test_a_pinned_state_this_version_cannot_read_is_unreadable_naming_what_and_who_pinned_it(change, said):
+    from gpt2bench import __version__
+    from gpt2bench.controller import sweep
+
+    body = pinned_benchmark(change.get("spec"))
+    if change.get("status") == "Preempted":
+        body["status"]["runs"][0]["phase"] = "Preempted"
+    if change.get("status") == "renamed":
+        body["status"]["runs"][1]["name"] = "held-ddp-fp32-1x2-v2"
+    if "annotation" in change:
+        body["metadata"]["annotations"][sweep.SWEEP_SPEC_ANNOTATION] = change["annotation"]
+    with pytest.raises(sweep.Unreadable) as unreadable:
+        sweep._pinned(body)
+    text = str(unreadable.value)
+    assert said in text and "pinned by operator 9.9.0" in text and f"this operator ({__version__})" in text
+    assert "delete the GPT2Benchmark" in text

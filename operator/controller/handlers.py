@@ -90,10 +90,10 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
 @kopf.on.probe(id="progress")
 async def progress(**_: Any) -> dict[str, float | int]:
     """On the event loop (not a worker thread): it answers even when every worker is stuck."""
-    stuck = liveness.stalled()
-    if stuck:
-        raise kopf.PermanentError(liveness.describe(stuck))  # /healthz answers 500
-    return liveness.report()
+    try:
+        return liveness.check()
+    except liveness.Stalled as stalled:
+        raise kopf.PermanentError(str(stalled)) from None  # /healthz answers 500 (not retried)
 
 
 @kopf.on.login()

@@ -69,6 +69,19 @@ def report(now: float | None = None) -> dict[str, float | int]:
     return {"inFlight": len(ages), "oldestSeconds": round(max(ages, default=0.0), 1)}
 
 
+class Stalled(Exception):
+    """Something has outlived its limit: the operator makes no progress."""
+
+
+def check() -> dict[str, float | int]:
+    """The probe: what is in flight, or Stalled naming what has outlived its limit (most overdue first)."""
+    now = time.monotonic()
+    late = stalled(now)
+    if late:
+        raise Stalled(describe(late, now))
+    return report(now)
+
+
 def describe(late: list[Activity], now: float | None = None) -> str:
     now = time.monotonic() if now is None else now
     shown = "; ".join(f"{a.what} running for {now - a.started:.0f} s (limit {a.limit:.0f} s)" for a in late[:3])

@@ -152,6 +152,7 @@ class Hang(Placed):
         if self._released is None or self._released.is_set():
             return None
         self.hits += 1
+        self.calls.append((time.monotonic(), True))
         if self.trickle:
             return kmock.Response(headers={"Content-Type": "application/json"}, payload=self._spaces())
         return self._released.wait()
