@@ -147,6 +147,7 @@ def test_a_calls_bound_covers_every_attempt_and_wait_at_its_timeout():
     worst = attempts * ((1 + apiclient.CONNECT_RETRIES) * 10 + (1 + apiclient.READ_RETRIES) * 30) \
         + apiclient.RETRY_AFTER_RETRIES * 10
     assert worst < timeouts.call_limit <= worst + 30
+    assert timeouts.call_limit == 290, "docs/operator.md quotes the default bound"
 
 
 def test_the_probe_fails_naming_what_outlived_its_limit_and_passes_again_once_it_ends():

@@ -55,8 +55,14 @@ def test_a_start_that_meets_errors_for_longer_than_any_retry_budget_starts_once_
                                                                                          trainer):
     """Issue 28, item 3: ~45 s of API errors at creation (10 tries) left the sweep Failed for good. Now it waits
     Pending, saying why, and starts as soon as the API server answers."""
+    from gpt2bench.controller.metrics import REGISTRY
+
+    def errors() -> float:
+        return REGISTRY.get_sample_value("gpt2bench_operator_reconcile_errors_total", {"namespace": "default"}) or 0
+
     name = "patient"
     phases: list[str | None] = []
+    errors_before = errors()
     with FailCalls(503, times=12, method="GET", path=DISCOVERY, agents=OWN_CLIENT).install(cluster) as fault:
         benchmarks.create(benchmark(name, [{"name": "single"}]))
         pending = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Pending" and s, what="Pending")
@@ -66,6 +72,8 @@ def test_a_start_that_meets_errors_for_longer_than_any_retry_budget_starts_once_
     play_one(trainer, name)
     status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Succeeded" and s, what="Succeeded")
     assert "Failed" not in phases and status["runsSucceeded"] == 1
+    assert errors() - errors_before >= 12, "each failed start counted (GPT2BenchmarkOperatorReconcileErrors)"
+    assert reasons(benchmarks, name).count("SweepNotStarted") == 1, "one Event for one error, not one per try"
     benchmarks.delete(name)
 
 

@@ -208,6 +208,7 @@ def _start_or_wait(fresh: dict[str, Any], logger: logging.Logger) -> None:
         status = rc.pending_status(reason, metadata.get("generation"), rc.now_rfc3339(), RETRY_SECONDS)
         stored = fresh.get("status") or {}
         logger.info("sweep not started yet: %s", reason)
+        metrics.RECONCILE_ERRORS.labels(metadata.get("namespace") or "").inc()  # not raised: counted here
         if stored.get("phase") == rc.PENDING and stored.get("message") == status.message:
             return  # said already: the timer tries again, no Event each time
         kube.patch_status(metadata.get("namespace") or "default", metadata["name"],  # raises: kopf retries
