@@ -11,7 +11,7 @@ import json
 
 import pytest
 from kube.faults import OWN_CLIENT, FailCalls
-from kube.fixtures import benchmark, wait_for
+from kube.fixtures import benchmark, run_entry, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -187,6 +187,23 @@ def test_a_finished_run_is_recorded_and_the_next_started_though_one_call_of_the_
     wait_for(lambda: reasons(benchmarks, name).count("RunSucceeded") == 2, what="2 RunSucceeded")
     wait_for(lambda: "SweepSucceeded" in reasons(benchmarks, name), what="SweepSucceeded")
     assert reasons(benchmarks, name).count("SweepSucceeded") == 1
+    benchmarks.delete(name)
+
+
+def test_a_sweep_finishes_once_though_writing_its_end_fails_once(cluster, benchmarks, trainer):
+    """Running → Succeeded: the status write of the last run's result (and the analysis) fails once."""
+    name = "ending"
+    benchmarks.create(benchmark(name, [{"name": "single"}]))
+    job = wait_for(lambda: trainer.jobs(name), what="the job")[0]
+    trainer.start(job)
+    wait_for(lambda: run_entry(benchmarks.status(name), 0).get("phase") == "Running", what="Running")
+    path = rf"/gpt2benchmarks/{name}/status$"
+    with FailCalls(503, times=1, method="PATCH", path=path, agents=OWN_CLIENT).install(cluster) as fault:
+        trainer.succeed(job, 10.0)
+        status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert fault.hits == 1 and status["runs"][0]["results"]["tokensPerSecond"] == 10.0 and status["analysis"]
+    wait_for(lambda: "SweepSucceeded" in reasons(benchmarks, name), what="SweepSucceeded")
+    assert reasons(benchmarks, name).count("RunSucceeded") == reasons(benchmarks, name).count("SweepSucceeded") == 1
     benchmarks.delete(name)
 
 
