@@ -42,10 +42,11 @@ def _not_finished(status: kopf.Status, **_: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _handling(what: str, namespace: str, name: str) -> Iterator[None]:
-    """A handler's run on one benchmark: known to the liveness probe, its errors counted, and the API
-    server's Retry-After given to kopf as the retry's delay."""
-    with liveness.activity(f"{what} {namespace}/{name}", liveness.STEP_LIMIT), metrics.counting_errors(namespace):
+def _handling(namespace: str) -> Iterator[None]:
+    """A handler's run on a benchmark of `namespace`: its errors counted, and the API server's Retry-After
+    given to kopf as the retry's delay. (The liveness probe knows each round of `sweep.advance` and each API
+    request, not the handler: it may go round many times while its benchmark's jobs keep changing.)"""
+    with metrics.counting_errors(namespace):
         try:
             yield
         except kopf.TemporaryError:
@@ -112,7 +113,7 @@ def stop_metrics(**_: Any) -> None:
 @kopf.on.create(*RESOURCE)
 def start_sweep(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     namespace, name = body.metadata.namespace or "default", body.metadata.name
-    with _handling("start", namespace, name):
+    with _handling(namespace):
         sweep.advance(namespace, name, logger)
 
 
@@ -121,7 +122,7 @@ def start_sweep(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
             backoff=POLL_SECONDS)
 def follow_jobs(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     namespace, name = body.metadata.namespace or "default", body.metadata.name
-    with _handling("poll", namespace, name):
+    with _handling(namespace):
         sweep.advance(namespace, name, logger)
 
 
@@ -133,7 +134,7 @@ def job_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     owner = sweep.owner_of(body)
     if owner is not None:
         namespace = body.metadata.namespace or "default"
-        with _handling(f"job {body.metadata.name} of", namespace, owner["name"]):
+        with _handling(namespace):
             sweep.advance(namespace, owner["name"], logger)
 
 
@@ -145,7 +146,7 @@ for _kind in JOB_KINDS.values():
 @kopf.on.update(*RESOURCE, field="spec")
 def spec_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     namespace, name = body.metadata.namespace or "default", body.metadata.name
-    with _handling("edit", namespace, name):
+    with _handling(namespace):
         sweep.spec_changed(namespace, name, logger)
 
 

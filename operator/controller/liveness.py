@@ -1,12 +1,13 @@
 """Whether the operator still makes progress: what its liveness endpoint (`/healthz`) reports.
 
 kopf serves `/healthz` (`--liveness`) from its event loop and runs the `@kopf.on.probe` handlers for it
-(handlers.py). Every API request of the operator's client and every handler run is registered here while it
-lasts, with the longest it may take (`limit`): a request is bounded by its timeouts and retries
-(apiclient.call_limit), a handler by STEP_LIMIT. One that has outlived its limit means the operator is stuck
-(an answer that never ends, a deadlock, a loop): the probe then fails, and the kubelet restarts the pod after
-the Deployment's `failureThreshold` probes. An event loop that is blocked does not answer `/healthz` at all,
-which fails the probe too.
+(handlers.py). Every API request of the operator's client and every round of a benchmark's advance
+(sweep.advance: one start or step) is registered here while it lasts, with the longest it may take
+(`limit`): a request is bounded by its timeouts and retries (apiclient.Timeouts.call_limit), a round by
+STEP_LIMIT. One that has outlived its limit means the operator is stuck (an answer that never ends, a
+deadlock, a loop): the probe then fails, and the kubelet restarts the pod after the Deployment's
+`failureThreshold` probes. An event loop that is blocked does not answer `/healthz` at all, which fails the
+probe too.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-# The longest one handler run (a sweep's step: reading its jobs and pods, creating the next jobs, writing its
-# status) may take before the operator counts as stuck. A step makes at most a few dozen bounded requests;
+# The longest one round (a sweep's start or step: reading its jobs and pods, creating the next jobs, writing
+# its status) may take before the operator counts as stuck. A step makes at most a few dozen bounded requests;
 # this leaves room for a slow API server without restarting the operator for it.
 STEP_LIMIT = 15 * 60.0
 

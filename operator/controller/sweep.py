@@ -46,7 +46,7 @@ from gpt2bench.spec.model import API_GROUP, KIND, Benchmark
 from gpt2bench.spec.validation import SpecError, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
 
-from . import apiclient, kube, metrics
+from . import apiclient, kube, liveness, metrics
 from . import reconcile as rc
 
 # The spec a sweep started with: later spec edits do not change a running sweep (docs/operator.md).
@@ -144,7 +144,8 @@ def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = Fa
             if time.monotonic() < gate.not_before:
                 return  # the API server asked to wait; the timer comes back
             try:
-                finished = _advance_once(namespace, name, logger, was_edited)
+                with liveness.activity(f"step {namespace}/{name}", liveness.STEP_LIMIT):  # each round its own
+                    finished = _advance_once(namespace, name, logger, was_edited)
             except Exception as exc:
                 with _gates_guard:
                     gate.edited |= was_edited  # the edit is still to be answered at the next try
