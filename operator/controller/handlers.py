@@ -152,6 +152,6 @@ def spec_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
 
 @kopf.on.event(*RESOURCE)
 def forget_deleted(type: str | None, body: kopf.Body, **_: Any) -> None:
-    if type == "DELETED":  # its lock and its recommendation series go with it
+    if type == "DELETED":  # its gate and its recommendation series go with it
         sweep.forget(body.metadata.namespace or "default", body.metadata.name)
         metrics.export_recommendations(body.metadata.namespace or "", body.metadata.name, None)
