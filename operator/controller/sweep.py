@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +45,7 @@ from gpt2bench.spec.model import API_GROUP, KIND, Benchmark
 from gpt2bench.spec.validation import SpecError, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
 
-from . import apiclient, kube, liveness, metrics
+from . import kube, liveness, metrics
 from . import reconcile as rc
 
 # The spec a sweep started with: later spec edits do not change a running sweep (docs/operator.md).
@@ -63,13 +62,11 @@ STEPS_LOG_BYTES = 4 * MAX_STEPS_LINE + 200 * 400
 @dataclass
 class _Gate:
     """One benchmark's turn: one thread advances it at a time. `wanted`: a trigger came while it was busy
-    (the holder goes round once more); `edited`: one of them was a spec edit; `not_before`: the API server
-    asked to wait (Retry-After, time.monotonic())."""
+    (the holder goes round once more); `edited`: one of them was a spec edit."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     wanted: bool = False
     edited: bool = False
-    not_before: float = 0.0
 
 
 _gates: dict[tuple[str, str], _Gate] = {}
@@ -141,17 +138,12 @@ def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = Fa
                 if not gate.wanted:
                     return
                 gate.wanted, was_edited, gate.edited = False, gate.edited, False
-            if time.monotonic() < gate.not_before:
-                return  # the API server asked to wait; the timer comes back
             try:
                 with liveness.activity(f"step {namespace}/{name}", liveness.STEP_LIMIT):  # each round its own
                     finished = _advance_once(namespace, name, logger, was_edited)
-            except Exception as exc:
+            except Exception:
                 with _gates_guard:
                     gate.edited |= was_edited  # the edit is still to be answered at the next try
-                wait = apiclient.retry_after_of(exc)
-                if wait:
-                    gate.not_before = time.monotonic() + wait
                 raise
         finally:
             gate.lock.release()
