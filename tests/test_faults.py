@@ -374,6 +374,48 @@ def test_a_benchmark_deleted_while_its_poll_runs_is_gone_within_seconds(env):
                                              "final_phase": "deleted", "seconds_to_gone": round(took, 1)}
 
 
+def test_a_benchmark_deleted_while_a_job_event_is_handled_gets_no_job_after(env):
+    """A job's event starts a step; the benchmark is deleted while the step waits for its list of jobs (answered
+    2 s late, after the garbage collector took the job). The step then saw its run's job gone and started the
+    next run: a job owned by nothing (a real garbage collector deletes it; the emulator's only collects at the
+    owner's deletion). The timer is off (60 s), so no poll holds kopf's finalizer meanwhile."""
+    from kube.faults import is_operator
+
+    env.operator.stop()
+    env.operator.poll_seconds = 60.0
+    env.operator.start()
+    name, slow = "dropped-mid-event", 2.0
+    listing = threading.Event()
+
+    def slow_job_lists(request) -> float | None:
+        method = getattr(request.method, "name", str(request.method))
+        if is_operator(request) and request.resource is not None and request.resource.plural == "pytorchjobs" \
+                and method == "GET" and request.name is None:
+            listing.set()
+            return slow
+        return None
+
+    try:
+        env.benchmarks.create(benchmark(name))
+        job = wait_for(lambda: env.trainer.jobs(name), 20, what="the first job")[0]
+        env.cluster.call(lambda emulator: emulator.faults.append(slow_job_lists))
+        env.trainer.start(job)  # its event: a step, whose list of jobs is answered late
+        assert listing.wait(10), "the job event's step did not list the jobs"
+        env.benchmarks.delete(name)
+        wait_for(lambda: not env.benchmarks.exists(name), 15, what="the benchmark gone")
+        time.sleep(slow + 1)
+        created = [j for j in job_creations(env.cluster) if j.startswith(f"{name}-")]
+    finally:
+        env.cluster.call(lambda emulator: slow_job_lists in emulator.faults and emulator.faults.remove(slow_job_lists))
+        env.operator.stop()
+        env.operator.poll_seconds = POLL_SECONDS
+        env.operator.start()
+    assert created == [job["metadata"]["name"]], f"jobs created: {created}"
+    assert env.trainer.jobs(name) == []
+    FIGURES["benchmark-deleted-mid-event"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0,
+                                              "final_phase": "deleted", "jobs_created_after": len(created) - 1}
+
+
 def test_a_spec_edited_mid_sweep_is_ignored_for_that_sweep_as_documented(env):
     """docs/operator.md: a started sweep keeps the spec pinned at start; SpecChangeIgnored says so."""
     name, expected = "edited", figures_of("edited", 6)

@@ -405,13 +405,16 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
                 jobs: dict[str, dict], now: str, logger: logging.Logger) -> list[RunStatus]:
     """Create the jobs of the runs that may start now. A job the cluster refuses (or cannot serve, or whose
     name another owner holds) fails its run at once, and the next run takes its place in the same step; a
-    transient error leaves the run Pending for the next step."""
+    transient error leaves the run Pending for the next step. Nothing is created for a benchmark deleted
+    since the step read it (its jobs vanish with it: a step that reads them gone would start the next run)."""
     by_name = {run.name: run for run in runs}
     current = {entry.name: entry for entry in entries}
     present = dict(jobs)  # jobs, plus the ones created here: they hold their concurrency slots
     tried: set[str] = set()
     while chosen := [n for n in rc.runs_to_start(list(current.values()), present, benchmark.spec.concurrency)
                      if n not in tried]:
+        if not tried and _deleted_since(owner):
+            return entries
         for name in chosen:
             tried.add(name)
             run, entry = by_name[name], current[name]
@@ -436,6 +439,15 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
             present[entry.job_name] = job
             current[name] = rc.mark_running(entry, now)
     return [current[entry.name] for entry in entries]
+
+
+def _deleted_since(owner: dict[str, Any]) -> bool:
+    """Whether the benchmark read at the step's start is gone or being deleted now (one read, just before the
+    first job a step creates; a real API server's garbage collector would delete a job created in the
+    remaining moment, its owner being gone)."""
+    metadata = owner["metadata"]
+    now = kube.get_benchmark(metadata.get("namespace") or "default", metadata["name"])
+    return now is None or bool(now["metadata"].get("deletionTimestamp")) or now["metadata"].get("uid") != metadata.get("uid")
 
 
 def _create_run(owner: dict[str, Any], benchmark: Benchmark, policy: list[dict[str, Any]],
