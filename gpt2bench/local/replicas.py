@@ -5,7 +5,6 @@ reader (trainjob.py) both build on it.
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench.protocol import OUTPUT_ENV, POD_CPUS_ENV, TERMINATION_LOG_ENV
+from gpt2bench.spec.expansion import expand
 from gpt2bench.trainer.cores import available_cpus
 
 
@@ -39,27 +39,9 @@ class Replica:
         return f"{self.role.lower()}-{self.index}"
 
 
-# ---------------------------------------------------------------- kubelet-style expansion
-
-
-_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-
-
-def expand(text: str, variables: dict[str, str]) -> str:
-    """Kubelet `$(VAR)` expansion: defined names are replaced, `$$` escapes `$`, unknown `$(X)` stays."""
-
-    def replace(match: re.Match) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group(1)
-        return variables[name] if name in variables else match.group(0)
-
-    return _REFERENCE.sub(replace, text)
-
-
 def container_env(container: dict[str, Any], injected: dict[str, str], pod: dict[str, str]) -> dict[str, str]:
-    """The container's env in order, each value expanded against the ones before it (kubelet rules),
-    then the operator-injected variables, which override same-named container entries."""
+    """The container's env in order, each value expanded against the ones before it (the kubelet's rules,
+    `gpt2bench.spec.expansion`), then the operator-injected variables, which override same-named entries."""
     env: dict[str, str] = {}
     for item in container.get("env") or []:
         name = item["name"]
