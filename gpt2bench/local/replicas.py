@@ -5,13 +5,14 @@ reader (trainjob.py) both build on it.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.protocol import OUTPUT_ENV, POD_CPUS_ENV, TERMINATION_LOG_ENV
+from gpt2bench.protocol import METRICS_ADDRESS_ENV, OUTPUT_ENV, POD_CPUS_ENV, RUNNER_PID_ENV, TERMINATION_LOG_ENV
 from gpt2bench.spec.expansion import expand
 from gpt2bench.trainer.cores import available_cpus
 
@@ -105,7 +106,12 @@ def make_replica(
 ) -> Replica:
     name = f"{role.lower()}-{index}"
     output_dir = run_dir / name
-    local = {OUTPUT_ENV: str(output_dir), TERMINATION_LOG_ENV: str(run_dir / f"{name}.termination-log")}
+    local = {  # what differs from a pod: files in the run's folder, metrics on loopback, the runner to die with
+        OUTPUT_ENV: str(output_dir),
+        TERMINATION_LOG_ENV: str(run_dir / f"{name}.termination-log"),
+        METRICS_ADDRESS_ENV: "127.0.0.1",
+        RUNNER_PID_ENV: str(os.getpid()),
+    }
     pod = {
         "metadata.name": f"{job_name}-{name}",
         "metadata.namespace": "default",
