@@ -32,12 +32,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
-STEPS = "40"  # long enough to be caught training: the first records come at step 2 (end of warm-up)
+STEPS = "20"  # long enough to be caught training: the first records come at step 2 (end of warm-up)
 
 
 def sweep_file(tmp_path: Path, strategies: list[str]) -> Path:
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["sweep"].update(strategies=[{"name": s} for s in strategies], precisions=["fp32"], repeats=1)
+    doc["spec"]["training"].update(microBatchSize=1, seqLen=32)  # the processes are under test, not the model
     doc["spec"].setdefault("metrics", {})["port"] = free_port()
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

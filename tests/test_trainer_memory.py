@@ -259,3 +259,20 @@ def test_only_async_ps_keeps_step_end_times_and_only_worker_0_its_step_times(tmp
     assert worker_1.step_end_times is None and worker_1.totals.times is None
     payload = worker_1.finish(devices=1)
     assert payload["step_figures"] is None and payload["steps_line"] is None and payload["own_tokens_per_second"] > 0
+
+
+def test_the_memory_benchmark_drives_this_trainer_and_reads_its_resident_set():
+    """benchmarks/bench_memory_steps.py's child process, at a small count (its figures: docs/performance.md)."""
+    import importlib.util
+    from pathlib import Path
+
+    import gpt2bench.trainer.metrics
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_memory_steps.py"
+    spec = importlib.util.spec_from_file_location("bench_memory_steps", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    seen = bench.measure(50, None)
+    assert seen["steps"] == 50 and seen["trainer"] == gpt2bench.trainer.metrics.__file__
+    assert 0 < seen["rss_start"] <= seen["hwm"] and 0 < seen["rss_end"] <= seen["hwm"]
+    assert seen["payload_bytes"] > 0
