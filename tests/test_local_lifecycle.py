@@ -226,7 +226,6 @@ def test_an_existing_folder_is_refused_unless_resume_or_overwrite_says_what_to_d
     assert [r.name for r in runs] == [r.name for r in plan]  # in plan order; the first two are kept, not run
     assert set(resumed.kept) == {plan[0].name, plan[1].name} and resumed.start_time == "2026-11-26T05:00:00Z"
     assert resumed.kept[plan[1].name].reason == "boom" and not resumed.start_over
-    assert not list(directory.glob(".*.tmp"))
     only_third = prepare_folder(bench, plan, plan[2:], directory, resume=True)[0]
     assert [r.name for r in only_third] == [r.name for r in plan]  # --only narrower than before: kept ones stay
     runs, resumed = prepare_folder(bench, plan, plan[:1], directory, overwrite=True)
@@ -249,3 +248,17 @@ def test_an_unreadable_results_file_is_named_and_only_overwrite_goes_past_it(tmp
     with pytest.raises(FolderRefused, match=r"results.json cannot be read .*--overwrite starts again"):
         prepare_folder(bench, plan, plan, tmp_path, resume=True)
     assert prepare_folder(bench, plan, plan, tmp_path, overwrite=True)[1].start_over
+
+
+def test_a_resume_with_nothing_left_to_run_keeps_every_entry_and_clears_a_killed_writes_leftover(tmp_path):
+    from gpt2bench.local.sweep import run_sweep
+
+    bench = benchmark(tmp_path)
+    plan = plan_runs(bench)
+    directory = earlier_sweep(tmp_path, ["Succeeded", "Failed", "Failed"], bench)
+    before = ResultsDocument.load(directory).runs
+    runs, resumed = prepare_folder(bench, plan, plan, directory, resume=True)
+    sweep = run_sweep(bench, runs, directory, live=False, resumed=resumed)
+    assert sweep.doc.runs == before and sweep.doc.phase == "PartiallySucceeded" and not sweep.interrupted
+    assert sweep.doc.start_time == "2026-11-26T05:00:00Z" and not (directory / "runs").exists()  # nothing ran
+    assert not list(directory.glob(".*.tmp")) and not held(directory)

@@ -223,6 +223,8 @@ def run_sweep(
         resumed = resumed or Resumed()
         if resumed.start_over:
             shutil.rmtree(directory / "runs", ignore_errors=True)
+        for leftover in directory.glob(".*.tmp"):  # a write a killed sweep left half done (files.write_atomic)
+            leftover.unlink(missing_ok=True)
         sweep = Sweep(benchmark, runs, directory, kept=resumed.kept, start_time=resumed.start_time)
         sweep.save()
         _run_all(sweep, jobs, console, live)
@@ -306,8 +308,6 @@ def prepare_folder(benchmark: Benchmark, plan: list[Run], chosen: list[Run], dir
     kept = {name: entry for name, entry in finished.items()
             if name in planned and entry.job_kind == planned[name].job_kind}
     names = {run.name for run in chosen} | set(kept)
-    for leftover in directory.glob(".*.tmp"):  # a write cut short by the kill (files.write_atomic)
-        leftover.unlink(missing_ok=True)
     return [run for run in plan if run.name in names], Resumed(kept, previous.start_time)
 
 
@@ -323,7 +323,7 @@ def _previous(directory: Path) -> ResultsDocument | None:
 
 
 def _differences(old: Any, new: Any, path: str = "spec") -> list[str]:
-    """Where two spec documents differ, as `path: old -> new`."""
+    """Where two spec documents differ, one line each: `spec.x.y: <earlier> in the results, <this one> now`."""
     if isinstance(old, dict) and isinstance(new, dict):
         return [d for key in sorted(set(old) | set(new)) for d in _differences(old.get(key), new.get(key),
                                                                              f"{path}.{key}")]
