@@ -142,10 +142,12 @@ def test_the_local_runner_tells_every_replica_its_pid_and_loopback(tmp_path):
     from gpt2bench.local.executor import job_replicas
     from gpt2bench.render import render_job
 
-    bench = benchmark(tmp_path)
-    for run in plan_runs(bench):
-        for replica in job_replicas(render_job(bench, run), tmp_path / run.name):
-            assert replica.env[RUNNER_PID_ENV] == str(os.getpid()) and replica.env[METRICS_ADDRESS_ENV] == "127.0.0.1"
+    bench = benchmark(tmp_path, strategies=("single", "ddp", "horovod"))
+    for backend in ("pytorchjob", "trainjob"):  # PyTorchJob, MPIJob, TrainJob (torch and MPI runtimes)
+        for run in plan_runs(bench, backend):
+            for replica in job_replicas(render_job(bench, run, backend), tmp_path / backend / run.name):
+                assert replica.env[RUNNER_PID_ENV] == str(os.getpid())
+                assert replica.env[METRICS_ADDRESS_ENV] == "127.0.0.1"
 
 
 # ------------------------------------------------------------------ one writer per folder; a killed one's sweep
