@@ -24,7 +24,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpt2bench.files import write_atomic
+from gpt2bench.files import held, write_atomic
 
 # Run phases. Interrupted exists only locally (a cluster sweep is never Ctrl-C'd); Queued only on a cluster (the
 # run's job exists but is suspended, e.g. by Kueue until its queue admits it). Skipped: the run did not train, on
@@ -358,6 +358,28 @@ class ResultsDocument(StatusModel):
                    phase=status.phase or "Unknown", best=status.best, analysis=status.analysis,
                    start_time=status.start_time,
                    completion_time=status.completion_time)
+
+
+# ------------------------------------------------------------------ an interrupted local sweep
+NOT_STARTED = "not started: the sweep was interrupted"
+ABANDONED = ("the gpt2bench run writing this folder stopped while this run was in flight, without a word "
+             "(killed, or the machine went down); `gpt2bench run --resume` runs it again")
+
+
+def interrupt_runs(runs: list[LocalRun], in_flight: str, not_started: str = NOT_STARTED) -> list[LocalRun]:
+    """A stopped sweep's entries: the run in flight Interrupted (`in_flight` says why), the runs not started Skipped,
+    the finished ones as they were."""
+    reasons = {RUNNING: (INTERRUPTED, in_flight), PENDING: (SKIPPED, not_started)}
+    return [run.model_copy(update=dict(zip(("phase", "reason"), reasons[run.phase]))) if run.phase in reasons
+            else run for run in runs]
+
+
+def settle_abandoned(doc: ResultsDocument, directory: str | os.PathLike) -> ResultsDocument:
+    """DIR's results document as it must be read: a sweep still Running that no live `gpt2bench run` holds
+    (files.holding) was stopped without a chance to say so, so it is Interrupted, and so is its run in flight."""
+    if doc.phase != RUNNING or held(directory):
+        return doc
+    return doc.model_copy(update={"runs": interrupt_runs(doc.runs, ABANDONED), "phase": INTERRUPTED})
 
 
 # ------------------------------------------------------------------ rules over runs
