@@ -378,3 +378,15 @@ def test_the_notes_commands_take_a_user_from_helm_install_to_a_complete_benchmar
     assert len(yaml.safe_load(as_yaml)["status"]["runs"]) == 24
     everywhere = next(out for command, out in outputs.items() if "--all-namespaces" in command)
     assert re.search(r"^gpt2bench-system\s+cpu-sweep\s+Succeeded\s", everywhere, re.M), everywhere
+
+
+def test_kubectl_get_gpt2bench_lists_the_benchmarks_of_every_namespace_through_the_crds_category(tmp_path: Path) -> None:
+    """The CRD's category: `kubectl get gpt2bench -A` (real kubectl, resolved through discovery) lists every
+    GPT2Benchmark, watched or not, with its printer columns."""
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        for namespace in ("default", "team-a"):
+            cluster.kubectl("apply", "-n", namespace, "-f", str(ROOT / "manifests" / "examples" / "cpu-sweep.yaml"))
+        listed = cluster.kubectl("get", "gpt2bench", "-A").stdout
+    assert re.search(r"^NAMESPACE\s+NAME\s+PHASE\s+DONE\s+RUNS\s", listed), listed
+    assert {line.split()[0] for line in listed.splitlines()[1:]} == {"default", "team-a"}, listed
