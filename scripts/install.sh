@@ -110,8 +110,9 @@ fi
 
 # ------------------------------------------------------------------------------------------- torch
 gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
-step "torch $TORCH_VERSION" "set TORCH_INDEX_URL to a PyTorch wheel index that serves torch $TORCH_VERSION for \
-this machine (CPU: $TORCH_CPU_INDEX; CUDA: https://download.pytorch.org/whl/cu128 or cu130), then run again"
+step "torch $TORCH_VERSION" "pip's message is above. Check that PyPI and download.pytorch.org are reachable \
+(proxy: HTTPS_PROXY), or set TORCH_INDEX_URL to a wheel index that serves torch $TORCH_VERSION for this machine \
+(CPU: $TORCH_CPU_INDEX; CUDA: https://download.pytorch.org/whl/cu128 or cu130), then run again"
 if "$VPY" -c 'import torch' 2>/dev/null; then
   printf 'torch %s is installed\n' "$("$VPY" -c 'import torch; print(torch.__version__)')" >&2
 elif [ -n "${TORCH_INDEX_URL:-}" ]; then
