@@ -144,8 +144,9 @@ if [ -z "${SKIP_HOROVOD:-}" ] && ! "$VPY" -c 'import horovod.torch' 2>/dev/null;
   step "Horovod $HOROVOD_VERSION" "Horovod's build failed (its compiler output is above): it needs g++, make, cmake, \
 Open MPI's headers (libopenmpi-dev) and torch; SKIP_HOROVOD=1 installs everything else"
   # 0.28.1 predates torch's C++17 headers: every -std=c++1x rewritten to c++17 (docker/g++-cxx17 says why).
-  # Built against the installed torch, hence without build isolation: setuptools and wheel must be there.
-  "$VPY" -m pip install -q "setuptools==75.8.0" "wheel==0.45.1"
+  # Built against the installed torch, hence without build isolation: setuptools (torch requires a recent one:
+  # never downgrade it) and wheel must be there.
+  "$VPY" -m pip install -q setuptools wheel
   CXX="$ROOT/docker/g++-cxx17" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
     "$VPY" -m pip install -q --no-build-isolation "horovod==$HOROVOD_VERSION"
