@@ -39,7 +39,7 @@ WORKDIR /src
 # modules import nothing else.
 COPY requirements/operator.lock requirements/
 RUN python -m venv /opt/venv \
- && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install "setuptools==80.9.0" "wheel==0.45.1" \
  && pip install --no-deps --require-hashes -r requirements/operator.lock
 COPY pyproject.toml README.md ./
 COPY gpt2bench/ gpt2bench/
@@ -77,7 +77,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3.12 -m venv /opt/venv \
- && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install "setuptools==80.9.0" "wheel==0.45.1" \
  && pip install --index-url "${TORCH_CUDA_INDEX_URL}" "torch==${TORCH_VERSION}"
 # Everything else from PyPI, every file pinned by its hash (requirements/trainer.lock).
 WORKDIR /src
@@ -137,7 +137,7 @@ RUN apt-get update \
 
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv \
- && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install "setuptools==80.9.0" "wheel==0.45.1" \
  && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
 # The rest from PyPI, every file pinned by its hash (requirements/trainer.lock); then the project itself
