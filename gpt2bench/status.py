@@ -190,6 +190,7 @@ class BestRun(StatusModel):
 # for its queue), and SpecChangeIgnored. Each carries the generation it was decided on.
 READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+SPEC_UNREADABLE = "SpecUnreadable"  # the operator running cannot read the spec a sweep was pinned with
 
 Objective = Literal["fastest", "leanest", "cheapest", "scalable", "efficient"]
 Decision = Literal["clear", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
