@@ -132,3 +132,24 @@ def test_the_local_runner_adds_whole_rounds_until_decided_and_says_why_it_stoppe
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["roundsDone"] == rounds and saved["stopReason"] == doc.stop_reason
     assert doc.analysis.looks == 3  # rounds 2, 3 and 4 may decide: each at 5 % / 3
+
+
+def test_a_resumed_sweep_keeps_the_rounds_it_added_and_continues_the_same_rule(tmp_path):
+    """A sweep that added rounds 3 and 4, then was killed during round 4's last run: --resume keeps rounds 3 and 4
+    (not only the spec's 2), runs the interrupted run again, and the rule ends it as before (max rounds)."""
+    bench = benchmark({"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2, "maxRepeats": 4,
+                       "breakdown": "off", "scales": [{"processesPerNode": 2}]})
+    render = _fake({"ddp": 100.0, "fsdp": 100.0})
+    out = tmp_path / "out"
+    first = local_sweep.run_sweep(bench, plan_runs(bench), out, live=False, render=render).doc
+    assert [r.repeat for r in first.runs] == [1, 1, 2, 2, 3, 3, 4, 4]
+    saved = json.loads((out / "results.json").read_text())
+    saved["runs"][-1] |= {"phase": "Running"}  # killed while running it
+    saved["runs"][-1].pop("results", None)
+    saved.pop("stopReason")
+    (out / "results.json").write_text(json.dumps(saved))
+    runs, resumed = local_sweep.prepare_folder(bench, plan_runs(bench), plan_runs(bench), out, resume=True)
+    assert [r.repeat for r in runs] == [1, 1, 2, 2, 3, 3, 4, 4] and len(resumed.kept) == 7
+    doc = local_sweep.run_sweep(bench, runs, out, live=False, resumed=resumed, render=render).doc
+    assert [r.phase for r in doc.runs] == ["Succeeded"] * 8 and doc.rounds_done == 4
+    assert doc.stop_reason.startswith("max rounds: 4 rounds run")
