@@ -420,7 +420,7 @@ def test_cpu_configurations_rank_only_with_equal_cores_per_rank_and_the_rest_apa
             *cpu("r-ps-fp32-1x2", "ps", [300.0, 301.0], 1, 2 / 3)]  # its server shares the pod: 0.667 cores per rank
     analysis = analyze(runs)
     main, apart = [r for r in analysis.recommendations if r.objective == "fastest"]
-    assert main.run == "r-ddp-fp32-1x2" and main.per_rank == "1 thread, 1 cores per rank"
+    assert main.run == "r-ddp-fp32-1x2" and main.per_rank == "1 thread, 1 core per rank"
     assert main.ranked_apart == ["r-ps-fp32-1x2 (1 thread, 0.667 cores per rank)"]
     assert "r-ps-fp32-1x2" not in (main.candidates or []) and main.runner_up == "r-fsdp-fp32-1x2"
     assert apart.run == "r-ps-fp32-1x2" and apart.note.startswith("ranked apart") and apart.per_rank.endswith(

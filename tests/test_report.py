@@ -523,3 +523,24 @@ def test_the_report_of_ten_quiet_and_two_noisy_configurations_keeps_its_false_wi
         doc = ResultsDocument.read(json.loads(json.dumps(sweep_document())))
         false_winners += analyze(doc.runs, doc.spec).recommended.winner is not None
     assert false_winners / trials <= 0.05
+
+
+def test_the_step_breakdown_and_the_network_come_from_the_breakdown_round_and_decide_nothing(tmp_path):
+    """sweep.breakdown separate: the `-prof` run timed the breakdown (and the collectives probe); the decision
+    rounds did not. The breakdown and network tables are the breakdown round's; tokens/s decisions use the rounds
+    alone (the profile run's slower 500 tokens/s is in no mean)."""
+    breakdown = {"dataSecondsMean": 0.001, "forwardSecondsMean": 0.05, "backwardSecondsMean": 0.1,
+                 "optimizerSecondsMean": 0.02, "otherSecondsMean": 0.001, "commSecondsMean": 0.04,
+                 "commExposedSecondsMean": 0.01, "commHiddenRatio": 0.75, "commBytesPerStep": 27867136,
+                 "busKind": "allreduce", "busBandwidthAchieved": 3.0e9, "busBandwidthProbed": 4.0e9,
+                 "busBandwidthShare": 0.75}
+    runs = [entry("b-ddp-fp32-1x2g-prof", "ddp", "fp32", gpus=2, results={**DDP_RESULTS, **breakdown,
+                                                                          "tokensPerSecond": 500.0}) | {"profile": True}]
+    runs += [entry(f"b-ddp-fp32-1x2g-r{k}", "ddp", "fp32", gpus=2, results={**DDP_RESULTS, "tokensPerSecond": tps})
+             | {"repeat": k} for k, tps in ((1, 1000.0), (2, 1010.0))]
+    doc = synthetic_doc(runs=runs)
+    report.write_report(doc, tmp_path)
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| b-ddp-fp32-1x2g | 1×2 GPU | 1.0 | 50.0 | 100.0 | 20.0 | 1.0 | 10.0 | 40.0 | 75% |" in markdown
+    assert "| b-ddp-fp32-1x2g | 1×2 GPU | allreduce | 3.000 | 4.000 | 75% |" in markdown
+    assert doc.analysis.recommended.value == pytest.approx((1000.0 * 1010.0) ** 0.5)  # the rounds only

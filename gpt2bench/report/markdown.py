@@ -292,17 +292,17 @@ def breakdown_markdown(doc: ResultsDocument) -> str:
     """Where each configuration's mean step goes (docs/metrics.md, Step breakdown), its communication and
     its energy; configurations without a breakdown are left out."""
     rows = []
-    for config in configurations(doc.runs):
-        stats = [config.stat(result(field)) for _, field in BREAKDOWN_PARTS]
+    for config in configurations(doc.runs):  # from the breakdown round's runs (else the repeats, breakdown inline)
+        stats = [config.breakdown_stat(result(field)) for _, field in BREAKDOWN_PARTS]
         if any(stat is None for stat in stats):
             continue
-        comm, hidden, sent, energy = (config.stat(result(f)) for f in (
+        comm, hidden, sent, energy = (config.breakdown_stat(result(f)) for f in (
             "comm_seconds_mean", "comm_hidden_ratio", "comm_bytes_per_step", "energy_joules_per_million_tokens"))
         rows.append([config.name, config.scale.label, *(fmt_stat(stat, ".1f", 1e3) for stat in stats),
                      fmt_stat(comm, ".1f", 1e3), fmt_stat(hidden, ".0%"), fmt_stat(sent, ",.1f", 1 / MIB),
                      fmt_stat(energy, ",.0f")])
     if not rows:
-        return "No run has a step breakdown (trainer option --breakdown).\n"
+        return "No run has a step breakdown (sweep.breakdown).\n"
     headers = ["configuration", "scale", *(f"{part} (ms)" for part, _ in BREAKDOWN_PARTS), "comm total (ms)",
                "comm hidden", "sent per step (MiB)", "J per 1M tokens"]
     return markdown_table(headers, rows, {"configuration", "scale"})
@@ -315,12 +315,12 @@ def network_markdown(doc: ResultsDocument) -> str:
     """Per configuration with communication: the bus bandwidth its steps achieved on its main collective kind
     beside what the collectives probe measured for the same messages on the same group, and the share."""
     rows = []
-    for config in configurations(doc.runs):
-        achieved, probed, share = (config.stat(result(f)) for f in (
+    for config in configurations(doc.runs):  # the probe runs with the breakdown: the breakdown round's runs
+        achieved, probed, share = (config.breakdown_stat(result(f)) for f in (
             "bus_bandwidth_achieved", "bus_bandwidth_probed", "bus_bandwidth_share"))
         if achieved is None:
             continue
-        kinds = sorted({run.results.bus_kind for run in config.succeeded if run.results.bus_kind})
+        kinds = sorted({run.results.bus_kind for run in config.breakdown_runs if run.results.bus_kind})
         rows.append([config.name, config.scale.label, ", ".join(kinds) or NO_VALUE, fmt_stat(achieved, ",.3f", 1 / GB),
                      fmt_stat(probed, ",.3f", 1 / GB), fmt_stat(share, ".0%")])
     if not rows:

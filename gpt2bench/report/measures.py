@@ -137,8 +137,8 @@ def per_rank_label(run: RunStatus) -> str | None:
     figures = run.results
     if figures is None or figures.threads_per_rank is None or figures.cores_per_rank is None:
         return None
-    threads = figures.threads_per_rank
-    return f"{threads} thread{'s' if threads != 1 else ''}, {figures.cores_per_rank:.3g} cores per rank"
+    threads, cores = figures.threads_per_rank, figures.cores_per_rank
+    return f"{threads} thread{'s' if threads != 1 else ''}, {cores:.3g} core{'' if cores == 1 else 's'} per rank"
 
 
 def noise_model(configs: Iterable[Configuration], metric: Metric) -> NoiseModel:
