@@ -131,6 +131,12 @@ class RunResults(StatusModel):
     bus_bandwidth_probed: float | None = Field(
         None, description="Bus bandwidth of bus_kind timed alone after training, at the steps' mean message "
                           "size on the same group (the collectives probe), bytes/s.")
+    transport: str | None = Field(
+        None, description="How NCCL connected the ranks (trainer/fabric.py): NET/IB, NET/OFI (EFA), NET/Socket or a "
+                          "plugin's NET/<name> when a channel crossed nodes, else P2P/SHM inside one node.")
+    nodes_used: int | None = Field(
+        None, description="Distinct nodes the run's pods ran on (downward API); fewer than `nodes` means pods "
+                          "shared a machine.")
     bus_bandwidth_share: float | None = Field(
         None, description="bus_bandwidth_achieved / bus_bandwidth_probed: what the strategy got of what the "
                           "network gives.")

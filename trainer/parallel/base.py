@@ -107,7 +107,7 @@ class Parallelism:
         """Create process groups, pick the device. Called once before anything else.
 
         Distributed strategies call `self.init_process_group(backend)`, which honours
-        `config.process.timeout_seconds` so that a crashed peer ends the job instead of hanging it.
+        `config.training.timeout_seconds` so that a crashed peer ends the job instead of hanging it.
         """
 
     def serve(self, model_factory: Callable[[], torch.nn.Module]) -> dict[str, Any] | None:
@@ -273,7 +273,7 @@ class Parallelism:
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 init_method=self.env.init_method,
-                timeout=datetime.timedelta(seconds=self.config.process.timeout_seconds),
+                timeout=datetime.timedelta(seconds=self.config.training.timeout_seconds),
                 **kwargs,
             )
 
