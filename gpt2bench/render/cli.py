@@ -20,8 +20,9 @@ from gpt2bench.plan import resolved_backend
 from gpt2bench.render import dump_jobs, render_objects
 from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
+from gpt2bench.spec.fielderrors import field_path
 from gpt2bench.spec.kubesyntax import dns1123_label_problem
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
+from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, cross_field_errors
 from gpt2bench.spec.validation import SpecError, load_benchmarks_file
 
 
@@ -73,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.namespace:
             benchmark = benchmark.model_copy(update={"namespace": args.namespace})
         backend = resolved_backend(benchmark, args.backend)
+        # what the chosen backend cannot run (a TrainJob has no hostNetwork), as the operator refuses it
+        refused = list(cross_field_errors(benchmark.spec.model_copy(update={"backend": backend})))
+        if refused and backend != benchmark.spec.backend:
+            for path, message in refused:
+                print(f"gpt2bench render: {field_path(path)}: {message} (--backend {backend})", file=sys.stderr)
+            return 2
         if backend == TRAINJOB:
             for caveat in trainjob_caveats(benchmark):
                 print(f"gpt2bench render: note: {caveat}", file=sys.stderr)

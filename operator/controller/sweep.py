@@ -134,7 +134,11 @@ def _start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
     except SpecError as error:
         reject(body, patch, error)
     spec = with_resolved_backend(spec)  # after validation: an invalid spec asks the API nothing
-    benchmark = benchmark_of(body, spec)
+    try:
+        benchmark = benchmark_of(body, spec)
+    except SpecError as error:  # what the backend `auto` resolved to cannot run (a TrainJob has no hostNetwork)
+        reject(body, patch, SpecError([(path, f"{message} (spec.backend auto resolved to {spec['backend']} on this "
+                                              "cluster)") for path, message in error.errors]))
     runs = plan_runs(benchmark)
     now = rc.now_rfc3339()
     status = rc.initial_status(runs, body.metadata.get("generation"), now)
