@@ -63,6 +63,8 @@ def container_env(container: dict[str, Any], injected: dict[str, str], pod: dict
     env: dict[str, str] = {}
     for item in container.get("env") or []:
         name = item["name"]
+        if "valueFrom" in item and {"secretKeyRef", "configMapKeyRef"} & set(item["valueFrom"] or {}):
+            continue  # no Secret here: the process inherits this shell's variable (local/preflight.py checks it)
         if "valueFrom" in item:
             field_path = ((item["valueFrom"] or {}).get("fieldRef") or {}).get("fieldPath")
             if field_path not in pod:
