@@ -302,6 +302,7 @@ def test_render_cli_backend_flag_and_first_line(capsys):
 def test_render_cli_follows_spec_backend_and_prints_caveats(tmp_path):
     document = yaml.safe_load((EXAMPLES / "gpu-papers.yaml").read_text())
     document["spec"]["backend"] = "trainjob"
+    document["spec"]["scheduling"]["gang"] = True
     path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(document))
     done = subprocess.run([sys.executable, "-m", "gpt2bench", "render", str(path)], capture_output=True, text=True,

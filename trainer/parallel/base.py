@@ -247,8 +247,13 @@ class Parallelism:
         want = self.config.process.device
         if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
             return False
+        if torch.version.cuda is None:  # the CPU image started for a GPU run (e.g. an MPI runtime's sshd pods)
+            raise RuntimeError(f"--device cuda: torch {torch.__version__} in this image is a CPU-only build: a GPU run "
+                               "needs the CUDA trainer image (spec.images.gpu; for Horovod TrainJobs the "
+                               "gpt2bench-mpi-cuda runtime's image, the chart's trainerImage)")
         if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: no CUDA device is available")
+            raise RuntimeError("--device cuda: no CUDA device is visible to this process (the pod got no "
+                               "nvidia.com/gpu, or the node's driver is older than the image's CUDA)")
         return True
 
     def _local_device_index(self, local_worker: int, workers_on_node: int) -> int:
