@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.protocol import OUTPUT_ENV, POD_CPUS_ENV, TERMINATION_LOG_ENV
+from gpt2bench.protocol import OUTPUT_ENV, POD_CPUS_ENV, TERMINATION_LOG_ENV, TRAINER_HOME
 from gpt2bench.trainer.cores import available_cpus
 
 
@@ -133,6 +133,8 @@ def make_replica(
         "spec.nodeName": socket.gethostname(),
     }
     env = container_env(container, {**injected, **local}, pod)
+    # paths inside the image user's home (the pods' compile cache) mean nothing here: the shell's, or the default
+    env = {key: value for key, value in env.items() if not value.startswith(f"{TRAINER_HOME}/")}
     return Replica(
         role=role,
         index=index,
