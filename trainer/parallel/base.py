@@ -247,7 +247,8 @@ class Parallelism:
         want = self.config.process.device
         if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
             return False
-        if torch.version.cuda is None:  # the CPU image started for a GPU run (e.g. an MPI runtime's sshd pods)
+        if not torch.cuda.is_available() and torch.version.cuda is None:
+            # the CPU image started for a GPU run (e.g. an MPI runtime's sshd pods on the CPU image)
             raise RuntimeError(f"--device cuda: torch {torch.__version__} in this image is a CPU-only build: a GPU run "
                                "needs the CUDA trainer image (spec.images.gpu; for Horovod TrainJobs the "
                                "gpt2bench-mpi-cuda runtime's image, the chart's trainerImage)")
