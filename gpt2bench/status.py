@@ -172,6 +172,23 @@ class RunStatus(StatusModel):
     results: RunResults | None = Field(None, description="The trainer's summary figures (docs/metrics.md).")
 
 
+def fabric_warnings(run: RunStatus) -> list[str]:
+    """What a succeeded run's figures do not measure (trainer/fabric.py, docs/clusters.md): a multi-node run whose
+    pods shared fewer nodes, and one whose NCCL traffic between nodes went over sockets, not the fabric. The
+    report lists them beside the bus bandwidth; the operator posts each as a Warning Event."""
+    figures = run.results
+    if run.phase != SUCCEEDED or figures is None:
+        return []
+    warnings = []
+    if figures.nodes_used is not None and figures.nodes_used < run.nodes:
+        warnings.append(f"{run.name}: a {run.nodes}-node run that ran on {figures.nodes_used} node(s): its pods "
+                        f"shared a machine, so it is no {run.nodes}-node figure")
+    if run.nodes > 1 and figures.transport and "NET/Socket" in figures.transport:
+        warnings.append(f"{run.name}: NCCL's traffic between nodes went over sockets (NET/Socket), not the "
+                        "cluster's fabric (docs/clusters.md)")
+    return warnings
+
+
 class LocalRun(RunStatus):
     """A run of `gpt2bench run`: local-only phases, and where its files are (relative to the folder)."""
 

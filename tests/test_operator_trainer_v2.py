@@ -181,6 +181,29 @@ def test_gang_scheduling_needs_a_runtime_that_gang_schedules(cluster, client, be
         cluster.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
 
 
+def test_a_run_off_its_fabric_is_recorded_and_warned_about(client, benchmarks, trainer):
+    """What the trainer says it ran on reaches the status, and a 2-node run that ran on one node over sockets
+    gets a Warning Event for each, as the report lists them."""
+    benchmarks.create(benchmark("tv2fabric", [{"name": "ddp"}], sweep={"strategies": [{"name": "ddp"}],
+                                                                       "scales": [{"nodes": 2}]}))
+
+    def outcome(t: TrainerV2, trainjob: dict) -> None:
+        run = trainjob["metadata"]["labels"]["gpt2bench.io/run"]
+        summary = trainer_summary(run, 7.0, transport="NET/Socket", nodes_used=1, node_names=["n1", "n1"])
+        t.finish(trainjob["metadata"]["name"], succeeded=True, message=json.dumps(summary))
+
+    play(client, trainer, "tv2fabric", 1, outcome)
+    status = wait_for(lambda: (s := benchmarks.status("tv2fabric")).get("phase") == "Succeeded" and s,
+                      what="Succeeded")
+    (run,) = status["runs"]
+    assert (run["results"]["transport"], run["results"]["nodesUsed"]) == ("NET/Socket", 1)
+    warnings = wait_for(lambda: (e := [e["message"] for e in benchmarks.events("tv2fabric")
+                                       if e["reason"] == "RunOffItsFabric"]) and len(e) == 2 and e,
+                        what="two RunOffItsFabric Events")
+    assert any("a 2-node run that ran on 1 node(s)" in w for w in warnings)
+    assert any("went over sockets (NET/Socket)" in w for w in warnings)
+
+
 def test_what_a_trainjob_cannot_carry_makes_an_auto_benchmark_invalid_on_a_trainer_v2_cluster(benchmarks):
     """`auto` resolves to TrainJob here; hostNetwork cannot be patched onto a TrainJob's pods: the benchmark is
     Invalid, naming the field and why, and nothing is created."""

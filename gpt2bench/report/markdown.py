@@ -18,6 +18,7 @@ from gpt2bench.report.table import (
     results_table_markdown,
 )
 from gpt2bench.status import Analysis, Recommendation, ResultsDocument
+from gpt2bench.status import fabric_warnings as run_fabric_warnings
 
 OBJECTIVE_ORDER = ("fastest", "leanest", "cheapest", "scalable", "efficient")
 VERDICTS = {"holds": "holds", "does-not-hold": "does not hold",
@@ -205,20 +206,8 @@ def network_markdown(doc: ResultsDocument) -> str:
 
 
 def fabric_warnings(doc: ResultsDocument) -> list[str]:
-    """Runs whose figures do not measure what their scale says: a multi-node run whose pods shared fewer nodes,
-    and one whose NCCL traffic between nodes went over sockets instead of the cluster's fabric."""
-    warnings = []
-    for run in doc.runs:
-        figures = run.results
-        if run.phase != "Succeeded" or figures is None:
-            continue
-        if figures.nodes_used is not None and figures.nodes_used < run.nodes:
-            warnings.append(f"{run.name}: a {run.nodes}-node run that ran on {figures.nodes_used} node(s): its pods "
-                            f"shared a machine, so it is no {run.nodes}-node figure")
-        if run.nodes > 1 and figures.transport and "NET/Socket" in figures.transport:
-            warnings.append(f"{run.name}: NCCL's traffic between nodes went over sockets (NET/Socket), not the "
-                            "cluster's fabric (docs/clusters.md)")
-    return warnings
+    """Runs whose figures do not measure what their scale says (gpt2bench.status.fabric_warnings)."""
+    return [warning for run in doc.runs for warning in run_fabric_warnings(run)]
 
 
 JOULES_PER_WH = 3600.0

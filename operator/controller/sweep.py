@@ -38,7 +38,7 @@ from gpt2bench.protocol import (
 from gpt2bench.render import label_value, render_run
 from gpt2bench.spec.model import API_GROUP, KIND, Benchmark
 from gpt2bench.spec.validation import SpecError, validate_spec
-from gpt2bench.status import BenchmarkStatus, RunStatus
+from gpt2bench.status import BenchmarkStatus, RunStatus, fabric_warnings
 
 from . import kube, metrics
 from . import reconcile as rc
@@ -371,6 +371,8 @@ def _post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs:
             metrics.RUNS_SUCCEEDED.labels(namespace).inc()
             tps = entry.results.tokens_per_second if entry.results else None
             _event(body, "Normal", "RunSucceeded", f"{entry.name}: {tps} tokens/s")
+            for warning in fabric_warnings(entry):  # its figure is not what its scale says (docs/clusters.md)
+                _event(body, "Warning", "RunOffItsFabric", warning)
         elif entry.phase == rc.FAILED:
             metrics.RUNS_FAILED.labels(namespace).inc()
             if len(failures[entry.reason or ""]) < GROUPED_EVENTS_FROM:
