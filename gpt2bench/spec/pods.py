@@ -210,7 +210,8 @@ class VolumeSpec(SpecModel):
         return mount
 
 
-Capability = Annotated[str, Field(max_length=32, pattern=CAPABILITY_PATTERN)]
+Capability = Annotated[str, Field(max_length=32, pattern=CAPABILITY_PATTERN,
+                                   description="A Linux capability, without CAP_ (IPC_LOCK).")]
 UserId = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
@@ -248,7 +249,7 @@ class PodsSpec(SpecModel):
         default_factory=dict,
         description="Extra annotations of every training pod, e.g. k8s.v1.cni.cncf.io/networks for Multus "
                     "secondary networks (the fabric's NICs).")
-    image_pull_secrets: list[DnsSubdomain] = Field(
+    image_pull_secrets: list[Annotated[DnsSubdomain, Field(description="A Secret's name.")]] = Field(
         default_factory=list, max_length=16, json_schema_extra={"x-kubernetes-list-type": "set"},
         description="Secrets (kubernetes.io/dockerconfigjson) to pull the trainer image with.")
     service_account_name: DnsSubdomain | None = Field(
@@ -342,8 +343,8 @@ class NodeSelectorRequirement(SpecModel):
 
     key: QualifiedKey = Field(description="The node label (e.g. node.kubernetes.io/instance-type).")
     operator: NodeOperator = Field(description="In, NotIn, Exists, DoesNotExist, Gt or Lt.")
-    values: list[Annotated[str, Field(max_length=63)]] = Field(default_factory=list, max_length=64,
-                                                               description="The values the operator compares.")
+    values: list[Annotated[str, Field(max_length=63, description="A label value (Gt/Lt: an integer).")]] = Field(
+        default_factory=list, max_length=64, description="The values the operator compares.")
 
     @model_validator(mode="after")
     def _rules(self) -> NodeSelectorRequirement:
@@ -394,7 +395,8 @@ class LabelSelectorRequirement(SpecModel):
 
     key: QualifiedKey = Field(description="The pod label.")
     operator: LabelOperator = Field(description="In, NotIn, Exists or DoesNotExist.")
-    values: list[LabelValue] = Field(default_factory=list, max_length=64, description="The values it compares.")
+    values: list[Annotated[LabelValue, Field(description="A label value.")]] = Field(
+        default_factory=list, max_length=64, description="The values it compares.")
 
     @model_validator(mode="after")
     def _rules(self) -> LabelSelectorRequirement:
@@ -430,7 +432,8 @@ class PodAffinityTerm(SpecModel):
     label_selector: LabelSelector = Field(description="Which pods.")
     topology_key: QualifiedKey = Field(description="The node label that makes a domain (kubernetes.io/hostname, "
                                                    "topology.kubernetes.io/zone, a rack or block label).")
-    namespaces: list[Annotated[str, Field(max_length=63, pattern=DNS1123_LABEL_PATTERN)]] = Field(
+    namespaces: list[Annotated[str, Field(max_length=63, pattern=DNS1123_LABEL_PATTERN,
+                                          description="A namespace's name.")]] = Field(
         default_factory=list, max_length=16, description="Their namespaces (default: the benchmark's).")
 
     @model_validator(mode="after")
