@@ -171,21 +171,25 @@ def collect_run(
     job_succeeded: bool,
     termination_message: str | None,
     job_reason: str | None = None,
+    cause: str | None = None,
     **times: str | None,
 ) -> RunStatus:
     """The entry of a finished job from its result pod's termination message.
 
-    A job that failed stays Failed whatever the message says; the trainer's reason is preferred to the
-    job's condition message because it says what went wrong inside the training.
+    A job that failed stays Failed whatever the message says. Its reason: `job_reason` when a `cause` was
+    found (the first pod that failed, how and what it said: gpt2bench.diagnosis; the result pod's trainer may
+    only have seen a peer go), else the trainer's reason, which says what went wrong inside the training,
+    else the job's condition message.
     """
     try:
         summary = parse_termination_message(termination_message)
     except CollectError as exc:
         if job_succeeded:
             return run_entry(run, phase=FAILED, reason=f"job succeeded but {exc}", **times)
-        return run_entry(run, phase=FAILED, reason=job_reason or str(exc), **times)
+        return run_entry(run, phase=FAILED, reason=job_reason or cause or str(exc), **times)
     if not job_succeeded:
-        reason = summary_failure(summary) or job_reason or "job failed after the trainer finished"
+        reason = ((job_reason or cause) if cause else None) or summary_failure(summary) or job_reason \
+            or "job failed after the trainer finished"
         return run_entry(run, phase=FAILED, reason=reason, **times)
     return entry_from_summary(run, summary, **times)
 

@@ -138,8 +138,8 @@ def test_failing_replica_fails_the_job_and_stops_the_others(tmp_path):
     outcome = execute_job(pytorchjob(master, worker, workers=1), tmp_path, gpus=[], grace_seconds=2)
     assert time.monotonic() - t0 < 20
     assert outcome.phase == "Failed"
-    assert outcome.reason.startswith("worker-0 exited with code 3")
-    assert "RuntimeError: boom" in outcome.reason
+    assert outcome.reason == "pod t-job-worker-0 (container pytorch) exited with code 3: RuntimeError: boom"
+    assert outcome.cause == outcome.reason
     assert outcome.exit_codes["master-0"] is not None  # stopped, not left running
 
 
@@ -189,7 +189,9 @@ def test_missing_tool_fails_with_a_clear_reason(tmp_path):
     job = pytorchjob(container(["gpt2bench-no-such-tool", "train"]))
     outcome = execute_job(job, tmp_path / "a", gpus=[])
     assert outcome.phase == "Failed"
-    assert "gpt2bench-no-such-tool is not installed" in outcome.reason
+    assert outcome.reason == ("cannot start on this machine: pod t-job-master-0 (container pytorch) RunContainerError: "
+                              "gpt2bench-no-such-tool is not installed (not found on PATH): install it or fix the "
+                              "job's command")
     # the program a wrapper runs after `--` (gpt2bench launch -- mpirun ...) is checked too
     job = mpijob(container(["gpt2bench", "launch", "--", "mpirun-not-here", "-np", "2"], name="launcher"))
     outcome = execute_job(job, tmp_path / "b", gpus=[])
@@ -205,7 +207,8 @@ def test_termination_message_is_the_primary_replicas_file(tmp_path):
     )
     outcome = execute_job(pytorchjob(container([sys.executable, "-c", script])), tmp_path, gpus=[])
     assert outcome.phase == "Failed"
-    assert outcome.reason == "master-0 exited with code 1"
+    # the trainer's own reason, from its termination message, says what the replica failed of
+    assert outcome.reason == "pod t-job-master-0 (container pytorch) exited with code 1: injected failure at step 2"
     assert json.loads(outcome.termination_message) == {"status": "failed", "reason": "injected failure at step 2"}
 
 
@@ -214,7 +217,7 @@ def test_termination_message_falls_back_to_the_log_tail_on_error(tmp_path):
     script = "import sys; [print('line', i) for i in range(200)]; print('ValueError: bad'); sys.exit(2)"
     outcome = execute_job(pytorchjob(container([sys.executable, "-c", script])), tmp_path, gpus=[])
     assert outcome.phase == "Failed"
-    assert outcome.reason == "master-0 exited with code 2: ValueError: bad"
+    assert outcome.reason == "pod t-job-master-0 (container pytorch) exited with code 2: ValueError: bad"
     lines = outcome.termination_message.splitlines()
     assert lines[-1] == "ValueError: bad" and len(lines) <= 80 and "line 0" not in lines
     # a succeeded container with no message file reports no message (as the kubelet does)
@@ -229,7 +232,10 @@ def test_gpus_are_split_between_replicas_or_the_job_is_unschedulable(tmp_path):
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in replicas] == ["0,1", "2,3"]
     outcome = execute_job(job, tmp_path / "small", gpus=["0", "1", "2"])
     assert outcome.phase == "Failed"
-    assert outcome.reason.startswith("Unschedulable: the job asks for 4 nvidia.com/gpu")
+    # the second pod finds one GPU left: unschedulable, in the scheduler's words for a one-node cluster
+    assert outcome.reason == ("cannot start on this machine: pod t-job-worker-0 Unschedulable: 0/1 nodes are "
+                              "available: 1 Insufficient nvidia.com/gpu. (the job asks for 4 nvidia.com/gpu, this "
+                              "machine offers 3)")
 
 
 def test_unsupported_jobs_are_rejected(tmp_path):
