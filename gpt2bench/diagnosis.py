@@ -307,8 +307,8 @@ def pod_started(pod: dict[str, Any]) -> bool:
     """Every container of the pod has started (running, or already terminated), now or before a restart."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return bool(statuses) and all(
-        (s.get("state") or {}).get("running") or (s.get("state") or {}).get("terminated")
-        or (s.get("lastState") or {}).get("terminated") for s in statuses)
+        {"running", "terminated"} & set(s.get("state") or {}) or "terminated" in (s.get("lastState") or {})
+        for s in statuses)
 
 
 def pods_started(pods: list[dict[str, Any]], expected: int | None) -> bool:
@@ -323,6 +323,8 @@ def waiting_for(pods: list[dict[str, Any]], expected: int | None) -> str:
     if waits:
         return waits[0].describe()
     live = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
+    if not live:
+        return "no pod yet (its controller has created none: `kubectl describe` the job for its events)"
     if expected is not None and len(live) < expected:
         return (f"{len(live)} of {expected} pods created (the job's controller has not created the others: "
                 f"`kubectl describe` the job for its events)")

@@ -258,6 +258,19 @@ def result_pod(job: dict[str, Any], pods: Iterable[dict[str, Any]]) -> dict[str,
     return max(candidates, key=age, default=None)
 
 
+def job_pod_selector(job: dict[str, Any]) -> str:
+    """A label selector for every pod of a job, all replicas (the controllers' job-name labels)."""
+    if job["kind"] == "TrainJob":
+        return f"{JOBSET_NAME_LABEL}={job['metadata']['name']}"
+    return f"{V1_JOB_NAME_LABEL}={job['metadata']['name']}"
+
+
+def expected_pods(job: dict[str, Any]) -> int | None:
+    """How many pods a v1 job runs (its replica specs' replicas); None for a TrainJob (its runtime decides)."""
+    specs = replica_specs(job)
+    return sum(int(spec.get("replicas", 1)) for spec in specs.values()) if specs else None
+
+
 def result_container(job: dict[str, Any]) -> str:
     return JOB_KINDS[job["kind"]].result_container
 

@@ -98,8 +98,19 @@ def test_no_summary_writes_a_failure_with_the_output_tail(tmp_path):
     assert done.returncode == 1
     summary = parse_termination_message((tmp_path / "termination-log").read_text())
     assert summary["status"] == "failed"
-    assert "sh exited 1 without a GPT2BENCH_SUMMARY line" in summary["reason"]
-    assert "unable to reach daemon" in summary["reason"]
+    assert summary["reason"] == ("sh exited with code 1 without a GPT2BENCH_SUMMARY line: ORTE was unable to reach "
+                                 "daemon on node worker-1")
+
+
+def test_a_launcher_killed_before_the_summary_says_so_without_dumping_the_config(tmp_path):
+    """mpirun killed (the launcher pod deleted, a node drained): the reason says by what, and the last line
+    that means something, not the trainer's config JSON that happened to be the last line printed."""
+    config = '[1,0]<stderr>:2026-11-26 10:00:00,000 rank0 INFO config {"data": {"source": "sotu"}, "model": {}}'
+    done = run_launch(["sh", "-c", f"echo 'rank0 WARNING slow start'; echo '{config}'; kill -TERM $$"], tmp_path)
+    assert done.returncode == 143
+    summary = parse_termination_message((tmp_path / "termination-log").read_text())
+    assert summary["reason"] == ("sh was killed by SIGTERM (exit code 143) without a GPT2BENCH_SUMMARY line: "
+                                 "rank0 WARNING slow start")
 
 
 def test_missing_command_exits_127_with_a_reason(tmp_path):
@@ -119,7 +130,7 @@ def test_sigterm_is_forwarded_and_reported(tmp_path):
     process.wait(timeout=20)
     assert time.monotonic() - started < 15
     assert process.returncode == 128 + signal.SIGTERM
-    assert "exited 143" in json.loads((tmp_path / "termination-log").read_text())["reason"]
+    assert "was killed by SIGTERM (exit code 143)" in json.loads((tmp_path / "termination-log").read_text())["reason"]
 
 
 def test_without_a_termination_log_nothing_is_written(tmp_path, monkeypatch, capsysbinary):
@@ -164,4 +175,4 @@ def test_the_rendered_launcher_command_runs_through_the_console_script(tmp_path)
                             env={**os.environ, "GPT2BENCH_TERMINATION_LOG": str(log)}, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     written = json.loads(log.read_text())
-    assert written["status"] == "failed" and "true exited 0 without a GPT2BENCH_SUMMARY line" in written["reason"]
+    assert written["status"] == "failed" and "true exited with code 0 without a GPT2BENCH_SUMMARY line" in written["reason"]

@@ -200,6 +200,113 @@ class TrainingOperator:
                                    "imageID": "", "state": {"terminated": terminated}}],
         }})  # fmt: skip
 
+    # --- every pod of a job, as the controller, the scheduler and the kubelet play them ------------
+
+    def create_pods(self, job: dict[str, Any]) -> list[str]:
+        """The controller's pods of every replica (training-operator common/pod.go: `<job>-<type>-<index>`,
+        labelled with the job name, role, replica type and index), Pending and not yet scheduled. Their names,
+        result pod first."""
+        name, kind = job["metadata"]["name"], job["kind"]
+        specs = job["spec"]["pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"]
+        names = []
+        for replica in ("Master", "Launcher", "Worker"):
+            for index in range(int((specs.get(replica) or {}).get("replicas", 0))):
+                role = "worker" if replica == "Worker" else ROLES[kind][0]
+                labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": role,
+                          "training.kubeflow.org/replica-type": replica.lower(),
+                          "training.kubeflow.org/replica-index": str(index)}
+                container = specs[replica]["template"]["spec"]["containers"][0]
+                pod = f"{name}-{replica.lower()}-{index}"
+                self.core.create_namespaced_pod(self.namespace, {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod, "labels": labels, "ownerReferences": [{
+                        "apiVersion": job["apiVersion"], "kind": kind, "name": name, "uid": job["metadata"]["uid"],
+                        "controller": True}]},
+                    "spec": {"containers": [{"name": container["name"], "image": container.get("image", "gpt2bench")}]},
+                    "status": {"phase": "Pending"}})  # fmt: skip
+                names.append(pod)
+        return names
+
+    def _pod_status(self, pod: str, status: dict[str, Any]) -> None:
+        self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
+
+    def _container(self, pod: str) -> dict[str, Any]:
+        return self.core.read_namespaced_pod(pod, self.namespace).to_dict()["spec"]["containers"][0]
+
+    def unschedulable(self, pod: str, message: str) -> None:
+        """The scheduler found no node (its FitError): PodScheduled False/Unschedulable with its message, e.g.
+        `0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: 3 No
+        preemption victims found for incoming pod.`"""
+        self._pod_status(pod, {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+             "lastTransitionTime": _now()}]})
+
+    def waiting(self, pod: str, reason: str, message: str, node: str = "node-1") -> None:
+        """Scheduled on `node`; the kubelet cannot start its container: ErrImagePull, ImagePullBackOff (`Back-off
+        pulling image "<image>"`: kubelet images/image_manager.go), InvalidImageName, CreateContainerConfigError
+        (`secret "x" not found`) ..."""
+        container = self._container(pod)
+        self.core.patch_namespaced_pod(pod, self.namespace, {"spec": {"nodeName": node}})
+        self._pod_status(pod, {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
+            {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": _now()}],
+            "containerStatuses": [{"name": container["name"], "ready": False, "restartCount": 0,
+                                   "image": container.get("image", ""), "imageID": "",
+                                   "state": {"waiting": {"reason": reason, "message": message}}}]})
+
+    def running(self, pod: str, node: str = "node-1") -> None:
+        """Scheduled, its container started and ready."""
+        container = self._container(pod)
+        self.core.patch_namespaced_pod(pod, self.namespace, {"spec": {"nodeName": node}})
+        self._pod_status(pod, {"phase": "Running", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
+            {"type": "Ready", "status": "True", "lastTransitionTime": _now()}],
+            "containerStatuses": [{"name": container["name"], "ready": True, "restartCount": 0,
+                                   "image": container.get("image", ""), "imageID": "",
+                                   "state": {"running": {"startedAt": _now()}}}]})
+
+    def terminate(self, pod: str, exit_code: int, *, log: str = "", reason: str | None = None,
+                  finished_at: str | None = None, message: str | None = None, restarted: bool = False) -> None:
+        """Its container ended with `exit_code` (the kubelet's reason: OOMKilled when the cgroup's OOM killer
+        did it, else Error/Completed), having printed `log`. `restarted`: the kubelet restarted it
+        (restartPolicy OnFailure) and that end is now its lastState, the new container waiting in
+        CrashLoopBackOff (`back-off 10s restarting failed container=<c> pod=<pod>_<ns>(<uid>)`) and its log the
+        previous container's."""
+        container = self._container(pod)
+        name = container["name"]
+        terminated = {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+                      "startedAt": _now(), "finishedAt": finished_at or _now()}
+        if message is not None:
+            terminated["message"] = message
+        if log and self.cluster is not None:
+            key = (self.namespace, pod, name) if not restarted else (self.namespace, pod, name, "previous")
+            self.cluster.call(lambda emulator: emulator.pod_logs.__setitem__(key, log))
+        status = {"name": name, "ready": False, "restartCount": 1 if restarted else 0,
+                  "image": container.get("image", ""), "imageID": ""}
+        if restarted:
+            uid = self.core.read_namespaced_pod(pod, self.namespace).metadata.uid
+            status.update(lastState={"terminated": terminated}, state={"waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off 10s restarting failed container={name} pod={pod}_{self.namespace}({uid})"}})
+            phase = "Running"
+        else:
+            status["state"] = {"terminated": terminated}
+            phase = "Succeeded" if exit_code == 0 else "Failed"
+        self._pod_status(pod, {"phase": phase, "containerStatuses": [status]})
+
+    def fail(self, job: dict[str, Any], replica_type: str = "Master") -> None:
+        """The job's controller gives up (backoffLimit reached): Failed, worded as upstream with the replica type
+        that failed (`... is failed because 1 Worker replica(s) failed.`)."""
+        name = job["metadata"]["name"]
+        current = self.get(job)
+        reason, message = messages(current)["Failed"]
+        message = message.replace("Master", replica_type)
+        conditions = set_condition(list((current.get("status") or {}).get("conditions") or []), "Failed", "True",
+                                   reason, message)
+        group, version, plural = GROUPS[job["kind"]]
+        self.custom.patch_namespaced_custom_object_status(group, version, self.namespace, plural, name,
+                                                          {"status": {"conditions": conditions}})
+
     # --- faults (tests/test_faults.py) -----------------------------------------------------------
 
     def past_deadline(self, job: dict[str, Any]) -> bool:
