@@ -179,13 +179,17 @@ class TrainingOperator:
         if role == "master":  # mpi-operator sets no replica-type label on the launcher
             labels["training.kubeflow.org/replica-type"] = replica.lower()
         pod_name = f"{name}-{role}-0"
-        self.core.create_namespaced_pod(self.namespace, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [{
-                "apiVersion": job["apiVersion"], "kind": job["kind"], "name": name,
-                "uid": job["metadata"]["uid"], "controller": True}]},
-            "spec": {"containers": [{"name": container, "image": "gpt2bench"}]},
-        })  # fmt: skip
+        try:
+            self.core.create_namespaced_pod(self.namespace, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [{
+                    "apiVersion": job["apiVersion"], "kind": job["kind"], "name": name,
+                    "uid": job["metadata"]["uid"], "controller": True}]},
+                "spec": {"containers": [{"name": container, "image": "gpt2bench"}]},
+            })  # fmt: skip
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 409:  # created already (create_pods): it terminates now
+                raise
         if log and self.cluster is not None:
             key = (self.namespace, pod_name, container)
             self.cluster.call(lambda emulator: emulator.pod_logs.__setitem__(key, log))
@@ -367,10 +371,16 @@ class TrainingOperator:
         self._condition(job, ("Created", "True", "Created"), ("Failed", "True", "Failed"))
 
     def lose_node(self, job: dict[str, Any]) -> str:
-        """The pod's node is gone: the taint manager deletes the pod, but no kubelet confirms that its
-        containers stopped, so it stays Terminating (held here by a finalizer, as the missing kubelet
-        holds it). Returns the pod's name."""
+        """The pod's node is gone: the node lifecycle controller marks the pod not Ready (MarkPodsNotReady), the
+        taint manager, once the pod's toleration of the NoExecute taint is over, marks it DisruptionTarget
+        (`DeletionByTaintManager`: `Taint manager: deleting due to NoExecute taint`) and deletes it; no kubelet
+        confirms that its containers stopped, so it stays Terminating (held here by a finalizer, as the
+        missing kubelet holds it). Returns the pod's name."""
         pod = self.running_pod(job, node="node-gone")
+        self.core.patch_namespaced_pod_status(pod["name"], self.namespace, {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "lastTransitionTime": _now()},
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+             "message": "Taint manager: deleting due to NoExecute taint", "lastTransitionTime": _now()}]}})
         self.core.patch_namespaced_pod(pod["name"], self.namespace,
                                        {"metadata": {"finalizers": ["test.gpt2bench.io/kubelet-gone"]}})
         self.core.delete_namespaced_pod(pod["name"], self.namespace)
