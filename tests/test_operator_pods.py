@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from kube.fixtures import benchmark, kopf_operator, wait_for
+from kube.fixtures import benchmark, kopf_operator, operator_calls, wait_for
 from kube.training import TrainingOperator, kueue_webhook
 
 from gpt2bench import diagnosis
@@ -182,3 +182,13 @@ def test_the_same_fault_reads_the_same_on_the_cluster_and_locally(benchmarks, tr
     assert local.phase == "Failed" and local.reason == expected
     assert cluster_reason == f"{expected}; PyTorchJobFailed: PyTorchJob {job['metadata']['name']} is failed " \
                              f"because 1 Worker replica(s) failed."
+
+
+def test_rbac_covers_every_call_made_here(cluster, benchmarks):
+    """Every pod listed, previous log read and job deleted here is granted by the roles bound to the operator in
+    manifests/operator.yaml."""
+    from test_operator_manifests import allowed, cluster_role_rules
+
+    made = operator_calls(cluster)
+    assert {("kubeflow.org", "pytorchjobs", "delete"), ("", "pods", "list"), ("", "pods/log", "get")} <= made
+    assert [call for call in sorted(made) if not allowed(cluster_role_rules(), *call)] == []
