@@ -176,10 +176,10 @@ def collect_run(
 ) -> RunStatus:
     """The entry of a finished job from its result pod's termination message.
 
-    A job that failed stays Failed whatever the message says. Its reason: `job_reason` when a `cause` was
-    found (the first pod that failed, how and what it said: gpt2bench.diagnosis; the result pod's trainer may
-    only have seen a peer go), else the trainer's reason, which says what went wrong inside the training,
-    else the job's condition message.
+    A job that failed stays Failed whatever the message says. Its reason: the trainer's reason, which says
+    what went wrong inside the training, when the first pod that failed (`cause`: gpt2bench.diagnosis) said
+    just that, or none did; else `job_reason` (the cause and the job controller's words: the result pod's
+    trainer may only have seen a peer go); else the job's condition message.
     """
     try:
         summary = parse_termination_message(termination_message)
@@ -188,8 +188,11 @@ def collect_run(
             return run_entry(run, phase=FAILED, reason=f"job succeeded but {exc}", **times)
         return run_entry(run, phase=FAILED, reason=job_reason or cause or str(exc), **times)
     if not job_succeeded:
-        reason = ((job_reason or cause) if cause else None) or summary_failure(summary) or job_reason \
-            or "job failed after the trainer finished"
+        trainer_said = summary_failure(summary)
+        if cause and not (trainer_said and trainer_said in cause):  # another pod failed first
+            reason = job_reason or cause
+        else:  # the trainer's own reason is the whole story (the pod that failed first only said it)
+            reason = trainer_said or job_reason or "job failed after the trainer finished"
         return run_entry(run, phase=FAILED, reason=reason, **times)
     return entry_from_summary(run, summary, **times)
 

@@ -140,11 +140,11 @@ def build_crd() -> dict[str, Any]:
         ("Runs", "integer", ".status.runsTotal", 0),
         ("Recommended", "string", ".status.analysis.recommended.winner", 0),  # fastest at the largest scale, if clear
         ("Decision", "string", ".status.analysis.recommended.decision", 0),  # clear, no-clear-winner, ...
-        ("Waiting", "string", ".status.waiting", 0),  # a run's pod not scheduled, its image not pulled ...
         ("Backend", "string", ".status.backend", 1),  # trainjob or pytorchjob (auto resolved)
         ("Best", "string", ".status.best.strategy", 1),  # highest tokens/s, any scale, no noise rule
         ("Tokens/s", "number", ".status.best.tokensPerSecond", 1),
         ("Age", "date", ".metadata.creationTimestamp", 0),
+        ("Waiting", "string", ".status.waiting", 0),  # a run's pod not scheduled, its image not pulled ... (last: long)
     ]
     schema = {
         "type": "object",
