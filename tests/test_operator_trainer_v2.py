@@ -7,6 +7,8 @@ the Job controller (tests/kube/trainer_v2.py) for every TrainJob the operator cr
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import subprocess
@@ -116,8 +118,9 @@ def test_a_trainjob_failing_without_a_summary_keeps_the_containers_and_jobsets_r
          lambda t, tj: t.finish(tj["metadata"]["name"], succeeded=False, message=None, exit_code=137))
     status = wait_for(lambda: (s := benchmarks.status("tv2oom")).get("phase") == "Failed" and s, what="Failed")
     (run,) = status["runs"]
-    assert run["reason"] == ("OOMKilled (exit code 137); FailedJobs: jobset failed due to one or more job failures "
-                             f"(first failed job: {run['jobName']}-node-0)")
+    assert re.fullmatch(rf"pod {run['jobName']}-node-0-0-\w{{5}} \(container node\) OOMKilled \(exit code 137\); "
+                        rf"FailedJobs: jobset failed due to one or more job failures \(first failed job: "
+                        rf"{run['jobName']}-node-0\)", run["reason"]), run["reason"]
 
 
 def test_a_queued_trainjob_queues_its_run_until_admitted(client, benchmarks, trainer):
