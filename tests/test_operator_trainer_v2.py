@@ -7,10 +7,9 @@ the Job controller (tests/kube/trainer_v2.py) for every TrainJob the operator cr
 
 from __future__ import annotations
 
-import re
-
 import json
 import os
+import re
 import subprocess
 import sys
 
