@@ -113,6 +113,39 @@ def queue_reason(wait: str, limit: int) -> str:
     return f"not admitted within runPolicy.queueSeconds ({limit} s): {wait}"
 
 
+# ------------------------------------------------------------------ a container the runtime could not start
+
+# The reasons a container runtime gives a container whose command it could not start (containerd's CRI:
+# StartError, exit code 128; dockershim: ContainerCannotRun), and the kubelet's while it retries.
+START_FAILURES = ("StartError", "ContainerCannotRun", "RunContainerError")
+# runc, crun and Go's os/exec word a missing command so: `exec: "x": executable file not found in $PATH`,
+# `exec: "/x": stat /x: no such file or directory`, `executable file `x` not found in $PATH` (crun).
+_EXEC_ERROR = re.compile(r'exec: "([^"]*)": (executable file not found in \$PATH|(?:stat [^:]*: )?no such file or '
+                         r'directory|permission denied)')
+_CRUN_NOT_FOUND = re.compile(r"executable file `([^`]*)` not found in \$PATH")
+
+
+def executable_not_found(program: str) -> str:
+    """A missing command, as runc reports it through containerd (and the local runner, finding it missing)."""
+    if "/" in program:
+        return f'exec: "{program}": stat {program}: no such file or directory'
+    return f'exec: "{program}": executable file not found in $PATH'
+
+
+def start_failure(message: str | None) -> str:
+    """The essential part of a container runtime's message about a command it could not start (containerd
+    wraps runc's words in four layers of its own: `failed to create containerd task: failed to create shim
+    task: OCI runtime create failed: ...`): the command and why, in runc's words; else the whole message."""
+    text = message or ""
+    crun = _CRUN_NOT_FOUND.search(text)
+    if crun:
+        return executable_not_found(crun.group(1))
+    found = _EXEC_ERROR.search(text)
+    if found:
+        return f'exec: "{found.group(1)}": {found.group(2)}'
+    return clean_reason(text)[:LINE_LIMIT]
+
+
 def cannot_start_here(wait: PodWait, detail: str = "") -> str:
     """A local run that cannot start on this machine (the local runner has no scheduler to wait for)."""
     return f"cannot start on this machine: {wait.describe()}" + (f" ({detail})" if detail else "")
@@ -191,6 +224,14 @@ def container_said(termination_message: str | None, log_tail: str | None = None)
     return last_meaningful_line(log_tail) or last_meaningful_line(termination_message)
 
 
+def terminated_said(terminated: dict[str, Any], log_tail: str | None = None) -> str | None:
+    """What a container that ended badly said: the runtime's words when it never ran (StartError ...: its
+    message is the runtime's, it has no log), else `container_said`."""
+    if terminated.get("reason") in START_FAILURES:
+        return start_failure(terminated.get("message"))
+    return container_said(terminated.get("message"), log_tail)
+
+
 # ------------------------------------------------------------------ pods, as the API returns them
 
 
@@ -237,7 +278,10 @@ def pod_end(pod: dict[str, Any], now: datetime.datetime, said: str | None = None
         return PodEnd(name, clean_reason(how), at=finished_at or disruption.get("lastTransitionTime"))
     if failed:
         container, terminated, restarted = failed
-        how = exit_how(int(terminated.get("exitCode", 1)), terminated.get("reason"))
+        if terminated.get("reason") in START_FAILURES:  # it never ran: its exit code is the runtime's placeholder
+            how, said = terminated["reason"], start_failure(terminated.get("message"))
+        else:
+            how = exit_how(int(terminated.get("exitCode", 1)), terminated.get("reason"))
         if restarted:
             restarts = max((s.get("restartCount", 0) for s in _statuses(pod) if s.get("name") == container), default=0)
             how += f", restarted {restarts} time{'s' if restarts != 1 else ''}"
@@ -292,6 +336,11 @@ def pod_waits(pods: Iterable[dict[str, Any]]) -> list[PodWait]:
                                  clean_reason(scheduled.get("message") or "")))
             continue
         for status in _statuses(pod):
+            never_ran = _start_failure(status)
+            if never_ran is not None:  # the runtime could not start its command (retried, or not under Never)
+                waits.append(PodWait(_name(pod), never_ran["reason"], start_failure(never_ran.get("message")),
+                                     status.get("name")))
+                break
             waiting = (status.get("state") or {}).get("waiting")
             if waiting is not None:
                 waits.append(PodWait(_name(pod), waiting.get("reason") or "Waiting",
@@ -303,12 +352,32 @@ def pod_waits(pods: Iterable[dict[str, Any]]) -> list[PodWait]:
     return sorted(waits, key=lambda wait: wait.reason in STARTING)
 
 
+def _start_failure(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The container's terminated state (now, else before its restart) when its runtime could not start it
+    and it has not run since: StartError ... (a waiting RunContainerError says the same)."""
+    state = status.get("state") or {}
+    if "running" in state:
+        return None
+    for ended in (state.get("terminated"), (status.get("lastState") or {}).get("terminated"), state.get("waiting")):
+        if ended:
+            return ended if ended.get("reason") in START_FAILURES else None
+    return None
+
+
 def pod_started(pod: dict[str, Any]) -> bool:
-    """Every container of the pod has started (running, or already terminated), now or before a restart."""
+    """Every container of the pod has started (running, or already terminated), now or before a restart; one
+    whose command its runtime could not start (StartError) has not."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return bool(statuses) and all(
-        {"running", "terminated"} & set(s.get("state") or {}) or "terminated" in (s.get("lastState") or {})
-        for s in statuses)
+        ({"running", "terminated"} & set(s.get("state") or {}) or "terminated" in (s.get("lastState") or {}))
+        and _start_failure(s) is None for s in statuses)
+
+
+def _not_ready(pod: dict[str, Any]) -> str | None:
+    ready = _condition(pod, "Ready")
+    if ready is None or str(ready.get("status")) == "True":
+        return None
+    return ": ".join(part for part in (ready.get("reason"), ready.get("message")) if part) or "not Ready"
 
 
 def pods_started(pods: list[dict[str, Any]], expected: int | None) -> bool:
@@ -326,6 +395,10 @@ def waiting_for(pods: list[dict[str, Any]], expected: int | None) -> str:
     if not live:
         return "no pod yet (its controller has created none: `kubectl describe` the job for its events)"
     if expected is not None and len(live) < expected:
+        unready = next(((_name(pod), why) for pod in sorted(live, key=_name) if (why := _not_ready(pod))), None)
+        if unready:  # a controller that starts the rest once these are Ready (JobSet's dependsOn: the MPI launcher)
+            return (f"{len(live)} of {expected} pods created; pod {unready[0]} is not Ready ({unready[1]}), and "
+                    f"the job's controller may create the others only once it is")
         return (f"{len(live)} of {expected} pods created (the job's controller has not created the others: "
                 f"`kubectl describe` the job for its events)")
     return "its pods to start"

@@ -266,9 +266,18 @@ def job_pod_selector(job: dict[str, Any]) -> str:
 
 
 def expected_pods(job: dict[str, Any]) -> int | None:
-    """How many pods a v1 job runs (its replica specs' replicas); None for a TrainJob (its runtime decides)."""
+    """How many pods a job runs: a v1 job's replica specs' replicas; a TrainJob rendered for the project's
+    runtimes (its result replicated job annotated), `trainjob_pods` of its numNodes (the MPI runtime's
+    launcher and sshd `node`s, torch's `node`s); None for another TrainJob (its runtime decides)."""
     specs = replica_specs(job)
-    return sum(int(spec.get("replicas", 1)) for spec in specs.values()) if specs else None
+    if specs:
+        return sum(int(spec.get("replicas", 1)) for spec in specs.values())
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    nodes = _at(job, ("spec", "trainer", "numNodes"))
+    if job.get("kind") != "TrainJob" or RESULT_REPLICATED_JOB_ANNOTATION not in annotations or nodes is None:
+        return None
+    strategy = "horovod" if annotations[RESULT_REPLICATED_JOB_ANNOTATION] == LAUNCHER_JOB else "ddp"
+    return sum(trainjob_pods(strategy, int(nodes)).values())
 
 
 def result_container(job: dict[str, Any]) -> str:

@@ -108,3 +108,42 @@ def test_the_last_meaningful_line_skips_config_dumps_summaries_tracebacks_and_la
     assert diagnosis.last_meaningful_line('{"data": 1}\n2026-11-26 10:00:00,000 rank0 INFO step 3') is None
     assert diagnosis.container_said('{"status": "failed", "reason": "loss is NaN at step 3"}', log) == \
         "loss is NaN at step 3", "the trainer's own reason first"
+
+
+RUNC = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: '
+        'unable to start container process: error during container init: exec: "torchrun": executable file not found '
+        'in $PATH: unknown')
+
+
+def test_a_command_its_runtime_could_not_start_is_named_in_runcs_words_and_never_counts_as_started():
+    never = pod("j-master-0", state=terminated(128, "StartError", message=RUNC))  # restartPolicy Never
+    (end,) = diagnosis.pod_ends([never], NOW)
+    assert end.describe() == ('pod j-master-0 (container pytorch) StartError: exec: "torchrun": executable file not '
+                              'found in $PATH')
+    backing_off = pod("j-master-0", state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+                      last=terminated(128, "StartError", message=RUNC), restarts=3)  # OnFailure
+    for stuck in (never, backing_off):
+        assert not diagnosis.pod_started(stuck), "it never ran"
+        (wait,) = diagnosis.pod_waits([stuck])
+        assert wait.describe() == end.describe()
+    crashed = pod("j-master-0", state={"waiting": {"reason": "CrashLoopBackOff"}}, last=terminated(1), restarts=1)
+    assert diagnosis.pod_started(crashed), "it ran, then failed: a failure, not a start"
+    # the local runner's words for the same missing command; crun's own words are read as runc's
+    assert diagnosis.start_failure(RUNC) == diagnosis.executable_not_found("torchrun")
+    assert diagnosis.start_failure("crun: executable file `torchrun` not found in $PATH: No such file or directory: "
+                                   "OCI runtime attempted to invoke a command that was not found") == \
+        diagnosis.executable_not_found("torchrun")
+    assert diagnosis.executable_not_found("/opt/x") == 'exec: "/opt/x": stat /opt/x: no such file or directory'
+    assert diagnosis.start_failure(RUNC.replace('exec: "torchrun": executable file not found in $PATH',
+                                                'exec: "/opt/x": stat /opt/x: no such file or directory')) == \
+        diagnosis.executable_not_found("/opt/x")
+
+
+def test_fewer_pods_than_expected_names_the_one_not_ready_that_the_others_wait_for():
+    sshd = pod("tj-node-0-0-abcde")
+    sshd["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+                                     "message": "containers with unready status: [node]"}]
+    assert not diagnosis.pods_started([sshd], 2), "the launcher pod does not exist yet"
+    assert diagnosis.waiting_for([sshd], 2) == (
+        "1 of 2 pods created; pod tj-node-0-0-abcde is not Ready (ContainersNotReady: containers with unready "
+        "status: [node]), and the job's controller may create the others only once it is")

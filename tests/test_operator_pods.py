@@ -12,6 +12,7 @@ training operator's controller, the scheduler and the kubelet as upstream words 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -45,8 +46,8 @@ def spec(strategies: list[str], scales=TWO_NODES, **extra) -> dict:
 
 
 def create(benchmarks, name: str, strategies: list[str], scales=TWO_NODES, **spec_fields) -> None:
-    body = benchmark(name, [{"name": s} for s in strategies], runPolicy={"startupSeconds": STARTUP,
-                                                                        "queueSeconds": STARTUP}, **spec_fields)
+    spec_fields.setdefault("runPolicy", {"startupSeconds": STARTUP, "queueSeconds": STARTUP})
+    body = benchmark(name, [{"name": s} for s in strategies], **spec_fields)
     body["spec"]["sweep"]["scales"] = scales
     benchmarks.create(body)
 
@@ -76,7 +77,8 @@ def test_a_pod_whose_image_cannot_be_pulled_fails_its_run_at_the_startup_limit_a
     assert said in cluster.kubectl("get", "gpt2benchmark", name).stdout, "kubectl get's Waiting column"
     failed = run_entry(benchmarks, name)
     assert failed["reason"] == diagnosis.startup_reason(said, STARTUP)
-    assert any(e["reason"] == "RunFailed" and said in e["message"] for e in benchmarks.events(name))
+    wait_for(lambda: any(e["reason"] == "RunFailed" and said in e["message"] for e in benchmarks.events(name)), 10,
+             what="its RunFailed Event")  # kopf posts Events from a queue of its own
     wait_for(lambda: job_name not in [j["metadata"]["name"] for j in trainer.jobs(name)], 10, what="its job deleted")
     second = wait_for(lambda: [j for j in trainer.jobs(name) if j["metadata"]["name"] != job_name], 10,
                       what="the next run's job")[0]  # the sweep went on
@@ -101,6 +103,24 @@ def test_a_job_its_queue_never_admits_fails_at_the_queue_limit(benchmarks, train
     failed = run_entry(benchmarks, name)
     assert failed["reason"].startswith("not admitted within runPolicy.queueSeconds (2 s): job ")
     wait_for(lambda: not trainer.jobs(name), 10, what="its job deleted")
+
+
+def test_a_command_missing_from_the_image_restarted_under_on_failure_is_a_run_that_never_started(
+        benchmarks, trainer):
+    """With restarts allowed (backoffLimit 2: restartPolicy OnFailure) the kubelet keeps restarting a container
+    whose command containerd cannot start; its StartError stays in lastState. That container never ran: the run
+    has not started, says why, and fails at the startup limit (a terminated lastState alone counted as started)."""
+    name = "nocmd"
+    create(benchmarks, name, ["single"], [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 1}],
+           runPolicy={"startupSeconds": STARTUP, "backoffLimit": 2})
+    job = first_job(trainer, name)
+    trainer.start(job)
+    (master,) = trainer.create_pods(job)
+    trainer.start_error(master)
+    said = f'pod {master} (container pytorch) StartError: exec: "torchrun": executable file not found in $PATH'
+    wait_for(lambda: (benchmarks.status(name).get("runs") or [{}])[0].get("waiting") == said, 10, what=said)
+    failed = run_entry(benchmarks, name)
+    assert failed["reason"] == diagnosis.startup_reason(said, STARTUP) and not failed.get("podsStartedTime")
 
 
 def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure(benchmarks, trainer):
@@ -133,31 +153,47 @@ WAIT = [sys.executable, "-c", "import time; time.sleep(60)"]
 NO_GPU = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
 
 
-def _local(name: str, strategies: list[str], scales: list[dict], tmp_path, commands: dict[str, list[str]]):
-    """The run's job as the operator renders it, run by the local runner, each replica's command replaced."""
+def _local(name: str, strategies: list[str], scales: list[dict], tmp_path, commands: dict[str, list[str]],
+           path: str | None = None):
+    """The run's job as the operator renders it, run by the local runner, each replica's command replaced
+    (`path`: the PATH it runs with)."""
     document = benchmark(name, [{"name": s} for s in strategies])
     document["spec"]["sweep"]["scales"] = scales
     bench = load_benchmark(document)
     job = render_job(bench, plan_runs(bench)[0])
     for replica, command in commands.items():
         job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]["command"] = command
-    return execute_job(job, tmp_path, gpus=[], grace_seconds=2)
+    env = None if path is None else {**os.environ, "PATH": path}
+    return execute_job(job, tmp_path, gpus=[], grace_seconds=2, base_env=env)
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("fault", ["worker-crashes", "worker-killed", "no-gpu"])
+@pytest.mark.parametrize("fault", ["worker-crashes", "worker-killed", "no-gpu", "missing-executable"])
 def test_the_same_fault_reads_the_same_on_the_cluster_and_locally(benchmarks, trainer, tmp_path, fault):
     name = f"same-{fault}"
     scales = [{"nodes": 1, "devicesPerNode": 1, "processesPerNode": 1}] if fault == "no-gpu" else TWO_NODES
     strategies = ["single"] if fault == "no-gpu" else ["ddp"]
     worker_command = {"worker-crashes": CRASH, "worker-killed": KILLED}.get(fault)
+    empty = tmp_path / "bin"  # an image without torch: its command, torchrun, is nowhere on PATH
+    empty.mkdir()
     local = _local(name, strategies, scales, tmp_path,
-                   {"Master": WAIT, "Worker": worker_command} if worker_command else {})
+                   {"Master": WAIT, "Worker": worker_command} if worker_command else {},
+                   path=str(empty) if fault == "missing-executable" else None)
 
     create(benchmarks, name, strategies, scales)
     job = first_job(trainer, name)
     trainer.start(job)
     pods = trainer.create_pods(job)
+    if fault == "missing-executable":  # containerd: StartError (exit code 128) and runc's words; restartPolicy Never
+        for pod in pods:
+            trainer.start_error(pod)
+        trainer.fail(job, "Master")
+        words = f'pod {pods[0]} (container pytorch) StartError: exec: "torchrun": executable file not found in $PATH'
+        assert run_entry(benchmarks, name)["reason"] == (
+            f"{words}; PyTorchJobFailed: PyTorchJob {job['metadata']['name']} is failed because 1 Master replica(s) "
+            f"failed.")
+        assert local.reason == f"cannot start on this machine: {words} (install PyTorch (pip install torch))"
+        return
     if fault == "no-gpu":
         trainer.unschedulable(pods[0], NO_GPU)
         words = f"pod {pods[0]} Unschedulable: {NO_GPU}"

@@ -191,6 +191,83 @@ def test_per_step_curves_of_trainjob_runs_outlive_the_pods_and_the_cluster_repor
 
 
 
+# --- TrainJobs whose pods never start: JobSet's Jobs' pods, played by the scheduler and the kubelet ---------
+
+# runPolicy.startupSeconds here (the operator polls every 0.3 s): the clock starts when the TrainJob is created,
+# and building its JobSet, Jobs and pods takes the emulated Trainer a second or two on a loaded machine
+STARTUP = 5
+TWO_NODES = [{"nodes": 2, "devicesPerNode": 0, "processesPerNode": 1}]
+
+
+def starting(benchmarks, name: str, strategies: list[str]) -> None:
+    benchmarks.create(benchmark(name, [{"name": s} for s in strategies], runPolicy={"startupSeconds": STARTUP},
+                                sweep={"strategies": [{"name": s} for s in strategies], "precisions": ["fp32"],
+                                       "scales": TWO_NODES}))
+
+
+def first_run(benchmarks, name: str) -> dict:
+    return (benchmarks.status(name).get("runs") or [{}])[0]
+
+
+def test_a_trainjob_whose_worker_cannot_pull_its_image_fails_at_the_startup_limit_and_the_sweep_goes_on(
+        cluster, client, benchmarks):
+    """JobSet's Job creates both `node` pods; node 1's image cannot be pulled (the kubelet's ImagePullBackOff).
+    The run says so while it waits, fails at startupSeconds naming that pod, its TrainJob goes (its JobSet,
+    Jobs and pods with it), and the next run starts and succeeds."""
+    name = "tv2pull"
+    trainer = TrainerV2(client, cluster=cluster, start_pods=False)
+    starting(benchmarks, name, ["ddp", "fsdp"])
+    (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the first TrainJob")
+    job_name = trainjob["metadata"]["name"]
+    assert trainer.reconcile(job_name) is not None
+    node0, node1 = trainer.pod_names(job_name)
+    trainer.running(node0)
+    image = trainjob["spec"]["trainer"]["image"]
+    trainer.waiting(node1, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+    said = f'pod {node1} (container node) ImagePullBackOff: Back-off pulling image "{image}"'
+    wait_for(lambda: first_run(benchmarks, name).get("waiting") == said, 10, what=said)
+    assert said in cluster.kubectl("get", "gpt2benchmark", name).stdout, "kubectl get's Waiting column"
+    failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 20, what="Failed")
+    assert failed["reason"] == f"not started within runPolicy.startupSeconds ({STARTUP} s): {said}"
+    wait_for(lambda: any(e["reason"] == "RunFailed" and said in e["message"] for e in benchmarks.events(name)), 10,
+             what="its RunFailed Event")  # kopf posts Events from a queue of its own
+    wait_for(lambda: job_name not in [t["metadata"]["name"] for t in trainjobs(client, name)], 10,
+             what="its TrainJob deleted")
+    assert trainer.pods(f"jobset.sigs.k8s.io/jobset-name={job_name}") == [], "its pods went with it"
+    (second,) = wait_for(lambda: trainjobs(client, name), 10, what="the next run's TrainJob")  # the sweep went on
+    trainer.start_pods = True
+    trainer.reconcile(second["metadata"]["name"])
+    run = second["metadata"]["labels"]["gpt2bench.io/run"]
+    wait_for(lambda: benchmarks.status(name)["runs"][1].get("podsStartedTime"), 10, what="its pods started")
+    trainer.finish(second["metadata"]["name"], succeeded=True, message=json.dumps(trainer_summary(run, 12.0)))
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") not in (None, "Running") and s,
+                      what="the end")
+    assert status["phase"] == "PartiallySucceeded" and not status.get("waiting")
+
+
+def test_a_horovod_trainjob_waits_for_its_launcher_pod_not_only_the_pods_that_exist(cluster, client, benchmarks):
+    """The MPI runtime's launcher Job dependsOn its sshd `node` pods being Ready (JobSet). An sshd that never
+    gets Ready means no launcher pod at all: the pods that exist have all started, but the run has not; it
+    counts the TrainJob's pods (numNodes on the project's runtime: 1 sshd + the launcher), says what it waits
+    for and fails at the startup limit instead of running until its deadline."""
+    name = "tv2sshd"
+    trainer = TrainerV2(client, cluster=cluster, start_pods=False)
+    starting(benchmarks, name, ["horovod"])
+    (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the TrainJob")
+    job_name = trainjob["metadata"]["name"]
+    trainer.reconcile(job_name)
+    (sshd,) = trainer.pod_names(job_name)
+    trainer.running(sshd, ready=False)  # its readiness probe (sshd's port) never passes
+    assert trainer.pod_names(job_name, "launcher") == [], "JobSet creates no launcher Job yet"
+    said = (f"1 of 2 pods created; pod {sshd} is not Ready (ContainersNotReady: containers with unready status: "
+            f"[node]), and the job's controller may create the others only once it is")
+    wait_for(lambda: first_run(benchmarks, name).get("waiting") == said, 10, what=said)
+    failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 20, what="Failed")
+    assert failed["reason"] == f"not started within runPolicy.startupSeconds ({STARTUP} s): {said}"
+    assert not failed.get("podsStartedTime")
+    wait_for(lambda: trainjobs(client, name) == [], 10, what="its TrainJob deleted")
+
+
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     """The Trainer v2 paths checked against the roles bound to the operator in manifests/operator.yaml."""
     from test_operator_manifests import allowed, cluster_role_rules

@@ -225,16 +225,16 @@ def container_of(job: dict[str, Any], replica: Replica) -> str:
 # ---------------------------------------------------------------- processes
 
 
-def missing_tool(replica: Replica, path: str | None) -> str | None:
-    """Why the replica's program cannot start: its executable is not on PATH, or the one a wrapper
-    (`gpt2bench launch -- mpirun ...`, `torchrun --no-python -- gpt2bench ...`) runs after `--`."""
+def missing_tool(replica: Replica, path: str | None) -> tuple[str, str] | None:
+    """(program, what to install) when the replica's program cannot start: its executable is not on PATH, or
+    the one a wrapper (`gpt2bench launch -- mpirun ...`, `torchrun --no-python -- gpt2bench ...`) runs after
+    `--`."""
     programs = [replica.argv[0]]
     if Path(replica.argv[0]).name in _WRAPPERS and "--" in replica.argv[:-1]:
         programs.append(replica.argv[replica.argv.index("--") + 1])
     for program in programs:
         if shutil.which(program, path=path) is None:
-            hint = _INSTALL_HINTS.get(Path(program).name, "install it or fix the job's command")
-            return f"{program} is not installed (not found on PATH): {hint}"
+            return program, _INSTALL_HINTS.get(Path(program).name, "install it or fix the job's command")
     return None
 
 
@@ -334,11 +334,12 @@ def execute_job(
         return finished("Failed", diagnosis.cannot_start_here(
             blocked, f"the job asks for {asked} nvidia.com/gpu, this machine offers {len(available)}"))
     for replica in replicas:
-        why = missing_tool(replica, {**base_env, **replica.env}.get("PATH"))
-        if why:  # the kubelet's RunContainerError, with what to install
-            wait = diagnosis.PodWait(pod_name(job["metadata"]["name"], replica), "RunContainerError", why,
-                                     container_of(job, replica))
-            return finished("Failed", diagnosis.cannot_start_here(wait))
+        missing = missing_tool(replica, {**base_env, **replica.env}.get("PATH"))
+        if missing:  # what containerd reports of a command not in the image (StartError), and what to install
+            program, hint = missing
+            wait = diagnosis.PodWait(pod_name(job["metadata"]["name"], replica), diagnosis.START_FAILURES[0],
+                                     diagnosis.executable_not_found(program), container_of(job, replica))
+            return finished("Failed", diagnosis.cannot_start_here(wait, hint))
 
     deadline_s = kinds.active_deadline(job)
     t0 = time.monotonic()

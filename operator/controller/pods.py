@@ -89,7 +89,7 @@ def failure(job: dict[str, Any], controller: str | None, now: str) -> tuple[str 
     if first is not None and first.container is not None:
         pod = next(p for p in pods if p["metadata"]["name"] == first.pod)
         container, terminated, restarted = diagnosis.failed_container(pod)
-        tail = kube.pod_log_tail(job["metadata"]["namespace"], first.pod, container, LOG_LINES, LOG_BYTES,
-                                 previous=restarted)
-        first = dataclasses.replace(first, line=diagnosis.container_said(terminated.get("message"), tail))
+        tail = None if terminated.get("reason") in diagnosis.START_FAILURES else kube.pod_log_tail(
+            job["metadata"]["namespace"], first.pod, container, LOG_LINES, LOG_BYTES, previous=restarted)
+        first = dataclasses.replace(first, line=diagnosis.terminated_said(terminated, tail))
     return (first.describe() if first else None), diagnosis.failure_reason(first, controller)

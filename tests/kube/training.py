@@ -19,6 +19,8 @@ from typing import Any
 
 import kubernetes
 
+from .kubelet import Kubelet
+
 GROUPS = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
 ROLES = {"PyTorchJob": ("master", "Master", "pytorch"), "MPIJob": ("launcher", "Launcher", "launcher")}
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -87,7 +89,9 @@ def kueue_webhook(resource: Any, obj: dict[str, Any]) -> None:
         obj.setdefault("spec", {}).setdefault("runPolicy", {})["suspend"] = True
 
 
-class TrainingOperator:
+class TrainingOperator(Kubelet):
+    """The training operator and mpi-operator; the scheduler and the kubelet on their pods (Kubelet)."""
+
     def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str = "default", cluster: Any = None):
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
@@ -221,82 +225,17 @@ class TrainingOperator:
                           "training.kubeflow.org/replica-index": str(index)}
                 container = specs[replica]["template"]["spec"]["containers"][0]
                 pod = f"{name}-{replica.lower()}-{index}"
+                # the replica's restartPolicy on its pods (training-operator common/pod.go setRestartPolicy)
+                spec = {"restartPolicy": specs[replica].get("restartPolicy", "Never"), "containers": [
+                    {key: container[key] for key in ("name", "image", "command", "args") if key in container}]}
                 self.core.create_namespaced_pod(self.namespace, {
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod, "labels": labels, "ownerReferences": [{
                         "apiVersion": job["apiVersion"], "kind": kind, "name": name, "uid": job["metadata"]["uid"],
                         "controller": True}]},
-                    "spec": {"containers": [{"name": container["name"], "image": container.get("image", "gpt2bench")}]},
-                    "status": {"phase": "Pending"}})  # fmt: skip
+                    "spec": spec, "status": {"phase": "Pending"}})  # fmt: skip
                 names.append(pod)
         return names
-
-    def _pod_status(self, pod: str, status: dict[str, Any]) -> None:
-        self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
-
-    def _container(self, pod: str) -> dict[str, Any]:
-        return self.core.read_namespaced_pod(pod, self.namespace).to_dict()["spec"]["containers"][0]
-
-    def unschedulable(self, pod: str, message: str) -> None:
-        """The scheduler found no node (its FitError): PodScheduled False/Unschedulable with its message, e.g.
-        `0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: 3 No
-        preemption victims found for incoming pod.`"""
-        self._pod_status(pod, {"phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-             "lastTransitionTime": _now()}]})
-
-    def waiting(self, pod: str, reason: str, message: str, node: str = "node-1") -> None:
-        """Scheduled on `node`; the kubelet cannot start its container: ErrImagePull, ImagePullBackOff (`Back-off
-        pulling image "<image>"`: kubelet images/image_manager.go), InvalidImageName, CreateContainerConfigError
-        (`secret "x" not found`) ..."""
-        container = self._container(pod)
-        self.core.patch_namespaced_pod(pod, self.namespace, {"spec": {"nodeName": node}})
-        self._pod_status(pod, {"phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
-            {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": _now()}],
-            "containerStatuses": [{"name": container["name"], "ready": False, "restartCount": 0,
-                                   "image": container.get("image", ""), "imageID": "",
-                                   "state": {"waiting": {"reason": reason, "message": message}}}]})
-
-    def running(self, pod: str, node: str = "node-1") -> None:
-        """Scheduled, its container started and ready."""
-        container = self._container(pod)
-        self.core.patch_namespaced_pod(pod, self.namespace, {"spec": {"nodeName": node}})
-        self._pod_status(pod, {"phase": "Running", "conditions": [
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
-            {"type": "Ready", "status": "True", "lastTransitionTime": _now()}],
-            "containerStatuses": [{"name": container["name"], "ready": True, "restartCount": 0,
-                                   "image": container.get("image", ""), "imageID": "",
-                                   "state": {"running": {"startedAt": _now()}}}]})
-
-    def terminate(self, pod: str, exit_code: int, *, log: str = "", reason: str | None = None,
-                  finished_at: str | None = None, message: str | None = None, restarted: bool = False) -> None:
-        """Its container ended with `exit_code` (the kubelet's reason: OOMKilled when the cgroup's OOM killer
-        did it, else Error/Completed), having printed `log`. `restarted`: the kubelet restarted it
-        (restartPolicy OnFailure) and that end is now its lastState, the new container waiting in
-        CrashLoopBackOff (`back-off 10s restarting failed container=<c> pod=<pod>_<ns>(<uid>)`) and its log the
-        previous container's."""
-        container = self._container(pod)
-        name = container["name"]
-        terminated = {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
-                      "startedAt": _now(), "finishedAt": finished_at or _now()}
-        if message is not None:
-            terminated["message"] = message
-        if log and self.cluster is not None:
-            key = (self.namespace, pod, name) if not restarted else (self.namespace, pod, name, "previous")
-            self.cluster.call(lambda emulator: emulator.pod_logs.__setitem__(key, log))
-        status = {"name": name, "ready": False, "restartCount": 1 if restarted else 0,
-                  "image": container.get("image", ""), "imageID": ""}
-        if restarted:
-            uid = self.core.read_namespaced_pod(pod, self.namespace).metadata.uid
-            status.update(lastState={"terminated": terminated}, state={"waiting": {
-                "reason": "CrashLoopBackOff",
-                "message": f"back-off 10s restarting failed container={name} pod={pod}_{self.namespace}({uid})"}})
-            phase = "Running"
-        else:
-            status["state"] = {"terminated": terminated}
-            phase = "Succeeded" if exit_code == 0 else "Failed"
-        self._pod_status(pod, {"phase": phase, "containerStatuses": [status]})
 
     def fail(self, job: dict[str, Any], replica_type: str = "Master") -> None:
         """The job's controller gives up (backoffLimit reached): Failed, worded as upstream with the replica type
