@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 from gpt2bench.collect import summary_json
-from gpt2bench.diagnosis import exit_how, last_meaningful_line
+from gpt2bench.diagnosis import executable_not_found, exit_how, last_meaningful_line
 from gpt2bench.files import DEFAULT_TERMINATION_LOG, termination_log_path, write_termination_message
 from gpt2bench.protocol import MAX_TERMINATION_MESSAGE, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 
@@ -83,9 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     path = termination_log_path()
     try:
         code, summary, tail = run(command)
-    except OSError as exc:  # command not found / not executable
-        print(f"gpt2bench launch: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        code, summary, tail = 127, None, [f"cannot run {command[0]}: {exc.strerror or exc}"]
+    except OSError as exc:  # not found / not executable: in the words runc uses for a container's own command
+        why = executable_not_found(command[0]) if isinstance(exc, FileNotFoundError) else \
+            f'exec: "{command[0]}": {exc.strerror or exc}'
+        print(f"gpt2bench launch: cannot run {command[0]!r}: {why}", file=sys.stderr)
+        code, tail = (127 if isinstance(exc, FileNotFoundError) else 126), []  # as a shell exits
+        summary = json.dumps({"status": "failed", "reason": why}, separators=(",", ":"))
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
     if summary is None:

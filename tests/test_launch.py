@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fault_figures import FIGURES
 
 from gpt2bench import files, launch
 from gpt2bench.collect import parse_termination_message
@@ -102,6 +103,7 @@ def test_no_summary_writes_a_failure_with_the_output_tail(tmp_path):
                                  "daemon on node worker-1")
 
 
+@pytest.mark.faults
 def test_a_launcher_killed_before_the_summary_says_so_without_dumping_the_config(tmp_path):
     """mpirun killed (the launcher pod deleted, a node drained): the reason says by what, and the last line
     that means something, not the trainer's config JSON that happened to be the last line printed."""
@@ -111,13 +113,17 @@ def test_a_launcher_killed_before_the_summary_says_so_without_dumping_the_config
     summary = parse_termination_message((tmp_path / "termination-log").read_text())
     assert summary["reason"] == ("sh was killed by SIGTERM (exit code 143) without a GPT2BENCH_SUMMARY line: "
                                  "rank0 WARNING slow start")
+    FIGURES["launcher-killed-before-summary"] = {"injected": 1, "exit_code": done.returncode, "runs_lost": 0,
+                                                 "reason": summary["reason"]}
 
 
 def test_missing_command_exits_127_with_a_reason(tmp_path):
     done = run_launch(["no-such-mpirun-here"], tmp_path)
     assert done.returncode == 127
     assert "cannot run 'no-such-mpirun-here'" in done.stderr
-    assert "no-such-mpirun-here" in json.loads((tmp_path / "termination-log").read_text())["reason"]
+    # runc's words for a container's own command (and the local runner's): the same fault reads the same
+    assert json.loads((tmp_path / "termination-log").read_text())["reason"] == \
+        'exec: "no-such-mpirun-here": executable file not found in $PATH'
 
 
 def test_sigterm_is_forwarded_and_reported(tmp_path):

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
+from fault_figures import FIGURES, seconds_since
 from kube.fixtures import benchmark, kopf_operator, operator_calls, wait_for
 from kube.training import TrainingOperator, kueue_webhook
 
@@ -61,21 +63,31 @@ def run_entry(benchmarks, name: str, index: int = 0, phase: str = "Failed") -> d
                     == phase and r, 30, what=f"run {index} of {name} {phase}")
 
 
+def runs_lost(status: dict) -> int:
+    """Runs of a finished sweep without an outcome (neither a result nor a reason)."""
+    return sum(1 for r in status.get("runs") or [] if r.get("phase") not in ("Succeeded", "Failed", "Skipped"))
+
+
+@pytest.mark.faults
 def test_a_pod_whose_image_cannot_be_pulled_fails_its_run_at_the_startup_limit_and_the_sweep_goes_on(
         cluster, benchmarks, trainer):
     name = "pull"
     create(benchmarks, name, ["ddp", "fsdp"])
     job = first_job(trainer, name)
+    seen = time.monotonic()
     job_name = job["metadata"]["name"]
     trainer.start(job)  # the controller says Running as soon as its master runs (training-operator)
     master, worker = trainer.create_pods(job)
     trainer.running(master)
+    injected = time.monotonic()
     trainer.waiting(worker, "ImagePullBackOff", 'Back-off pulling image "registry.example/gpt2bench:nope"')
     said = f'pod {worker} (container pytorch) ImagePullBackOff: Back-off pulling image "registry.example/gpt2bench:nope"'
     wait_for(lambda: (benchmarks.status(name).get("runs") or [{}])[0].get("waiting") == said, 10, what=said)
+    shown = seconds_since(injected)
     assert benchmarks.status(name)["waiting"] == f"{name}-ddp-fp32-2x1: {said}"
     assert said in cluster.kubectl("get", "gpt2benchmark", name).stdout, "kubectl get's Waiting column"
     failed = run_entry(benchmarks, name)
+    failed_after = seconds_since(seen)
     assert failed["reason"] == diagnosis.startup_reason(said, STARTUP)
     wait_for(lambda: any(e["reason"] == "RunFailed" and said in e["message"] for e in benchmarks.events(name)), 10,
              what="its RunFailed Event")  # kopf posts Events from a queue of its own
@@ -91,20 +103,32 @@ def test_a_pod_whose_image_cannot_be_pulled_fails_its_run_at_the_startup_limit_a
     trainer.succeed(second, 120.0)
     status = wait_for(lambda: (s := benchmarks.status(name))["phase"] != "Running" and s, 20, what="the end")
     assert status["phase"] == "PartiallySucceeded" and not status.get("waiting")
+    FIGURES["image-pull-backoff"] = {
+        "injected": 1, "startupSeconds": STARTUP, "waiting_shown_after_s": shown, "failed_after_job_seen_s": failed_after,
+        "job_deleted": True, "next_run": status["runs"][1]["phase"], "runs_lost": runs_lost(status),
+        "reason": failed["reason"]}
 
 
+@pytest.mark.faults
 def test_a_job_its_queue_never_admits_fails_at_the_queue_limit(benchmarks, trainer):
     name = "unadmitted"
     create(benchmarks, name, ["ddp"], scheduling={"kueueQueue": "team-a"})
     job = first_job(trainer, name)
+    seen = time.monotonic()
     trainer.suspend(job)  # Kueue's webhook created it suspended; the controller says so
     wait_for(lambda: (benchmarks.status(name).get("runs") or [{}])[0].get("waiting", "").startswith(
         f"job {job['metadata']['name']} suspended, waiting for its queue"), 10, what="waiting for its queue")
     failed = run_entry(benchmarks, name)
+    failed_after = seconds_since(seen)
     assert failed["reason"].startswith("not admitted within runPolicy.queueSeconds (2 s): job ")
     wait_for(lambda: not trainer.jobs(name), 10, what="its job deleted")
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") not in (None, "Running") and s, 10,
+                      what="the end")
+    FIGURES["queue-never-admits"] = {"injected": 1, "queueSeconds": STARTUP, "failed_after_job_seen_s": failed_after,
+                                     "job_deleted": True, "runs_lost": runs_lost(status), "reason": failed["reason"]}
 
 
+@pytest.mark.faults
 def test_a_command_missing_from_the_image_restarted_under_on_failure_is_a_run_that_never_started(
         benchmarks, trainer):
     """With restarts allowed (backoffLimit 2: restartPolicy OnFailure) the kubelet keeps restarting a container
@@ -116,13 +140,41 @@ def test_a_command_missing_from_the_image_restarted_under_on_failure_is_a_run_th
     job = first_job(trainer, name)
     trainer.start(job)
     (master,) = trainer.create_pods(job)
+    injected = time.monotonic()
     trainer.start_error(master)
     said = f'pod {master} (container pytorch) StartError: exec: "torchrun": executable file not found in $PATH'
     wait_for(lambda: (benchmarks.status(name).get("runs") or [{}])[0].get("waiting") == said, 10, what=said)
+    shown = seconds_since(injected)
     failed = run_entry(benchmarks, name)
     assert failed["reason"] == diagnosis.startup_reason(said, STARTUP) and not failed.get("podsStartedTime")
+    FIGURES["command-missing-restarting"] = {
+        "injected": 1, "startupSeconds": STARTUP, "waiting_shown_after_s": shown,
+        "failed_after_injection_s": seconds_since(injected), "runs_lost": 0, "reason": failed["reason"]}
 
 
+@pytest.mark.faults
+@pytest.mark.parametrize("reason,message", [
+    ("CreateContainerConfigError", 'secret "hf-token" not found'),  # an env var from a Secret that is not there
+    ("InvalidImageName", 'Failed to apply default image tag "Registry.example/GPT2bench": couldn\'t parse image name '
+                         '"Registry.example/GPT2bench": invalid reference format'),
+])
+def test_a_container_the_kubelet_cannot_create_fails_its_run_at_the_startup_limit(benchmarks, trainer, reason, message):
+    name = f"nocreate-{reason.lower()}"
+    create(benchmarks, name, ["single"], [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 1}])
+    job = first_job(trainer, name)
+    trainer.start(job)
+    (master,) = trainer.create_pods(job)
+    injected = time.monotonic()
+    trainer.waiting(master, reason, message)
+    said = f"pod {master} (container pytorch) {reason}: {message}"
+    failed = run_entry(benchmarks, name)
+    assert failed["reason"] == diagnosis.startup_reason(said, STARTUP)
+    wait_for(lambda: not trainer.jobs(name), 10, what="its job deleted")
+    FIGURES[reason] = {"injected": 1, "startupSeconds": STARTUP, "failed_after_injection_s": seconds_since(injected),
+                       "job_deleted": True, "runs_lost": 0, "reason": failed["reason"]}
+
+
+@pytest.mark.faults
 def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure(benchmarks, trainer):
     """The worker fails first (OOMKilled, restarted under OnFailure: lastState keeps it); the master fails 3 s
     later because its peer went. The reason names the worker, how, and what it printed last."""
@@ -137,12 +189,15 @@ def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure
                       restarted=True)
     trainer.terminate(master, 1, log="RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:29500\n",
                       finished_at="2026-11-26T10:00:04Z")
+    failed_at = time.monotonic()
     trainer.fail(job, "Worker")
     reason = run_entry(benchmarks, name)["reason"]
     assert reason == (f"pod {worker} (container pytorch) OOMKilled (exit code 137), restarted 1 time: "
                       f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                       f"capacity of 79.1 GiB of which 1.2 GiB is free.; PyTorchJobFailed: PyTorchJob "
                       f"{job['metadata']['name']} is failed because 1 Worker replica(s) failed.")
+    FIGURES["worker-oomkilled-first"] = {"injected": 1, "failed_after_job_failed_s": seconds_since(failed_at),
+                                         "runs_lost": 0, "reason": reason}
 
 
 # --- the same fault, the same words: the cluster (the operator) and the local runner ------------------------
@@ -176,23 +231,34 @@ def test_the_same_fault_reads_the_same_on_the_cluster_and_locally(benchmarks, tr
     worker_command = {"worker-crashes": CRASH, "worker-killed": KILLED}.get(fault)
     empty = tmp_path / "bin"  # an image without torch: its command, torchrun, is nowhere on PATH
     empty.mkdir()
+    started = time.monotonic()
     local = _local(name, strategies, scales, tmp_path,
                    {"Master": WAIT, "Worker": worker_command} if worker_command else {},
                    path=str(empty) if fault == "missing-executable" else None)
+    local_seconds = seconds_since(started)
+
+    def record(cluster_reason: str, injected: float) -> None:
+        FIGURES[f"same-words-{fault}"] = {
+            "injected": 2, "paths": ["cluster", "local"], "local_ended_after_s": local_seconds,
+            "cluster_failed_after_injection_s": seconds_since(injected), "runs_lost": 0,
+            "cluster_reason": cluster_reason, "local_reason": local.reason}
 
     create(benchmarks, name, strategies, scales)
     job = first_job(trainer, name)
     trainer.start(job)
     pods = trainer.create_pods(job)
+    injected = time.monotonic()
     if fault == "missing-executable":  # containerd: StartError (exit code 128) and runc's words; restartPolicy Never
         for pod in pods:
             trainer.start_error(pod)
         trainer.fail(job, "Master")
         words = f'pod {pods[0]} (container pytorch) StartError: exec: "torchrun": executable file not found in $PATH'
-        assert run_entry(benchmarks, name)["reason"] == (
+        cluster_reason = run_entry(benchmarks, name)["reason"]
+        assert cluster_reason == (
             f"{words}; PyTorchJobFailed: PyTorchJob {job['metadata']['name']} is failed because 1 Master replica(s) "
             f"failed.")
         assert local.reason == f"cannot start on this machine: {words} (install PyTorch (pip install torch))"
+        record(cluster_reason, injected)
         return
     if fault == "no-gpu":
         trainer.unschedulable(pods[0], NO_GPU)
@@ -200,6 +266,7 @@ def test_the_same_fault_reads_the_same_on_the_cluster_and_locally(benchmarks, tr
         cluster_reason = run_entry(benchmarks, name)["reason"]
         assert cluster_reason == diagnosis.startup_reason(words, STARTUP)
         assert local.reason.startswith(f"cannot start on this machine: {words} (")
+        record(cluster_reason, injected)
         return
     master, worker = pods
     trainer.running(master)
@@ -218,6 +285,7 @@ def test_the_same_fault_reads_the_same_on_the_cluster_and_locally(benchmarks, tr
     assert local.phase == "Failed" and local.reason == expected
     assert cluster_reason == f"{expected}; PyTorchJobFailed: PyTorchJob {job['metadata']['name']} is failed " \
                              f"because 1 Worker replica(s) failed."
+    record(cluster_reason, injected)
 
 
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):

@@ -12,8 +12,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
+from fault_figures import FIGURES, seconds_since
 from kube import EmulatedCluster
 from kube.fixtures import (
     CRD,
@@ -209,6 +211,7 @@ def first_run(benchmarks, name: str) -> dict:
     return (benchmarks.status(name).get("runs") or [{}])[0]
 
 
+@pytest.mark.faults
 def test_a_trainjob_whose_worker_cannot_pull_its_image_fails_at_the_startup_limit_and_the_sweep_goes_on(
         cluster, client, benchmarks):
     """JobSet's Job creates both `node` pods; node 1's image cannot be pulled (the kubelet's ImagePullBackOff).
@@ -218,16 +221,20 @@ def test_a_trainjob_whose_worker_cannot_pull_its_image_fails_at_the_startup_limi
     trainer = TrainerV2(client, cluster=cluster, start_pods=False)
     starting(benchmarks, name, ["ddp", "fsdp"])
     (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the first TrainJob")
+    seen = time.monotonic()
     job_name = trainjob["metadata"]["name"]
     assert trainer.reconcile(job_name) is not None
     node0, node1 = trainer.pod_names(job_name)
     trainer.running(node0)
     image = trainjob["spec"]["trainer"]["image"]
+    injected = time.monotonic()
     trainer.waiting(node1, "ImagePullBackOff", f'Back-off pulling image "{image}"')
     said = f'pod {node1} (container node) ImagePullBackOff: Back-off pulling image "{image}"'
     wait_for(lambda: first_run(benchmarks, name).get("waiting") == said, 10, what=said)
+    shown = seconds_since(injected)
     assert said in cluster.kubectl("get", "gpt2benchmark", name).stdout, "kubectl get's Waiting column"
     failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 20, what="Failed")
+    failed_after = seconds_since(seen)
     assert failed["reason"] == f"not started within runPolicy.startupSeconds ({STARTUP} s): {said}"
     wait_for(lambda: any(e["reason"] == "RunFailed" and said in e["message"] for e in benchmarks.events(name)), 10,
              what="its RunFailed Event")  # kopf posts Events from a queue of its own
@@ -243,8 +250,13 @@ def test_a_trainjob_whose_worker_cannot_pull_its_image_fails_at_the_startup_limi
     status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") not in (None, "Running") and s,
                       what="the end")
     assert status["phase"] == "PartiallySucceeded" and not status.get("waiting")
+    FIGURES["trainjob-image-pull-backoff"] = {
+        "injected": 1, "startupSeconds": STARTUP, "waiting_shown_after_s": shown, "failed_after_trainjob_seen_s":
+        failed_after, "trainjob_deleted": True, "next_run": status["runs"][1]["phase"], "runs_lost": 0,
+        "reason": failed["reason"]}
 
 
+@pytest.mark.faults
 def test_a_horovod_trainjob_waits_for_its_launcher_pod_not_only_the_pods_that_exist(cluster, client, benchmarks):
     """The MPI runtime's launcher Job dependsOn its sshd `node` pods being Ready (JobSet). An sshd that never
     gets Ready means no launcher pod at all: the pods that exist have all started, but the run has not; it
@@ -254,6 +266,7 @@ def test_a_horovod_trainjob_waits_for_its_launcher_pod_not_only_the_pods_that_ex
     trainer = TrainerV2(client, cluster=cluster, start_pods=False)
     starting(benchmarks, name, ["horovod"])
     (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the TrainJob")
+    seen = time.monotonic()
     job_name = trainjob["metadata"]["name"]
     trainer.reconcile(job_name)
     (sshd,) = trainer.pod_names(job_name)
@@ -263,9 +276,13 @@ def test_a_horovod_trainjob_waits_for_its_launcher_pod_not_only_the_pods_that_ex
             f"[node]), and the job's controller may create the others only once it is")
     wait_for(lambda: first_run(benchmarks, name).get("waiting") == said, 10, what=said)
     failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 20, what="Failed")
+    failed_after = seconds_since(seen)
     assert failed["reason"] == f"not started within runPolicy.startupSeconds ({STARTUP} s): {said}"
     assert not failed.get("podsStartedTime")
     wait_for(lambda: trainjobs(client, name) == [], 10, what="its TrainJob deleted")
+    FIGURES["trainjob-launcher-never-created"] = {
+        "injected": 1, "startupSeconds": STARTUP, "failed_after_trainjob_seen_s": failed_after,
+        "trainjob_deleted": True, "runs_lost": 0, "reason": failed["reason"]}
 
 
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):

@@ -16,6 +16,7 @@ import time
 
 import pytest
 from conftest import gpt2bench_executable
+from fault_figures import FIGURES
 
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
@@ -127,3 +128,6 @@ def test_a_hung_rank_ends_a_horovod_job_within_its_timeout(run_trainer, launcher
     assert said in run.stdout + run.stderr, run.describe()
     assert len(run.steps) < 10, "it stopped where the rank hung"
     assert took < timeout + 60, f"{took:.1f} s (start-up included)"
+    FIGURES[f"horovod-rank-hangs-{launcher}"] = {
+        "injected": 1, "timeout_seconds": timeout, "job_ended_after_s": round(took, 1), "steps_recorded": len(run.steps),
+        "exit_code": run.returncode, "reason": said}
