@@ -285,6 +285,30 @@ def test_a_horovod_trainjob_waits_for_its_launcher_pod_not_only_the_pods_that_ex
         "trainjob_deleted": True, "runs_lost": 0, "reason": failed["reason"]}
 
 
+@pytest.mark.faults
+def test_a_trainjob_whose_image_lacks_its_command_fails_naming_the_pod_in_runcs_words(cluster, client, benchmarks):
+    """containerd cannot start `node`'s command (StartError); under the runtime's restartPolicy Never the pod
+    fails, its Job at once (backoffLimit 0), the JobSet and the TrainJob with it. The run names the pod and the
+    command in the words the PyTorchJob path and the local runner use (tests/test_operator_pods.py)."""
+    name = "tv2nocmd"
+    trainer = TrainerV2(client, cluster=cluster, start_pods=False)
+    benchmarks.create(benchmark(name, [{"name": "single"}]))
+    (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the TrainJob")
+    job_name = trainjob["metadata"]["name"]
+    trainer.reconcile(job_name)
+    (pod,) = trainer.pod_names(job_name)
+    injected = time.monotonic()
+    trainer.start_error(pod)
+    assert trainer.trainjob(job_name)["status"]["conditions"][-1]["reason"] == "FailedJobs"
+    failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 20, what="Failed")
+    program = trainjob["spec"]["trainer"]["command"][0]
+    assert failed["reason"] == (f'pod {pod} (container node) StartError: exec: "{program}": executable file not found '
+                                f"in $PATH; FailedJobs: jobset failed due to one or more job failures (first failed "
+                                f"job: {job_name}-node-0)")
+    FIGURES["trainjob-command-missing"] = {"injected": 1, "failed_after_injection_s": seconds_since(injected),
+                                           "runs_lost": 0, "reason": failed["reason"]}
+
+
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     """The Trainer v2 paths checked against the roles bound to the operator in manifests/operator.yaml."""
     from test_operator_manifests import allowed, cluster_role_rules

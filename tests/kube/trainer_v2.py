@@ -413,8 +413,14 @@ class TrainerV2(Kubelet):
             jobset = self._jobset(name)
             jobs = [self._count_pods(job) for job in self.jobs(name)]
             statuses = replicated_job_statuses(jobset, jobs) if jobset else []
-            if jobset is None or (jobset.get("status") or {}).get("terminalState") or \
-                    not self._create_due_jobs(jobset, jobs, statuses):
+            if jobset is None or (jobset.get("status") or {}).get("terminalState"):
+                break
+            failed = next((job["metadata"]["name"] for job in jobs if past_backoff_limit(job)), None)
+            if failed is not None:  # the Job controller fails it, then JobSet fails (no failure policy)
+                self._end_job(failed, succeeded=False)
+                condition = self._end_jobset(jobset, False, failed)
+                continue
+            if not self._create_due_jobs(jobset, jobs, statuses):
                 break
         if jobset is not None:
             self.custom.patch_namespaced_custom_object_status(*JOBSET, self.namespace, "jobsets", name,
@@ -497,29 +503,38 @@ class TrainerV2(Kubelet):
                 key = (self.namespace, pod["metadata"]["name"], "node")
                 self.cluster.call(lambda emulator, key=key: emulator.pod_logs.__setitem__(key, log))
             self._terminate(pod, code if first or succeeded else 143, message if first else None)
-        t = _now()
-        generation = jobset["metadata"].get("generation", 1)
-        if succeeded:
-            job_condition = {"type": "Complete", "status": "True", "reason": "CompletionsReached",
-                             "message": "Reached expected number of succeeded pods", "lastTransitionTime": t}
-            js_condition = {"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
-                            "message": "jobset completed successfully", "lastTransitionTime": t,
-                            "observedGeneration": generation}
-        else:
-            job_condition = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                             "message": "Job has reached the specified backoff limit", "lastTransitionTime": t}
-            js_condition = {"type": "Failed", "status": "True", "reason": "FailedJobs",
-                            "message": f"jobset failed due to one or more job failures (first failed job: {result_job})",
-                            "lastTransitionTime": t, "observedGeneration": generation}
-        self.custom.patch_namespaced_custom_object_status("batch", "v1", self.namespace, "jobs", result_job,
-                                                          {"status": {"conditions": [job_condition]}})
+        self._end_job(result_job, succeeded)
+        self.sync(name, self._end_jobset(jobset, succeeded, result_job))
+
+    def _end_job(self, job: str, succeeded: bool) -> None:
+        """The Job controller: Complete, or Failed once its failed pods exceed its backoffLimit (0 in the
+        project's runtimes: the first)."""
+        condition = ({"type": "Complete", "status": "True", "reason": "CompletionsReached",
+                      "message": "Reached expected number of succeeded pods", "lastTransitionTime": _now()}
+                     if succeeded else
+                     {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                      "message": "Job has reached the specified backoff limit", "lastTransitionTime": _now()})
+        self.custom.patch_namespaced_custom_object_status("batch", "v1", self.namespace, "jobs", job,
+                                                          {"status": {"conditions": [condition]}})
+
+    def _end_jobset(self, jobset: dict[str, Any], succeeded: bool, job: str) -> dict[str, Any]:
+        """JobSet ends (its success policy met, or a Job failed: no failure policy restarts it), deletes its Jobs
+        still active (JS L162-176: the MPI sshd `node` Job), and the Trainer copies its condition, renamed
+        (TR jobset.go L449-457). Returns that TrainJob condition."""
+        name = jobset["metadata"]["name"]
+        condition = ({"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
+                      "message": "jobset completed successfully"}
+                     if succeeded else
+                     {"type": "Failed", "status": "True", "reason": "FailedJobs",
+                      "message": f"jobset failed due to one or more job failures (first failed job: {job})"})
+        condition.update(lastTransitionTime=_now(), observedGeneration=jobset["metadata"].get("generation", 1))
         self.custom.patch_namespaced_custom_object_status(*JOBSET, self.namespace, "jobsets", name, {"status": {
-            "conditions": [js_condition], "terminalState": js_condition["type"]}})
-        # A finished JobSet deletes its Jobs still active (JS L162-176): the MPI sshd `node` Job.
-        for job in self.jobs(name):
-            if job["metadata"]["name"] != result_job:
-                self.custom.delete_namespaced_custom_object("batch", "v1", self.namespace, "jobs", job["metadata"]["name"])
-        self.sync(name, {**js_condition, "type": "Complete" if succeeded else "Failed"})
+            "conditions": [condition], "terminalState": condition["type"]}})
+        for other in self.jobs(name):
+            if other["metadata"]["name"] != job:
+                self.custom.delete_namespaced_custom_object("batch", "v1", self.namespace, "jobs",
+                                                            other["metadata"]["name"])
+        return {**condition, "type": "Complete" if succeeded else "Failed"}
 
     def _terminate(self, pod: dict[str, Any], code: int, message: str | None) -> None:
         terminated = {"exitCode": code, "reason": {0: "Completed", 137: "OOMKilled"}.get(code, "Error"),
@@ -580,3 +595,11 @@ def dependency_reached(depends_on: dict[str, Any], replicas: int, status: dict[s
     if depends_on.get("status") == "Complete":
         return status["succeeded"] == replicas
     return status["ready"] + status["failed"] + status["succeeded"] == replicas
+
+
+def past_backoff_limit(job: dict[str, Any]) -> bool:
+    """An unfinished Job whose failed pods exceed its backoffLimit (K8S: 6 by default)."""
+    state = job.get("status") or {}
+    if any(c["status"] == "True" and c["type"] in ("Complete", "Failed") for c in state.get("conditions") or []):
+        return False
+    return state.get("failed", 0) > job["spec"].get("backoffLimit", 6)
