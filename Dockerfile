@@ -2,13 +2,18 @@
 # gpt2bench images, one Dockerfile, three targets:
 #
 #   docker build -t ghcr.io/gpt2bench/gpt2bench:0.1.0 .                                  # trainer (CPU; default)
-#   docker build -t ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda --target trainer-cuda .       # trainer (GPU)
+#   docker build -t ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda --target trainer-cuda .       # trainer (GPU, CUDA 13)
 #   docker build -t ghcr.io/gpt2bench/gpt2bench-operator:0.1.0 --target operator .       # operator, no torch
+#   docker build -t ghcr.io/gpt2bench/gpt2bench:0.1.0-cuda12 --target trainer-cuda .     # trainer (GPU, CUDA 12.8)
+#     with --build-arg CUDA_IMAGE_VERSION=12.8.1 --build-arg TORCH_CUDA_INDEX_URL=https://download.pytorch.org/whl/cu128
 #
 # - trainer: CPU torch, Horovod with Gloo + MPI, Open MPI and sshd (MPIJob launchers and workers).
 # - trainer-cuda: CUDA torch wheels and Horovod built with HOROVOD_GPU_OPERATIONS=NCCL on nvidia/cuda devel,
-#   run on the matching nvidia/cuda runtime (its CUDA runtime and NCCL); needs the NVIDIA driver and device
-#   plugin on the node. GPT2Benchmark runs with devicesPerNode > 0 use it by default (spec.images.gpu).
+#   run on the matching nvidia/cuda runtime (its CUDA runtime and NCCL); needs the NVIDIA device plugin and a
+#   driver that runs its CUDA: CUDA 13 (-cuda, the default) needs driver >= 580, CUDA 12.8 (-cuda12) >= 570
+#   (`nvidia-smi` prints the node's). cuDNN comes with torch's wheels (its nvidia-cudnn-cu* requirement), so the
+#   bases are the plain devel/runtime ones, not -cudnn-. GPT2Benchmark runs with devicesPerNode > 0 use it by
+#   default (spec.images.gpu; the chart's trainerImage.gpuTag picks -cuda12).
 # - operator: `gpt2bench operator` (kopf, kubernetes client, pydantic): what the Helm chart deploys.
 # Python packages are installed from requirements/*.lock with --require-hashes (requirements/README.md): an
 # image built twice has the same files. torch comes from the PyTorch index at TORCH_VERSION.
@@ -17,7 +22,8 @@
 ARG PYTHON_VERSION=3.11
 ARG TORCH_VERSION=2.13.0
 ARG HOROVOD_VERSION=0.28.1
-# CUDA images: the torch wheel index and the nvidia/cuda tag must name the same CUDA version.
+# CUDA images: the torch wheel index and the nvidia/cuda tag must name the same CUDA version (the release
+# builds CUDA 12.8 as -cuda12 with 12.8.1 and .../whl/cu128: .github/workflows/release.yml).
 ARG CUDA_IMAGE_VERSION=13.0.1
 ARG CUDA_UBUNTU=ubuntu24.04
 ARG TORCH_CUDA_INDEX_URL=https://download.pytorch.org/whl/cu130
@@ -33,7 +39,7 @@ WORKDIR /src
 # modules import nothing else.
 COPY requirements/operator.lock requirements/
 RUN python -m venv /opt/venv \
- && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install "setuptools==80.9.0" "wheel==0.45.1" \
  && pip install --no-deps --require-hashes -r requirements/operator.lock
 COPY pyproject.toml README.md ./
 COPY gpt2bench/ gpt2bench/
@@ -56,12 +62,14 @@ ENTRYPOINT ["gpt2bench"]
 CMD ["operator", "--help"]
 
 # -------------------------------------------------------------------------------------- CUDA build
-FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-cudnn-devel-${CUDA_UBUNTU} AS cuda-build
+FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-devel-${CUDA_UBUNTU} AS cuda-build
 ARG TORCH_VERSION
 ARG TORCH_CUDA_INDEX_URL
 ARG HOROVOD_VERSION
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# Python 3.12 (Ubuntu 24.04's), compilers, Open MPI headers and NCCL's headers for Horovod.
+# Python 3.12 (Ubuntu 24.04's), compilers, Open MPI headers and NCCL's headers for Horovod. Libraries for
+# other fabrics (e.g. EFA, aws-ofi-nccl) go in a RUN of their own after this one, and their runtime parts
+# in trainer-cuda's.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.12 python3.12-venv \
@@ -69,7 +77,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3.12 -m venv /opt/venv \
- && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install "setuptools==80.9.0" "wheel==0.45.1" \
  && pip install --index-url "${TORCH_CUDA_INDEX_URL}" "torch==${TORCH_VERSION}"
 # Everything else from PyPI, every file pinned by its hash (requirements/trainer.lock).
 WORKDIR /src
@@ -93,7 +101,7 @@ RUN CXX=/usr/local/bin/g++-cxx17 HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=S
  && grep -q "\[X\] NCCL" /tmp/horovod-build.txt
 
 # ------------------------------------------------------------------------------------ trainer (GPU)
-FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-cudnn-runtime-${CUDA_UBUNTU} AS trainer-cuda
+FROM nvidia/cuda:${CUDA_IMAGE_VERSION}-runtime-${CUDA_UBUNTU} AS trainer-cuda
 LABEL org.opencontainers.image.title="gpt2bench" \
       org.opencontainers.image.description="GPT-2 data-parallel strategy benchmark: trainer for NVIDIA GPUs" \
       org.opencontainers.image.source="https://github.com/gpt2bench/gpt2bench" \
@@ -129,7 +137,7 @@ RUN apt-get update \
 
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv \
- && pip install "setuptools==75.8.0" "wheel==0.45.1" \
+ && pip install "setuptools==80.9.0" "wheel==0.45.1" \
  && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
 # The rest from PyPI, every file pinned by its hash (requirements/trainer.lock); then the project itself

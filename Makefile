@@ -1,21 +1,30 @@
-# The two commands of the README: `make demo` (the local benchmark) and `make test`.
-PYTHON ?= python3
-export PATH := $(CURDIR)/.tools/bin:$(PATH)
+# The README's two commands: `scripts/install.sh && .venv/bin/gpt2bench run …` (= `make demo`) and `make test`.
+# Everything runs from the checkout's virtual environment, which scripts/install.sh makes (.venv; VENV=... for
+# another): its python, gpt2bench, torchrun, horovodrun and test tools come first on PATH, then .tools/bin (helm).
+VENV ?= .venv
+PYTHON ?= $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(CURDIR)/.tools/bin:$(PATH)
+INSTALL = GPT2BENCH_VENV=$(abspath $(VENV)) bash scripts/install.sh
 
-.PHONY: install demo test test-fast generate lint e2e-kind
+.PHONY: install install-test demo test test-fast generate lint e2e-kind
 
+# What `gpt2bench run` needs (the package, torch, Open MPI, Horovod).
 install:
-	bash scripts/install.sh
+	$(INSTALL)
+
+# And what the tests need (the test extra, helm, Prometheus, checkov).
+install-test:
+	$(INSTALL) --test
 
 demo: install
-	gpt2bench run manifests/examples/cpu-sweep.yaml --output results/cpu-sweep
+	$(VENV)/bin/gpt2bench run manifests/examples/cpu-sweep.yaml --output results/cpu-sweep
 
 # Two pytest-xdist workers (the suite's target machine has 2 cores); whole files per worker, so that a module's
 # emulator, operator and order-dependent checks stay together (docs/ci.md, Suite time).
 WORKERS ?= 2
 PYTEST = $(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile
 
-test: install
+test: install-test
 	$(PYTEST)
 
 test-fast:
@@ -30,8 +39,8 @@ generate:
 
 # Unused or undefined names and import order (tests/test_layout.py runs the same check).
 lint:
-	ruff check .
+	$(PYTHON) -m ruff check .
 
 # The kind end to end, both backends, as CI's e2e workflow runs it (needs Docker and kind: docs/ci.md).
-e2e-kind: install
+e2e-kind: install-test
 	PYTHON=$(PYTHON) bash scripts/e2e-kind.sh

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from gpt2bench.jobkinds import JOB_KINDS, job_kind_for, max_job_name_length, resolve_backend
 from gpt2bench.protocol import OUTPUT_ENV
+from gpt2bench.spec.expansion import escape
 from gpt2bench.spec.model import Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
 from gpt2bench.trainer.config import ProcessOptions, TrainConfig
 
@@ -90,8 +91,13 @@ class Run:
         )
 
     def trainer_args(self, output: str = f"$({OUTPUT_ENV})") -> list[str]:
-        """The exact `gpt2bench train` options of this run (docs/design.md, Trainer)."""
-        return self.train_config(output).to_argv()
+        """The exact `gpt2bench train` options of this run (docs/design.md, Trainer), as a container's args:
+        every word escaped for the kubelet's `$(VAR)` expansion (a data source or pretrained path reaches the
+        trainer as the spec wrote it, `$(X)` and `$$` included), except `output`, the reference the kubelet
+        (or the local runner) fills in."""
+        argv = [escape(word) for word in self.train_config(output).to_argv()]
+        argv[argv.index("--output") + 1] = output
+        return argv
 
 
 def dns_label(text: str) -> str:

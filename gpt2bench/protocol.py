@@ -36,6 +36,15 @@ STEPS_CONFIGMAP_SUFFIX = "-steps"
 # (trainer/devices.py, cpu_budget), whatever launched it: torchrun sets OMP_NUM_THREADS=1, mpirun nothing.
 POD_CPUS_ENV = "GPT2BENCH_POD_CPUS"
 
+# ------------------------------------------------------------------ what only the local runner sets (not in pods)
+# The address the trainer's metrics server binds: unset in a pod (every address, 0.0.0.0, for Prometheus to scrape
+# the pod); the local runner sets loopback, so a laptop's trainers do not serve their metrics to its network.
+METRICS_ADDRESS_ENV = "GPT2BENCH_METRICS_ADDRESS"
+DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104 (a pod's metrics are scraped from outside it)
+# The pid of the `gpt2bench run` that started the replica: every `gpt2bench train` under it (torchrun's workers,
+# mpirun's ranks) stops when that process is gone, however it ended (trainer/lifeline.py).
+RUNNER_PID_ENV = "GPT2BENCH_RUNNER_PID"
+
 # ------------------------------------------------------------------ the jobs a run becomes
 PYTORCHJOB_API = "kubeflow.org/v1"
 MPIJOB_API = "kubeflow.org/v2beta1"

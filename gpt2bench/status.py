@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpt2bench.files import write_atomic
+from gpt2bench.files import held, write_atomic
 
 # Run phases. Interrupted exists only locally (a cluster sweep is never Ctrl-C'd); Queued only on a cluster (the
 # run's job exists but is suspended, e.g. by Kueue until its queue admits it). Skipped: the run did not train, on
@@ -149,19 +149,20 @@ class RunStatus(StatusModel):
     """One run of the sweep, as `status.runs[]` holds it (docs/design.md, Results entry)."""
 
     name: str = Field(description="Run name (also the job's name).")
-    strategy: str
-    precision: str
-    nodes: int
-    devices_per_node: int
+    strategy: str = Field(description="The run's data-parallel strategy (spec.sweep.strategies[].name).")
+    precision: str = Field(description="The run's precision: fp32, fp16 or bf16.")
+    nodes: int = Field(description="Pods of the run's job (its scale's nodes).")
+    devices_per_node: int = Field(description="GPUs per pod; 0: CPU.")
     processes_per_node: int = Field(description="Processes per pod, parameter servers included.")
     job_kind: str = Field(description="PyTorchJob or MPIJob.")
-    job_name: str
+    job_name: str = Field(description="The run's job (PyTorchJob, MPIJob or TrainJob) in the benchmark's namespace.")
     devices: int | None = Field(None, description="Devices it trains on: GPUs, or worker processes on CPU.")
     repeat: int | None = Field(None, ge=1, description="Repetition of its configuration (sweep.repeats > 1).")
     phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded, Failed or "
                                         "Skipped (not trained on purpose: `reason` says why).")
-    start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
-    completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    start_time: str | None = Field(None, description="When the run's job was created.", json_schema_extra=DATE_TIME)
+    completion_time: str | None = Field(None, description="When the run finished, succeeded or not.",
+                                        json_schema_extra=DATE_TIME)
     reason: str | None = Field(None, description="Why the run failed or was skipped.")
     waiting: str | None = Field(
         None, description="While its job is queued or its pods start: what it waits for (the pod, and the "
@@ -181,10 +182,12 @@ class LocalRun(RunStatus):
 
 
 class BestRun(StatusModel):
-    run: str
-    strategy: str
-    precision: str
-    tokens_per_second: float
+    """The succeeded run with the highest tokens/s, at any scale, whatever the noise."""
+
+    run: str = Field(description="Its name.")
+    strategy: str = Field(description="Its strategy.")
+    precision: str = Field(description="Its precision.")
+    tokens_per_second: float = Field(description="Its global tokens/s (results.tokensPerSecond).")
 
 
 # Condition types of a GPT2Benchmark, as batch Jobs have them (`kubectl wait --for=condition=Complete`):
@@ -193,10 +196,15 @@ class BestRun(StatusModel):
 # for its queue), and SpecChangeIgnored. Each carries the generation it was decided on.
 READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+SPEC_UNREADABLE = "SpecUnreadable"  # the operator running cannot read the spec a sweep was pinned with
 
 Objective = Literal["fastest", "leanest", "cheapest", "scalable", "efficient"]
 Decision = Literal["clear", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
 Verdict = Literal["holds", "does-not-hold", "inconclusive", "needs-repeats", "not-measurable"]
+
+
+ConfigurationName = Annotated[str, Field(description="A configuration: its runs' name without -r<k>.")]
+RunName = Annotated[str, Field(description="A run's name.")]
 
 
 class Recommendation(StatusModel):
@@ -210,14 +218,14 @@ class Recommendation(StatusModel):
                                                  "or only-candidate.")
     run: str | None = Field(None, description="The top-ranked configuration (its run name without -r<k>), winner or "
                                               "not.")
-    strategy: str | None = None
-    precision: str | None = None
+    strategy: str | None = Field(None, description="The top-ranked configuration's strategy.")
+    precision: str | None = Field(None, description="The top-ranked configuration's precision.")
     value: float | None = Field(None, description="The top-ranked configuration's mean, in `unit`.")
-    unit: str | None = None
+    unit: str | None = Field(None, description="Unit of value and runnerUpValue, e.g. tokens/s or bytes.")
     spread: float | None = Field(None, description="Sample standard deviation over its repeats.")
     measurements: int | None = Field(None, description="Succeeded repeats behind `value`.")
-    runner_up: str | None = None
-    runner_up_value: float | None = None
+    runner_up: str | None = Field(None, description="The second-ranked configuration.")
+    runner_up_value: float | None = Field(None, description="The runner-up's mean, in `unit`.")
     margin: float | None = Field(None, description="How much better the top-ranked is than the runner-up, relative to "
                                                    "the runner-up (means; positive: better).")
     margin_low: float | None = Field(None, description="Lower end of the margin's confidence interval.")
@@ -225,24 +233,25 @@ class Recommendation(StatusModel):
     confidence: float | None = Field(None, description="Confidence level of the interval (0.95).")
     noise: float | None = Field(None, description="The sweep's pooled coefficient of variation of this figure.")
     noise_df: int | None = Field(None, description="Degrees of freedom of `noise` (0: no configuration repeated).")
-    candidates: list[str] | None = Field(
+    candidates: list[ConfigurationName] | None = Field(
         None, description="No clear winner: the configurations the noise cannot tell from the top-ranked (it first); "
                           "needs-repeats: every configuration, best mean first.")
-    excluded: list[str] | None = Field(None, description="Runs at this scale left out: they did not succeed.")
-    note: str | None = None
+    excluded: list[RunName] | None = Field(
+        None, description="Runs at this scale left out: they did not succeed.")
+    note: str | None = Field(None, description="A remark on the decision, e.g. why it is not measurable.")
 
 
 class ScalingEfficiency(StatusModel):
     """Tokens/s per device at one scale over the same strategy and precision at its smallest scale."""
 
-    strategy: str
-    precision: str
-    scale: str
-    devices: int
-    baseline_scale: str
-    baseline_devices: int
-    tokens_per_second_per_device: float
-    efficiency: float
+    strategy: str = Field(description="The strategy.")
+    precision: str = Field(description="The precision.")
+    scale: str = Field(description="The scale measured, e.g. 2x4 GPU.")
+    devices: int = Field(description="Devices at that scale.")
+    baseline_scale: str = Field(description="The smallest scale of the same strategy and precision.")
+    baseline_devices: int = Field(description="Devices at the baseline scale.")
+    tokens_per_second_per_device: float = Field(description="Mean tokens/s per device at this scale.")
+    efficiency: float = Field(description="Tokens/s per device here over the baseline's (1: perfect scaling).")
     spread: float | None = Field(None, description="Propagated from both scales' spreads (docs/analysis.md).")
     low: float | None = Field(None, description="Lower end of the efficiency's confidence interval.")
     high: float | None = Field(None, description="Upper end of the efficiency's confidence interval.")
@@ -251,9 +260,9 @@ class ScalingEfficiency(StatusModel):
 class Finding(StatusModel):
     """One of the papers' claims, checked on this sweep's measurements."""
 
-    id: str
-    claim: str
-    source: str
+    id: str = Field(description="The finding's identifier (docs/analysis.md, Findings).")
+    claim: str = Field(description="The claim, as the paper makes it.")
+    source: str = Field(description="The paper and where in it.")
     verdict: Verdict = Field(description="holds, does-not-hold, inconclusive (the interval crosses the claim's "
                                          "threshold), needs-repeats (single measurements: not decided) or "
                                          "not-measurable.")
@@ -283,21 +292,26 @@ class Analysis(StatusModel):
 
     recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
     noise: list[FigureNoise] = Field(default_factory=list, description="The sweep's noise per figure.")
-    recommendations: list[Recommendation] = Field(default_factory=list)
-    scaling: list[ScalingEfficiency] = Field(default_factory=list)
-    findings: list[Finding] = Field(default_factory=list)
+    recommendations: list[Recommendation] = Field(default_factory=list,
+                                                  description="The recommendation per objective and scale.")
+    scaling: list[ScalingEfficiency] = Field(default_factory=list,
+                                             description="Scaling efficiency of every configuration above its "
+                                                         "smallest scale.")
+    findings: list[Finding] = Field(default_factory=list, description="The papers' claims and their verdicts.")
 
 
 class Condition(StatusModel):
     """`metav1.Condition`: the shape `kubectl wait --for=condition=...` and every tool expect."""
 
     type: str = Field(max_length=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                                                r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = Field(max_length=32768)
-    last_transition_time: str = Field(json_schema_extra=DATE_TIME)
-    observed_generation: int | None = Field(None, ge=0)
+                                                r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+                      description="Ready, Complete, Failed, Queued or SpecChangeIgnored.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+                        description="Why, in one CamelCase word.")
+    message: str = Field(max_length=32768, description="Why, in words.")
+    last_transition_time: str = Field(description="When status last changed.", json_schema_extra=DATE_TIME)
+    observed_generation: int | None = Field(None, ge=0, description="The generation the condition was decided on.")
 
 
 # A list of conditions is a map keyed by type, as in every Kubernetes API.
@@ -309,15 +323,15 @@ class BenchmarkStatus(StatusModel):
 
     phase: BenchmarkPhase | None = Field(
         None, description="Running, Succeeded, PartiallySucceeded, Failed or Invalid.")
-    message: str | None = None
+    message: str | None = Field(None, description="What the sweep is doing, or why it stopped.")
     observed_generation: int | None = Field(None, description="The generation whose spec the sweep runs.")
-    runs_total: int | None = None
-    runs_done: int | None = None
-    runs_succeeded: int | None = None
-    runs_failed: int | None = None
-    runs_skipped: int | None = None
-    start_time: str | None = Field(None, json_schema_extra=DATE_TIME)
-    completion_time: str | None = Field(None, json_schema_extra=DATE_TIME)
+    runs_total: int | None = Field(None, description="Runs the sweep plans.")
+    runs_done: int | None = Field(None, description="Runs finished: succeeded, failed or skipped.")
+    runs_succeeded: int | None = Field(None, description="Runs that succeeded.")
+    runs_failed: int | None = Field(None, description="Runs that failed (status.runs[].reason says why).")
+    runs_skipped: int | None = Field(None, description="Runs not trained on purpose (their reason says why).")
+    start_time: str | None = Field(None, description="When the sweep started.", json_schema_extra=DATE_TIME)
+    completion_time: str | None = Field(None, description="When the last run finished.", json_schema_extra=DATE_TIME)
     backend: str | None = Field(
         None, description="The backend the sweep runs on, trainjob or pytorchjob: spec.backend, or what `auto` "
                           "resolved to from the job kinds the API server serves (TrainJob preferred).")
@@ -327,7 +341,9 @@ class BenchmarkStatus(StatusModel):
     best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
     analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
-    conditions: list[Condition] | None = Field(None, json_schema_extra=CONDITIONS_LIST)
+    conditions: list[Condition] | None = Field(
+        None, description="Ready, Complete, Failed, Queued: `kubectl wait --for=condition=Complete`.",
+        json_schema_extra=CONDITIONS_LIST)
 
 
 RESULTS_JSON = "results.json"
@@ -367,6 +383,28 @@ class ResultsDocument(StatusModel):
                    phase=status.phase or "Unknown", best=status.best, analysis=status.analysis,
                    start_time=status.start_time,
                    completion_time=status.completion_time)
+
+
+# ------------------------------------------------------------------ an interrupted local sweep
+NOT_STARTED = "not started: the sweep was interrupted"
+ABANDONED = ("the gpt2bench run writing this folder stopped while this run was in flight, without a word "
+             "(killed, or the machine went down); `gpt2bench run --resume` runs it again")
+
+
+def interrupt_runs(runs: list[LocalRun], in_flight: str, not_started: str = NOT_STARTED) -> list[LocalRun]:
+    """A stopped sweep's entries: the run in flight Interrupted (`in_flight` says why), the runs not started Skipped,
+    the finished ones as they were."""
+    reasons = {RUNNING: (INTERRUPTED, in_flight), PENDING: (SKIPPED, not_started)}
+    return [run.model_copy(update=dict(zip(("phase", "reason"), reasons[run.phase]))) if run.phase in reasons
+            else run for run in runs]
+
+
+def settle_abandoned(doc: ResultsDocument, directory: str | os.PathLike) -> ResultsDocument:
+    """DIR's results document as it must be read: a sweep still Running that no live `gpt2bench run` holds
+    (files.holding) was stopped without a chance to say so, so it is Interrupted, and so is its run in flight."""
+    if doc.phase != RUNNING or held(directory):
+        return doc
+    return doc.model_copy(update={"runs": interrupt_runs(doc.runs, ABANDONED), "phase": INTERRUPTED})
 
 
 # ------------------------------------------------------------------ rules over runs

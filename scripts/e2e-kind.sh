@@ -7,39 +7,48 @@
 #   scripts/e2e-kind.sh build             only build the images (docker buildx, into the local engine)
 #
 # For each backend: build the trainer and operator images once (./Dockerfile's `trainer` and `operator`
-# targets), create a kind cluster, load the images into it, install that backend's Kubeflow operators at the
-# versions pinned below, `helm install` the chart, apply manifests/examples/cpu-sweep.yaml in a namespace
-# that enforces Pod Security "restricted", `kubectl wait --for=condition=Complete`, print the report
+# targets, without attestations: kind loads plain images only), create a kind cluster, load the images into
+# it, install that backend's Kubeflow operators at the versions pinned below, create the benchmark's
+# namespace (Pod Security "restricted"), `helm install` the chart with its operator watching that namespace,
+# apply manifests/examples/cpu-sweep.yaml there, `kubectl wait --for=condition=Complete`, print the report
 # (`gpt2bench report --cluster`), check the outcome with tests/test_kind.py, and delete the cluster: after
 # success, failure or Ctrl-C alike (trap). A failed run first writes logs and `kubectl describe` of every
 # object to $E2E_ARTIFACTS.
 #
 # The cluster steps live here only. tests/test_kind.py holds the assertions: run by this script against the
 # cluster it made (GPT2BENCH_KIND_KUBECONFIG), or, run by pytest alone, it drives these steps itself:
-#   scripts/e2e-kind.sh up BACKEND        create the cluster, load images, install operators and chart
+#   scripts/e2e-kind.sh up BACKEND        create the cluster, load images, install operators, namespace, chart
 #   scripts/e2e-kind.sh example           apply the example, wait for Complete, write and print the report
 #   scripts/e2e-kind.sh diagnostics       logs and `kubectl describe` of everything into $E2E_ARTIFACTS
 #   scripts/e2e-kind.sh down              delete the cluster (kept with E2E_KEEP=1)
 #   scripts/e2e-kind.sh kustomization DIR write the training operator's kustomization (pytorchjob) into DIR
+#   scripts/e2e-kind.sh helm-args BACKEND print the `helm install` arguments, one a line (tests render them)
 #
 # Needs docker (a running engine, with buildx), kind, kubectl, helm (.tools/bin/helm from scripts/install.sh,
-# else on PATH), python3 with gpt2bench and its test extra installed, and network access for the operators'
-# manifests and the base images.
+# else on PATH), a Python with gpt2bench and its test extra (the checkout's .venv from
+# `scripts/install.sh --test`, else python3), and network access for the operators' manifests and base images.
 #
 # Environment:
 #   GPT2BENCH_KIND_IMAGE, GPT2BENCH_KIND_OPERATOR_IMAGE   images already in the local engine: no build
+#   GPT2BENCH_KIND_IMAGE_ARCHIVE   a `docker save` archive holding those two images: loaded into kind as it is
+#                    (`kind load image-archive`), no build (CI hands its build job's images on this way)
 #   GPT2BENCH_TRAINING_OPERATOR, GPT2BENCH_MPI_OPERATOR, GPT2BENCH_TRAINER_V2, GPT2BENCH_TRAINER_V2_NODE_IMAGE
 #                    other versions of the operators (defaults below) or of the Trainer v2 cluster's node
 #   E2E_CLUSTER      kind cluster name (default gpt2bench-e2e-BACKEND)
 #   E2E_WORKDIR      its kubeconfig, rendered files and report (default ${TMPDIR:-/tmp}/E2E_CLUSTER)
 #   E2E_ARTIFACTS    diagnostics of a failed run (default E2E_WORKDIR/diagnostics)
 #   E2E_TIMEOUT_S    seconds the benchmark may take to Complete (default 2700)
+#   E2E_PICKUP_S     seconds the operator may take to give the benchmark a status (default 120): none by
+#                    then means no operator watches its namespace, and the run stops saying so
+#   E2E_BUILD_CACHE  gha: build with the GitHub Actions layer cache (CI; needs the Actions runtime token)
 #   E2E_KEEP=1       keep the cluster afterwards (debugging; delete it with `kind delete cluster --name ...`)
-#   PYTHON           python with gpt2bench installed (default python3)
+#   PYTHON           python with gpt2bench installed (default .venv/bin/python, else python3)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PYTHON=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
+fi
 if [ -z "${HELM:-}" ]; then
   if [ -x "$ROOT/.tools/bin/helm" ]; then HELM=$ROOT/.tools/bin/helm; else HELM=helm; fi
 fi
@@ -83,15 +92,23 @@ require() {
   docker info --format '{{.ServerVersion}}' >/dev/null 2>&1 || die "no Docker engine is reachable (docker info failed)"
 }
 
+# No provenance or SBOM attestation: `kind load` fails on an image that carries one when Docker uses the
+# containerd image store ("content digest ... not found", kind issues 3795 and 4236), the default on current
+# runners and Docker Desktop. With E2E_BUILD_CACHE=gha, layers come from and go to the Actions cache.
+build_image() {
+  local target=$1 image=$2 cache=()
+  if [ "${E2E_BUILD_CACHE:-}" = gha ]; then
+    cache=(--cache-from "type=gha,scope=e2e-$target" --cache-to "type=gha,scope=e2e-$target,mode=max")
+  elif [ -n "${E2E_BUILD_CACHE:-}" ]; then
+    die "E2E_BUILD_CACHE must be gha or unset, got '$E2E_BUILD_CACHE'"
+  fi
+  log "building $image (Dockerfile target $target)"
+  docker buildx build --load --provenance=false --sbom=false "${cache[@]}" --target "$target" -t "$image" "$ROOT"
+}
+
 build_images() {
-  if [ -z "${GPT2BENCH_KIND_IMAGE:-}" ]; then
-    log "building $TRAINER_IMAGE (Dockerfile target trainer)"
-    docker buildx build --load --target trainer -t "$TRAINER_IMAGE" "$ROOT"
-  fi
-  if [ -z "${GPT2BENCH_KIND_OPERATOR_IMAGE:-}" ]; then
-    log "building $OPERATOR_IMAGE (Dockerfile target operator)"
-    docker buildx build --load --target operator -t "$OPERATOR_IMAGE" "$ROOT"
-  fi
+  [ -n "${GPT2BENCH_KIND_IMAGE:-}" ] || build_image trainer "$TRAINER_IMAGE"
+  [ -n "${GPT2BENCH_KIND_OPERATOR_IMAGE:-}" ] || build_image operator "$OPERATOR_IMAGE"
   # Later steps and backends reuse them instead of building again.
   export GPT2BENCH_KIND_IMAGE=$TRAINER_IMAGE GPT2BENCH_KIND_OPERATOR_IMAGE=$OPERATOR_IMAGE
 }
@@ -127,29 +144,54 @@ install_pytorchjob() {
   kubectl -n mpi-operator rollout status deployment/mpi-operator --timeout=300s
 }
 
-# Trainer v2 as its installation guide says, ready as its own e2e waits; then gpt2bench's runtimes with the
-# image loaded into kind (through Trainer's validating webhook, hence after the wait). The chart's copy names
-# the released image, so the chart goes in with trainerRuntimes.install=false.
+# Trainer v2 as its installation guide says, ready as its own e2e waits (the chart's runtimes then go in
+# through Trainer's validating webhook).
 install_trainjob() {
   log "installing Kubeflow Trainer v2 ($TRAINER_V2)"
   kubectl apply --server-side -k "$TRAINER_V2"
   kubectl -n "$TRAINER_V2_NAMESPACE" wait deployment/kubeflow-trainer-controller-manager \
     --for=condition=Available --timeout=300s
   kubectl -n "$TRAINER_V2_NAMESPACE" wait pods --all --for=condition=Ready --timeout=300s
-  "$PYTHON" -m gpt2bench render --runtimes --image "$TRAINER_IMAGE" >"$WORKDIR/runtimes.yaml"
-  kubectl apply --server-side -f "$WORKDIR/runtimes.yaml"
+}
+
+# The chart's `helm install` arguments: the images loaded into kind, and an operator that watches the
+# benchmark's namespace (by default it watches only its own, where nothing would reconcile the example);
+# with Trainer v2, the chart's ClusterTrainingRuntimes (they name the loaded trainer image). `helm-args`
+# prints them; tests/test_install_paths.py renders the chart with exactly these and runs the example against
+# the operator they make.
+chart_args() {
+  CHART_ARGS=(gpt2bench "$ROOT/helm/gpt2bench" --namespace "$CHART_NAMESPACE" --create-namespace
+    --wait --timeout 5m
+    --set "operator.watchNamespace=$BENCH_NAMESPACE"
+    --set "image.repository=${OPERATOR_IMAGE%:*}" --set "image.tag=${OPERATOR_IMAGE##*:}"
+    --set image.pullPolicy=Never
+    --set "trainerImage.repository=${TRAINER_IMAGE%:*}" --set "trainerImage.tag=${TRAINER_IMAGE##*:}")
+  if [ "$1" = trainjob ]; then CHART_ARGS+=(--set trainerRuntimes.install=true); fi
 }
 
 install_chart() {
-  local extra=()
-  [ "$1" = trainjob ] && extra=(--set trainerRuntimes.install=false)
-  log "helm install gpt2bench (operator $OPERATOR_IMAGE, trainer $TRAINER_IMAGE)"
-  "$HELM" install gpt2bench "$ROOT/helm/gpt2bench" --namespace "$CHART_NAMESPACE" --create-namespace \
-    --wait --timeout 5m \
-    --set "image.repository=${OPERATOR_IMAGE%:*}" --set "image.tag=${OPERATOR_IMAGE##*:}" \
-    --set image.pullPolicy=Never \
-    --set "trainerImage.repository=${TRAINER_IMAGE%:*}" --set "trainerImage.tag=${TRAINER_IMAGE##*:}" \
-    "${extra[@]}"
+  chart_args "$1"
+  log "helm install gpt2bench (operator $OPERATOR_IMAGE watching namespace $BENCH_NAMESPACE, trainer $TRAINER_IMAGE)"
+  "$HELM" install "${CHART_ARGS[@]}"
+}
+
+# The benchmark's namespace, enforcing Pod Security "restricted"; before the chart, whose Role goes in it.
+bench_namespace() {
+  log "creating namespace $BENCH_NAMESPACE (Pod Security restricted)"
+  kubectl create namespace "$BENCH_NAMESPACE"
+  kubectl label namespace "$BENCH_NAMESPACE" pod-security.kubernetes.io/enforce=restricted
+}
+
+# The images into the cluster: from GPT2BENCH_KIND_IMAGE_ARCHIVE (a `docker save` of both, CI's hand-over
+# from its build job), else from the local engine.
+load_images() {
+  if [ -n "${GPT2BENCH_KIND_IMAGE_ARCHIVE:-}" ]; then
+    kind load image-archive "$GPT2BENCH_KIND_IMAGE_ARCHIVE" --name "$CLUSTER"
+    return
+  fi
+  build_images
+  local image
+  for image in "$TRAINER_IMAGE" "$OPERATOR_IMAGE"; do kind load docker-image "$image" --name "$CLUSTER"; done
 }
 
 up() {
@@ -159,10 +201,9 @@ up() {
   mkdir -p "$WORKDIR"
   log "creating kind cluster $CLUSTER ($backend; kubeconfig $KUBECONFIG)"
   kind create cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG" "${node_image[@]}" --wait 180s
-  build_images
-  local image
-  for image in "$TRAINER_IMAGE" "$OPERATOR_IMAGE"; do kind load docker-image "$image" --name "$CLUSTER"; done
+  load_images
   "install_$backend"
+  bench_namespace
   install_chart "$backend"
 }
 
@@ -170,9 +211,8 @@ up() {
 example() {
   local name
   name=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$EXAMPLE")
-  log "applying $EXAMPLE in namespace $BENCH_NAMESPACE (Pod Security restricted)"
-  kubectl create namespace "$BENCH_NAMESPACE"
-  kubectl label namespace "$BENCH_NAMESPACE" pod-security.kubernetes.io/enforce=restricted
+  log "applying $EXAMPLE in namespace $BENCH_NAMESPACE"
+  mkdir -p "$WORKDIR"
   "$PYTHON" -c 'import sys, yaml; b = yaml.safe_load(open(sys.argv[1])); b["spec"]["imagePullPolicy"] = "Never"
 print(yaml.safe_dump(b))' "$EXAMPLE" >"$WORKDIR/example.yaml"
   kubectl apply -n "$BENCH_NAMESPACE" -f "$WORKDIR/example.yaml"
@@ -182,10 +222,20 @@ print(yaml.safe_dump(b))' "$EXAMPLE" >"$WORKDIR/example.yaml"
   cat "$WORKDIR/report/results.md"  # the recommendation, then every run's figures
 }
 
-# `kubectl wait --for=condition=Complete`, a minute at a time, giving up at once when the benchmark is Failed
-# (no run succeeded: Complete never comes) or after $2 seconds.
+# First a status within $E2E_PICKUP_S seconds (none: no operator watches the namespace, and waiting longer
+# cannot help); then `kubectl wait --for=condition=Complete`, a minute at a time, giving up at once when the
+# benchmark is Failed (no run succeeded: Complete never comes) or after $2 seconds.
 wait_complete() {
-  local deadline=$((SECONDS + $2)) failed
+  local deadline=$((SECONDS + $2)) pickup=$((SECONDS + ${E2E_PICKUP_S:-120})) failed
+  log "waiting for the operator to take gpt2benchmark/$1 (at most ${E2E_PICKUP_S:-120} s)"
+  until [ -n "$(kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" -o jsonpath='{.status.phase}')" ]; do
+    if [ "$SECONDS" -ge "$pickup" ]; then
+      kubectl get deployments -A -l app.kubernetes.io/component=operator \
+        -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name}: {.spec.template.spec.containers[0].args}{"\n"}{end}' >&2 || true
+      die "gpt2benchmark/$1 has no status after ${E2E_PICKUP_S:-120} s: no operator watches namespace $BENCH_NAMESPACE (operators above)"
+    fi
+    sleep 2
+  done
   log "waiting for gpt2benchmark/$1 to Complete (at most $2 s)"
   until kubectl wait -n "$BENCH_NAMESPACE" --for=condition=Complete "gpt2benchmark/$1" --timeout=60s; do
     failed=$(kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" \
@@ -265,6 +315,12 @@ main() {
     diagnostics) use_cluster; diagnostics ;;
     down) use_cluster; down ;;
     kustomization) [ $# -eq 2 ] || die "usage: $0 kustomization DIR"; write_kustomization "$2" ;;
+    helm-args)
+      [ $# -eq 2 ] || die "usage: $0 helm-args BACKEND"
+      case "$2" in pytorchjob | trainjob) ;; *) die "unknown backend '$2' (pytorchjob or trainjob)" ;; esac
+      chart_args "$2"
+      printf '%s\n' "${CHART_ARGS[@]}"
+      ;;
     all | pytorchjob | trainjob)
       local backends=(pytorchjob trainjob) backend
       [ "$command" = all ] || backends=("$@")

@@ -133,6 +133,7 @@ def test_names_group_version_status_and_columns(generated):
         "singular": SINGULAR,
         "shortNames": SHORT_NAMES,
         "listKind": f"{KIND}List",
+        "categories": ["gpt2bench"],  # `kubectl get gpt2bench -A`: every resource of the category
     }
     (version,) = spec["versions"]
     assert version["name"] == API_VERSION and version["served"] and version["storage"]
@@ -170,6 +171,35 @@ def test_the_status_schema_declares_every_field_and_keeps_no_unknown_ones(genera
     status = generated["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert preserved_paths(status) == []
     assert preserved_paths({"x-kubernetes-preserve-unknown-fields": True, "properties": {}}) == ["status"]
+
+
+def undescribed(node: dict, path: str = "") -> tuple[int, list[str]]:
+    """Every schema node below `node` (properties, map values as <key>, array items as []) and those without a
+    description; returns (nodes, paths missing one)."""
+    count, missing = 1, [] if str(node.get("description") or "").strip() else [path or "."]
+    children = [(f"{path}.{name}", child) for name, child in node.get("properties", {}).items()]
+    if isinstance(node.get("additionalProperties"), dict):
+        children.append((f"{path}.<key>", node["additionalProperties"]))
+    if "items" in node:
+        children.append((f"{path}[]", node["items"]))
+    for child_path, child in children:
+        child_count, child_missing = undescribed(child, child_path)
+        count, missing = count + child_count, missing + child_missing
+    return count, missing
+
+
+def test_every_schema_node_has_a_description_for_kubectl_explain(schema):
+    """`kubectl explain gpt2benchmark.spec.training` prints the schema's descriptions: every node has one, from
+    the models' own docs (Field descriptions, docstrings of their types). A field added without one fails here."""
+    count, missing = undescribed(schema)
+    assert count > 250, count
+    assert missing == [], f"{len(missing)} of {count} schema nodes have no description: {missing}"
+
+
+def test_the_description_check_sees_a_node_without_one():
+    assert undescribed({"description": "x", "properties": {"a": {"type": "string"}, "b": {
+        "description": "y", "type": "array", "items": {"type": "object", "additionalProperties": {
+            "type": "string"}}}}}) == (5, [".a", ".b[]", ".b[].<key>"])
 
 
 def test_schema_is_structural(schema):
@@ -224,8 +254,9 @@ def test_schema_keeps_enums_bounds_defaults_and_descriptions(schema):
     assert quantity["pattern"].startswith(r"^(\+)?") and quantity["x-kubernetes-validations"]
     from gpt2bench.spec.kubesyntax import LABEL_VALUE_PATTERN
 
-    assert spec["properties"]["nodeSelector"]["additionalProperties"] == {
-        "type": "string", "pattern": LABEL_VALUE_PATTERN, "maxLength": 63}  # label values
+    label_value = spec["properties"]["nodeSelector"]["additionalProperties"]
+    assert label_value | {"description": ""} == {
+        "type": "string", "pattern": LABEL_VALUE_PATTERN, "maxLength": 63, "description": ""}  # label values
     assert spec["properties"]["runPolicy"]["properties"]["activeDeadlineSeconds"]["default"] == 7200
     assert "default" not in spec["properties"]["scheduling"]["properties"]["queue"]  # no `default: null`
 

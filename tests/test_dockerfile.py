@@ -152,6 +152,26 @@ def test_horovod_is_built_with_the_cxx17_wrapper_against_the_pinned_torch() -> N
     assert torch_version in SpecifierSet(requirement.removeprefix("torch").split(";")[0].strip())
 
 
+def test_the_pinned_build_tools_satisfy_the_pinned_torch() -> None:
+    """Every stage pins setuptools before it installs torch and builds Horovod against it: a pin below what
+    torch itself requires (torch 2.13: setuptools>=77.0.3) leaves a broken environment (pip check fails, and
+    pip may swap setuptools under Horovod's --no-build-isolation build)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    pins = set(re.findall(r'"setuptools==([^"]+)"', DOCKERFILE.read_text()))
+    assert pins, "the Dockerfile pins setuptools"
+    torch_version = re.search(r"ARG TORCH_VERSION=(\S+)", DOCKERFILE.read_text()).group(1)
+    if importlib.metadata.version("torch").split("+")[0] != torch_version:
+        pytest.skip(f"torch {torch_version} is not the torch installed here")
+    needs = [Requirement(r) for r in importlib.metadata.requires("torch") if r.startswith("setuptools")]
+    for pin in pins:
+        for requirement in needs:
+            if requirement.marker is None or requirement.marker.evaluate():
+                assert pin in requirement.specifier, f"setuptools=={pin} but torch {torch_version} needs {requirement}"
+
+
 def test_the_cuda_trainer_has_cuda_torch_and_horovod_with_nccl_on_matching_cuda_images() -> None:
     text = DOCKERFILE.read_text()
     build = runs("cuda-build")
@@ -161,8 +181,10 @@ def test_the_cuda_trainer_has_cuda_torch_and_horovod_with_nccl_on_matching_cuda_
     index = re.search(r"ARG TORCH_CUDA_INDEX_URL=\S+/cu(\d+)", text).group(1)
     assert index == "".join(cuda), "the torch wheels' CUDA must be the images' CUDA"
     devel, runtime = STAGES["cuda-build"][0][1], STAGES["trainer-cuda"][0][1]
-    assert devel.startswith("nvidia/cuda:${CUDA_IMAGE_VERSION}-cudnn-devel-${CUDA_UBUNTU}")
-    assert runtime.startswith("nvidia/cuda:${CUDA_IMAGE_VERSION}-cudnn-runtime-${CUDA_UBUNTU}")
+    # no -cudnn- bases: torch's CUDA wheels bring cuDNN (their nvidia-cudnn-cu* requirement), a second copy is
+    # only size
+    assert devel.startswith("nvidia/cuda:${CUDA_IMAGE_VERSION}-devel-${CUDA_UBUNTU}")
+    assert runtime.startswith("nvidia/cuda:${CUDA_IMAGE_VERSION}-runtime-${CUDA_UBUNTU}")
     assert "libnccl-dev" in build and "libnccl2" in runs("trainer-cuda")
 
 

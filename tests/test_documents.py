@@ -46,7 +46,11 @@ BAD_FILES = [
     ("undefined-alias", VALID + b"  concurrency: *nowhere\n", "found undefined alias *nowhere"),
     ("recursive-alias", VALID + b"  loop: &loop [1, *loop]\n", "recursive alias"),
     ("alias-bomb", alias_bomb(), "excessive aliasing"),
-    ("deep-nesting", b"spec: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested more than 100 levels deep"),
+    ("deep-nesting", b"spec: " + b"[" * 150 + b"]" * 150 + b"\n", "nested more than 100 levels deep"),
+    # PyYAML >= 6.0.4's scanner refuses flow nesting deeper than 1,000 before our check sees the events: either
+    # refusal is a one-line error naming the file
+    ("deeper-than-the-yaml-scanner-allows", b"spec: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+     ("nested more than 100 levels deep", "exceeded maximum nesting depth")),
     ("deep-through-aliases", VALID + b"  a: &a " + b"[" * 60 + b"]" * 60 + b"\n  b: &b [" + b"*a, " * 2
      + b"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[*a]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
      "nested more than 100 levels deep (aliases included)"),
@@ -89,7 +93,7 @@ def test_a_bad_file_is_one_line_per_problem_naming_the_file(tmp_path, content, s
     assert time.monotonic() - started < 5
     lines = caught.value.lines()
     assert lines and all("\n" not in line and line.startswith(f"{path}: ") for line in lines), lines
-    assert any(said in line for line in lines), lines
+    assert any(words in line for words in (said if isinstance(said, tuple) else (said,)) for line in lines), lines
 
 
 @pytest.mark.parametrize("content, said", [pytest.param(c, s, id=i) for i, c, s in BAD_FILES

@@ -23,8 +23,18 @@ import psutil
 import pytest
 import yaml
 from kube import EmulatedCluster
-from kube.faults import ApiFaults
-from kube.fixtures import GROUP, PLURAL, VERSION, Benchmarks, api_client, benchmark, install_crds, wait_for
+from kube.faults import OWN_CLIENT, ApiFaults, FailCalls, Hang
+from kube.fixtures import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Benchmarks,
+    api_client,
+    benchmark,
+    install_crds,
+    run_entry,
+    wait_for,
+)
 from kube.training import TrainingOperator
 from test_operator_process import OperatorProcess, job_creations
 
@@ -88,7 +98,7 @@ def drive(env: Env, name: str, tokens_per_second: dict[str, float], timeout: flo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = env.benchmarks.status(name)
-        if status.get("phase") not in (None, "Running"):
+        if status.get("phase") not in (None, "Pending", "Running"):
             return status
         if not finish_one(env, name, tokens_per_second):
             time.sleep(0.1)
@@ -200,8 +210,8 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
         seen.add(job["metadata"]["name"])
         return job
 
-    def run_entry(i: int) -> dict[str, Any]:
-        return wait_for(lambda: (r := env.benchmarks.status(name)["runs"][i])["phase"] == "Failed" and r, 20,
+    def failed_run(i: int) -> dict[str, Any]:
+        return wait_for(lambda: (r := run_entry(env.benchmarks.status(name), i)).get("phase") == "Failed" and r, 20,
                         what=f"run {i} Failed")
 
     job = next_job(0)  # deleted by someone else while it runs (its pods go with it: the garbage collector)
@@ -209,12 +219,12 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
     env.trainer.running_pod(job)
     env.trainer.custom.delete_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs",
                                                        job["metadata"]["name"])
-    assert "was deleted before its results were read" in run_entry(0)["reason"]
+    assert "was deleted before its results were read" in failed_run(0)["reason"]
 
     job = next_job(1)  # its pod evicted by the kubelet (node pressure)
     env.trainer.start(job)
     env.trainer.evict(job, "The node was low on resource: memory.")
-    evicted = run_entry(1)["reason"]
+    evicted = failed_run(1)["reason"]
     assert "Evicted: The node was low on resource: memory." in evicted and "1 Master replica(s) failed" in evicted
 
     job = next_job(2)  # its node gone: the pod stays Terminating; the job ends at its deadline
@@ -222,7 +232,7 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
     pod = env.trainer.lose_node(job)
     wait_for(lambda: env.trainer.past_deadline(job), 5, what="the deadline")
     env.trainer.exceed_deadline(job)
-    lost = run_entry(2)["reason"]
+    lost = failed_run(2)["reason"]
     assert "active longer than specified deadline" in lost and f"pod {pod} stuck Terminating" in lost
 
     job = next_job(3)  # a rank that hangs: alive, no progress, until the deadline
@@ -230,7 +240,7 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
     env.trainer.running_pod(job)
     wait_for(lambda: env.trainer.past_deadline(job), 5, what="the deadline")
     env.trainer.exceed_deadline(job)
-    assert "active longer than specified deadline" in run_entry(3)["reason"]
+    assert "active longer than specified deadline" in failed_run(3)["reason"]
 
     status = drive(env, name, expected)  # the sweep went on: the last two runs
     assert status["phase"] == "PartiallySucceeded"
@@ -238,13 +248,13 @@ def test_deleted_job_evicted_pod_lost_node_and_hanging_rank_fail_their_runs_with
     assert duplicates(env, name) == 0
     env.trainer.core.patch_namespaced_pod(pod, "default", {"metadata": {"finalizers": None}})  # node back
     FIGURES["job-deleted"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
-                              "reason": run_entry(0)["reason"]}
+                              "reason": failed_run(0)["reason"]}
     FIGURES["pod-evicted"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
                               "reason": evicted}
     FIGURES["node-lost"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
                             "reason": lost}
     FIGURES["rank-hangs-cluster"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0, "final_phase": "Failed",
-                                     "reason": run_entry(3)["reason"], "activeDeadlineSeconds": 2}
+                                     "reason": failed_run(3)["reason"], "activeDeadlineSeconds": 2}
 
 
 def test_rendered_jobs_bound_the_process_group_timeout_below_the_deadline():
@@ -361,6 +371,48 @@ def test_a_benchmark_deleted_while_its_poll_runs_is_gone_within_seconds(env):
                                              "final_phase": "deleted", "seconds_to_gone": round(took, 1)}
 
 
+def test_a_benchmark_deleted_while_a_job_event_is_handled_gets_no_job_after(env):
+    """A job's event starts a step; the benchmark is deleted while the step waits for its list of jobs (answered
+    2 s late, after the garbage collector took the job). The step then saw its run's job gone and started the
+    next run: a job owned by nothing (a real garbage collector deletes it; the emulator's only collects at the
+    owner's deletion). The timer is off (60 s), so no poll holds kopf's finalizer meanwhile."""
+    from kube.faults import is_operator
+
+    env.operator.stop()
+    env.operator.poll_seconds = 60.0
+    env.operator.start()
+    name, slow = "dropped-mid-event", 2.0
+    listing = threading.Event()
+
+    def slow_job_lists(request) -> float | None:
+        method = getattr(request.method, "name", str(request.method))
+        if is_operator(request) and request.resource is not None and request.resource.plural == "pytorchjobs" \
+                and method == "GET" and request.name is None:
+            listing.set()
+            return slow
+        return None
+
+    try:
+        env.benchmarks.create(benchmark(name))
+        job = wait_for(lambda: env.trainer.jobs(name), 20, what="the first job")[0]
+        env.cluster.call(lambda emulator: emulator.faults.append(slow_job_lists))
+        env.trainer.start(job)  # its event: a step, whose list of jobs is answered late
+        assert listing.wait(10), "the job event's step did not list the jobs"
+        env.benchmarks.delete(name)
+        wait_for(lambda: not env.benchmarks.exists(name), 15, what="the benchmark gone")
+        time.sleep(slow + 1)
+        created = [j for j in job_creations(env.cluster) if j.startswith(f"{name}-")]
+    finally:
+        env.cluster.call(lambda emulator: slow_job_lists in emulator.faults and emulator.faults.remove(slow_job_lists))
+        env.operator.stop()
+        env.operator.poll_seconds = POLL_SECONDS
+        env.operator.start()
+    assert created == [job["metadata"]["name"]], f"jobs created: {created}"
+    assert env.trainer.jobs(name) == []
+    FIGURES["benchmark-deleted-mid-event"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0,
+                                              "final_phase": "deleted", "jobs_created_after": len(created) - 1}
+
+
 def test_a_spec_edited_mid_sweep_is_ignored_for_that_sweep_as_documented(env):
     """docs/operator.md: a started sweep keeps the spec pinned at start; SpecChangeIgnored says so."""
     name, expected = "edited", figures_of("edited", 6)
@@ -451,3 +503,176 @@ def phases_of(env: Env, names: list[str]) -> list[str | None]:
     listed = env.benchmarks.api.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
     phases = {item["metadata"]["name"]: (item.get("status") or {}).get("phase") for item in listed["items"]}
     return [phases.get(name) for name in names]
+
+
+# --- 7. a start that meets API errors, through an operator restart ----------------------------------------
+
+DISCOVERY = r"^/apis/[^/]+/[^/]+$"  # the operator's discovery of the job kinds (backend auto)
+
+
+def two_runs(name: str) -> dict[str, float]:
+    return {f"{name}-single-fp32-1x1": 100.0, f"{name}-ddp-fp32-1x2": 107.0}
+
+
+def test_a_fixed_spec_whose_start_meets_errors_through_an_operator_restart_starts_once_they_stop(env):
+    """Issue 28 item 3, as reported: an Invalid spec is fixed, the start meets 403s (discovery), the operator
+    is restarted meanwhile. It was Pending for ever (a false SpecChangeIgnored, no job); now it waits Pending,
+    saying why, and starts when the API server answers."""
+    name, expected = "refixed", two_runs("refixed")
+    env.benchmarks.create(benchmark(name, resources={"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}))
+    wait_for(lambda: env.benchmarks.status(name).get("phase") == "Invalid", 20, what="Invalid")
+    forbidden = FailCalls(403, times=10**6, method="GET", path=DISCOVERY, agents=OWN_CLIENT).install(env.cluster)
+    try:
+        env.benchmarks.patch_spec(name, {"resources": {"limits": {"cpu": "2"}}})
+        pending = wait_for(lambda: (s := env.benchmarks.status(name)).get("phase") == "Pending" and s, 20,
+                           what="Pending")
+        env.operator.kill()
+        env.operator.start()
+        tried = forbidden.hits
+        wait_for(lambda: forbidden.hits > tried, 20, what="the restarted operator trying again")
+        assert env.benchmarks.status(name).get("phase") == "Pending" and env.trainer.jobs(name) == []
+    finally:
+        forbidden.uninstall()
+    healed = time.monotonic()
+    status = drive(env, name, expected)
+    assert status["phase"] == "Succeeded" and status["observedGeneration"] == 2
+    check_results(status, expected)
+    events = [e["reason"] for e in env.benchmarks.events(name)]
+    assert "SpecChangeIgnored" not in events and events.count("SweepNotStarted") == 1, events
+    FIGURES["start-meets-errors-restart"] = {
+        "injected": forbidden.hits, "operator_restarts": 1, "runs_lost": 0, "runs_twice": duplicates(env, name),
+        "final_phase": status["phase"], "pending_message": pending["message"][:160],
+        "healed_to_succeeded_seconds": round(time.monotonic() - healed, 1)}
+
+
+# --- 8. an API server that never answers, or never stops answering ----------------------------------------
+
+
+def restart_operator(env: Env, api_timeout: float | None, workers: int | None = None) -> None:
+    env.operator.stop()
+    env.operator.extra_args = ["--api-timeout", str(api_timeout)] if api_timeout else []
+    env.operator.env = {"GPT2BENCH_OPERATOR_WORKERS": str(workers)} if workers else {}
+    env.operator.start()
+
+
+def test_requests_the_api_server_never_answers_hold_no_sweep_and_no_worker(env):
+    """The API server accepts the operator's connection and reads its request, and never answers (a half-open
+    connection): six of one benchmark's reads. Each ends at the read timeout (1 s here), the sweep goes on
+    while they are still held, the other benchmark is not delayed (2 worker threads only), and /healthz stays
+    green (the calls end within their bound). Without timeouts the first one held its sweep for ever."""
+    restart_operator(env, api_timeout=1, workers=2)
+    held, other = "unanswered", "bystander"
+    hang = Hang(times=6, method="GET", path=rf"/gpt2benchmarks/{held}$", agents=OWN_CLIENT)
+    codes: set[int] = set()
+    try:
+        for name in (held, other):
+            env.benchmarks.create(benchmark(name))
+            wait_for(lambda name=name: env.trainer.jobs(name), 20, what=f"the first job of {name}")
+        hang.install(env.cluster)
+        started = time.monotonic()
+        deadline, done = started + 60, {}
+        while len(done) < 2 and time.monotonic() < deadline:
+            codes.add(env.operator.health()[0])
+            for name in (held, other):
+                if name not in done and env.benchmarks.status(name).get("phase") == "Succeeded":
+                    done[name] = time.monotonic() - started
+                if name not in done:
+                    finish_one(env, name, two_runs(name))
+            time.sleep(0.2)
+        assert set(done) == {held, other}, f"finished: {done}; held calls: {hang.hits}"
+        assert hang.hits == 6, "every never-answered call was met, and the sweep went on past them"
+    finally:
+        hang.release()
+        restart_operator(env, api_timeout=None)
+    assert 500 not in codes and 200 in codes, f"/healthz answered {codes} (0: not within 5 s, the machine's load)"
+    for name in (held, other):
+        check_results(env.benchmarks.status(name), two_runs(name))
+        assert duplicates(env, name) == 0
+    FIGURES["api-never-answers"] = {"injected": hang.hits, "api_timeout_seconds": 1, "workers": 2, "runs_lost": 0,
+                                    "runs_twice": 0, "final_phase": "Succeeded",
+                                    "held_sweep_seconds": round(done[held], 1),
+                                    "other_sweep_seconds": round(done[other], 1), "healthz": sorted(codes)}
+
+
+def test_an_answer_that_never_ends_fails_the_liveness_probe_until_it_ends(env):
+    """An answer that trickles in (a byte every 0.2 s) passes every read timeout: the call never ends, and its
+    benchmark waits. /healthz fails once the call has outlived its bound (apiclient.Timeouts.call_limit), so
+    the kubelet restarts the operator; it is green again once the call ends, and the sweep goes on."""
+    from gpt2bench.controller.apiclient import Timeouts
+
+    restart_operator(env, api_timeout=1)
+    name, expected = "trickled", two_runs("trickled")
+    limit = Timeouts.of(1).call_limit
+    trickle = Hang(times=1, trickle=True, method="GET", path=rf"/gpt2benchmarks/{name}$", agents=OWN_CLIENT)
+    try:
+        env.benchmarks.create(benchmark(name))
+        job = wait_for(lambda: env.trainer.jobs(name), 20, what="the first job")[0]
+        trickle.install(env.cluster)
+        env.trainer.start(job)  # its event: a step, whose first read trickles
+        env.trainer.succeed(job, expected[job["metadata"]["name"]])
+        wait_for(lambda: trickle.hits, 10, what="the trickled read")
+        held_at = trickle.calls[0][0]
+        wait_for(lambda: env.operator.health()[0] == 500, limit + 20, interval=0.5, what="/healthz failing")
+        detected = time.monotonic() - held_at
+        assert detected >= limit - 1, f"failed after {detected:.1f} s, before the call's bound {limit:.0f} s"
+        assert f"no progress: API GET /apis/gpt2bench.io/v1alpha1/namespaces/default/gpt2benchmarks/{name}" in \
+            env.operator.log.read_text()
+        trickle.release()
+        wait_for(lambda: env.operator.health()[0] == 200, 15, what="/healthz green again")
+        status = drive(env, name, expected)
+    finally:
+        trickle.release()
+        restart_operator(env, api_timeout=None)
+    assert status["phase"] == "Succeeded"
+    check_results(status, expected)
+    FIGURES["api-answer-never-ends"] = {"injected": 1, "api_timeout_seconds": 1, "call_limit_seconds": limit,
+                                        "healthz_failed_after_seconds": round(detected, 1), "runs_lost": 0,
+                                        "runs_twice": duplicates(env, name), "final_phase": status["phase"]}
+
+
+# --- 9. an operator upgrade or rollback: a pinned spec this version cannot read ---------------------------
+
+
+def test_a_sweep_pinned_by_a_version_that_reads_more_is_held_then_goes_on_under_one_that_reads_it(env):
+    """docs/operator.md, "Upgrades and rollbacks": a version that cannot read a sweep's pinned spec holds it
+    (SpecUnreadable, one Warning Event naming the field and the version that pinned it), creates and
+    collects nothing, raises nothing; an operator that reads it carries on where it stopped. Before, every
+    poll raised and posted a Warning, and the sweep looked Running."""
+    from gpt2bench import __version__
+
+    name, expected = "pinned-later", two_runs("pinned-later")
+    env.benchmarks.create(benchmark(name))
+    job = wait_for(lambda: env.trainer.jobs(name), 20, what="the first job")[0]
+    env.trainer.start(job)
+    annotations = env.benchmarks.get(name)["metadata"]["annotations"]
+    pinned = annotations["gpt2bench.io/sweep-spec"]
+    later = json.dumps({**json.loads(pinned), "addedInALaterVersion": {"enabled": True}})
+    errors_before = env.operator.metric("gpt2bench_operator_reconcile_errors_total")
+    env.benchmarks.api.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name, {"metadata": {
+        "annotations": {"gpt2bench.io/sweep-spec": later, "gpt2bench.io/sweep-spec-version": "9.9.0"}}})
+    env.trainer.succeed(job, expected[job["metadata"]["name"]])  # a job event, then the timer's polls
+
+    def held() -> dict[str, Any] | None:
+        status = env.benchmarks.status(name)
+        found = [c for c in status.get("conditions") or [] if c["type"] == "SpecUnreadable" and c["status"] == "True"]
+        return found[0] if found else None
+
+    condition = wait_for(held, 20, what="SpecUnreadable")
+    assert "spec.addedInALaterVersion" in condition["message"] and "operator 9.9.0" in condition["message"]
+    assert f"this operator ({__version__})" in condition["message"]
+    time.sleep(6 * POLL_SECONDS)  # six more polls
+    warnings = [e["reason"] for e in env.benchmarks.events(name) if e["type"] == "Warning"]
+    assert warnings == ["SpecUnreadable"], warnings
+    assert len(env.trainer.jobs(name)) == 1 and env.benchmarks.status(name)["runs"][0]["phase"] == "Running"
+    assert env.operator.metric("gpt2bench_operator_reconcile_errors_total") == errors_before
+    # an operator that reads it runs again (here: the spec this version pinned is back)
+    env.benchmarks.api.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name, {"metadata": {
+        "annotations": {"gpt2bench.io/sweep-spec": pinned, "gpt2bench.io/sweep-spec-version": __version__}}})
+    status = drive(env, name, expected)
+    assert status["phase"] == "Succeeded"
+    check_results(status, expected)
+    unreadable = next(c for c in status["conditions"] if c["type"] == "SpecUnreadable")
+    assert unreadable["status"] == "False"
+    FIGURES["pinned-spec-unreadable"] = {"injected": 1, "warning_events": len(warnings), "polls_held": 6,
+                                         "runs_lost": 0, "runs_twice": duplicates(env, name),
+                                         "final_phase": status["phase"], "reason": condition["message"][:200]}

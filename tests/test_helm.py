@@ -360,6 +360,15 @@ def test_chart_version_and_trainer_images_match_the_package() -> None:
     assert f"--trainer-image-cpu={DEFAULT_IMAGE}" in args and f"--trainer-image-gpu={DEFAULT_GPU_IMAGE}" in args
 
 
+def test_the_runtimes_run_the_trainer_image_the_values_name() -> None:
+    """The MPI runtime's sshd pods run the runtime's image: with trainerImage pointing elsewhere (a user's own
+    registry, kind's loaded image), the runtimes name that image, not the release's."""
+    runtimes = [d for d in render("--set", "trainerRuntimes.install=true,trainerImage.repository=reg.example/t",
+                                  "--set-string", "trainerImage.tag=7") if d["kind"] == "ClusterTrainingRuntime"]
+    images = set(re.findall(r"\bimage: (\S+)", yaml.safe_dump_all(runtimes)))
+    assert len(runtimes) == 2 and images == {"reg.example/t:7"}
+
+
 @pytest.mark.parametrize(("flags", "installed"), [
     ([], False),  # auto, and helm knows no trainer.kubeflow.org: a cluster without Trainer v2
     (["--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"], True),  # auto, Trainer v2 served

@@ -10,10 +10,9 @@ v1.9 for PyTorchJob kubeflow.org/v1, run with `--enable-scheme=pytorchjob` and w
 
 `trainjob`: Kubeflow Trainer v2.3.0 (its `manifests/overlays/manager`, which brings JobSet v0.12.0) on
 Kubernetes 1.32 (Trainer v2 needs 1.31 or later; 1.32 is what upstream's own e2e runs), no kubeflow.org
-group, and gpt2bench's two ClusterTrainingRuntimes rendered with the trainer image loaded into kind
-(`gpt2bench render --runtimes --image`: the MPI runtime's sshd pods, where horovod's ranks run, use the
-runtime's image; the chart's copy names the released image, so the chart goes in with
-`trainerRuntimes.install=false`). Each check has an emulator counterpart that runs everywhere:
+group, and gpt2bench's two ClusterTrainingRuntimes installed by the chart (`trainerRuntimes.install=true`)
+with the trainer image loaded into kind (the chart's `trainerImage`: the MPI runtime's sshd pods, where
+horovod's ranks run, use the runtime's image). Each check has an emulator counterpart that runs everywhere:
     - only TrainJob (trainer.kubeflow.org/v1alpha1) and JobSet are served, and `auto` resolves to trainjob:
       tests/test_trainer_v2_emulator.py::test_only_trainer_v2_is_served_and_auto_resolves_to_trainjob;
     - every run a TrainJob on gpt2bench-torch or gpt2bench-mpi, horovod included, with its results in

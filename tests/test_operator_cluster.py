@@ -19,7 +19,7 @@ import sys
 
 import kubernetes
 import pytest
-from kube.fixtures import benchmark, kopf_operator, operator_calls, wait_for
+from kube.fixtures import benchmark, kopf_operator, operator_calls, run_entry, wait_for
 from kube.training import TrainingOperator, kueue_webhook
 
 from gpt2bench.trainer.summary import steps_line
@@ -93,7 +93,7 @@ def test_a_kueue_suspended_job_queues_its_run_until_admitted(cluster, benchmarks
     for i, kind in enumerate(("PyTorchJob", "MPIJob")):
         job = next_job(trainer, "queued", done)
         assert job["kind"] == kind and job["spec"]["runPolicy"]["suspend"] is True, "Kueue's webhook suspended it"
-        status = wait_for(lambda: (s := benchmarks.status("queued"))["runs"][i]["phase"] == "Queued" and s,
+        status = wait_for(lambda: run_entry(s := benchmarks.status("queued"), i).get("phase") == "Queued" and s,
                           what="the run Queued (from the job's spec, before any condition)")
         trainer.suspend(job)  # the Kubeflow operator's word for it
         queued = conditions(status)["Queued"]
@@ -101,7 +101,8 @@ def test_a_kueue_suspended_job_queues_its_run_until_admitted(cluster, benchmarks
         assert job["metadata"]["name"] in queued["message"] and "queued" in status["message"]
         assert status["phase"] == "Running" and len(trainer.jobs("queued")) == i + 1, "a queued run holds its slot"
         trainer.admit(job)  # Kueue admits the workload: unsuspended, resumed, running
-        wait_for(lambda: benchmarks.status("queued")["runs"][i]["phase"] == "Running", what="Running once admitted")
+        wait_for(lambda: run_entry(benchmarks.status("queued"), i).get("phase") == "Running",
+                 what="Running once admitted")
         trainer.succeed(job, 10.0 + i)
         done.add(job["metadata"]["name"])
     status = wait_for(lambda: (s := benchmarks.status("queued")).get("phase") == "Succeeded" and s, what="Succeeded")
@@ -147,7 +148,8 @@ def test_a_job_deleted_before_its_results_were_read_fails_its_run_naming_the_ttl
     trainer.start(job)
     group, version, plural = "kubeflow.org", "v1", "pytorchjobs"
     trainer.custom.delete_namespaced_custom_object(group, version, "default", plural, job["metadata"]["name"])
-    status = wait_for(lambda: (s := benchmarks.status("ttl"))["runs"][0]["phase"] == "Failed" and s, what="Failed")
+    status = wait_for(lambda: run_entry(s := benchmarks.status("ttl"), 0).get("phase") == "Failed" and s,
+                      what="Failed")
     assert "was deleted before its results were read" in status["runs"][0]["reason"]
     assert "ttlSecondsAfterFinished is 60 s" in status["runs"][0]["reason"]
     second = next_job(trainer, "ttl", {job["metadata"]["name"]})  # and the sweep goes on

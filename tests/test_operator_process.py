@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -32,18 +33,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 class OperatorProcess:
+    """`gpt2bench operator` as a process; `extra_args` (e.g. ["--api-timeout", "1"]) and `env` (e.g. the
+    worker count) apply from the next start."""
+
     def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int, poll_seconds: float = 0.3):
         self.cluster, self.metrics_port, self.health_port = cluster, metrics_port, health_port
         self.poll_seconds = poll_seconds
+        self.extra_args: list[str] = []
+        self.env: dict[str, str] = {}
         self.log = cluster.workdir / "operator.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = env_for_subprocess(operator_env(self.cluster, poll_seconds=self.poll_seconds))
+        env = env_for_subprocess({**operator_env(self.cluster, poll_seconds=self.poll_seconds), **self.env})
         args = [sys.executable, "-m", "gpt2bench", "operator", "--all-namespaces", "--poll-interval",
                 str(self.poll_seconds),
                 "--metrics-port", str(self.metrics_port),
-                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"]
+                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz", *self.extra_args]
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: self.get(f"http://127.0.0.1:{self.health_port}/healthz") is not None, 60,
@@ -60,6 +66,16 @@ class OperatorProcess:
             self.proc.send_signal(signal.SIGTERM)
             return self.proc.wait(30)
         return self.proc.returncode
+
+    def health(self) -> tuple[int, str]:
+        """/healthz's status code and body (kopf answers 500 when a probe fails; 0: no answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(errors="replace")
+        except OSError:
+            return 0, ""
 
     @staticmethod
     def get(url: str) -> str | None:

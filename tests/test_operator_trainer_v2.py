@@ -23,6 +23,7 @@ from kube.fixtures import (
     benchmark,
     kopf_operator,
     operator_calls,
+    run_entry,
     wait_for,
 )
 from kube.trainer_v2 import TRAINER, TrainerV2, serve_builtins
@@ -134,11 +135,12 @@ def test_a_queued_trainjob_queues_its_run_until_admitted(client, benchmarks, tra
     name = trainjob["metadata"]["name"]
     custom.patch_namespaced_custom_object(*TRAINER, "default", "trainjobs", name, {"spec": {"suspend": True}})
     trainer.reconcile(name)
-    run = wait_for(lambda: (r := benchmarks.status("tv2q")["runs"][0])["phase"] == "Queued" and r, what="Queued")
+    run = wait_for(lambda: (r := run_entry(benchmarks.status("tv2q"), 0)).get("phase") == "Queued" and r,
+                   what="Queued")
     assert run["jobName"] == name
     custom.patch_namespaced_custom_object(*TRAINER, "default", "trainjobs", name, {"spec": {"suspend": False}})
     trainer.resume(name)
-    wait_for(lambda: benchmarks.status("tv2q")["runs"][0]["phase"] == "Running", what="Running")
+    wait_for(lambda: run_entry(benchmarks.status("tv2q"), 0).get("phase") == "Running", what="Running")
     trainer.finish(name, succeeded=True, message=json.dumps(trainer_summary(run["name"], 9.0)))
     wait_for(lambda: benchmarks.status("tv2q").get("phase") == "Succeeded", what="Succeeded")
 

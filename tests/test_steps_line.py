@@ -50,9 +50,9 @@ def test_nan_losses_survive_as_null_and_nothing_is_printed_without_records(capsy
     bad[2]["loss"] = float("nan")
     assert find_steps(steps_line(bad))[2]["loss"] is None
     assert steps_line([]) is None
-    publish_steps([{"is_worker": True, "worker_rank": 0, "records": []}, {"is_worker": False}])
+    publish_steps([{"is_worker": True, "worker_rank": 0, "steps_line": steps_line([])}, {"is_worker": False}])
     assert capsys.readouterr().out == ""
-    publish_steps([{"is_worker": False}, {"is_worker": True, "worker_rank": 0, "records": records(2)}])
+    publish_steps([{"is_worker": False}, {"is_worker": True, "worker_rank": 0, "steps_line": steps_line(records(2))}])
     assert len(find_steps(capsys.readouterr().out)) == 2
 
 

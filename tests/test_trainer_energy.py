@@ -140,12 +140,13 @@ def test_metrics_give_every_step_its_intervals_mean_and_the_payload_the_measured
     config = TrainConfig(process=ProcessOptions(output=str(tmp_path)), training={"warmup_steps": 1})
     metrics = MetricsProcessor(config=config, rank=0, tokens_per_step=64, devices=1, device=torch.device("cpu"),
                                flops_per_token=1.0, peak_flops=None, energy=StepMeter())
+    records = []
     for step in (1, 2, 3):
         start = metrics.start_step()
         metrics.end_step(step, start, torch.tensor(1.0), torch.tensor(1.0), False, 1e-3, 0.0)
         if step in (1, 3):  # the loop flushes at the end of warm-up and at log steps
-            metrics.flush(lambda losses: losses)
-    assert [r["energy_joules"] for r in metrics.records] == [3.0, 1.5, 1.5]
+            records += metrics.flush(lambda losses: losses)
+    assert [r["energy_joules"] for r in records] == [3.0, 1.5, 1.5]
     payload = metrics.energy_payload()
     assert payload["energy_joules"] == 3.0 and payload["energy_measured_steps"] == 2 and payload["energy_reads"]
     metrics.close()

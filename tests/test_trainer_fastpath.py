@@ -173,7 +173,7 @@ def test_figures_read_at_a_log_step_are_each_steps_own(tmp_path):
     for step, (loss, norm, skipped) in enumerate([(4.0, 1.0, False), (3.0, 2.0, torch.tensor(True)), (2.0, 3.0, False)], 1):
         start = processor.start_step()
         processor.end_step(step, start, torch.tensor(loss), torch.tensor(norm), skipped, 0.1, 0.01 * step)
-    assert processor.records == [] and not (tmp_path / "steps.jsonl").read_text()  # nothing read yet
+    assert processor.totals.steps == 0 and not (tmp_path / "steps.jsonl").read_text()  # nothing read yet
     records = processor.flush(reduce)
     assert len(reductions) == 1 and reductions[0].tolist() == [4.0, 3.0, 2.0]
     assert [r["step_seconds"] for r in records] == [0.5, 1.0, 0.25]  # between each step's own marks
@@ -327,7 +327,10 @@ class _Strategy:
 
 
 def _payload(rank, rate, records=None, **extra):
-    return {"is_worker": True, "worker_rank": rank, "job_rank": rank, "records": records, "devices": 2,
+    from gpt2bench.trainer.summary import summarize
+
+    figures = summarize(records, 2) if records is not None else None  # as worker 0's MetricsProcessor.finish
+    return {"is_worker": True, "worker_rank": rank, "job_rank": rank, "step_figures": figures, "devices": 2,
             "own_tokens_per_second": rate, "flops_per_token": 1e6, "peak_flops": 1e11, "device_type": "cpu",
             "step_end_times": extra.pop("ends", None), "host_peak_bytes": 100 + rank,
             "setup_host_peak_bytes": 50 + rank, **extra}

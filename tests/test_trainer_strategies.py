@@ -177,9 +177,10 @@ p = strategy_class("fsdp")(config, detect_env())
 p.setup()
 trainer = Trainer(config, p)
 trainer.train()
-if p.rank == 0:
-    print("PROBE " + json.dumps({**calls, "losses": [r["loss"] for r in trainer.metrics.records]}))
 trainer.metrics.close()
+if p.rank == 0:  # worker 0's records are in its steps.jsonl (the trainer keeps none in memory)
+    with open(f"{config.process.output}/steps.jsonl") as steps:
+        print("PROBE " + json.dumps({**calls, "losses": [json.loads(line)["loss"] for line in steps]}))
 p.teardown()
 sys.stdout.flush()
 import os

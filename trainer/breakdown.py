@@ -213,32 +213,58 @@ def parts_sum(record: dict[str, Any]) -> float:
     return sum(record[f"{name}_seconds"] for name in PHASES) + (record.get("comm_exposed_seconds") or 0.0)
 
 
-def summarize_breakdown(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Summary figures over measured steps: mean seconds per part, bytes per step and achieved bus bandwidth
-    per kind (Σ bytes / Σ seconds × bus factor), the share of communication hidden behind computation."""
-    measured = [r for r in records if not r["warmup"] and r.get("forward_seconds") is not None]
-    if not measured:
-        return {}
-    n = len(measured)
-    out: dict[str, Any] = {f"{name}_seconds_mean": sum(r[f"{name}_seconds"] for r in measured) / n
-                           for name in PHASES}
-    comm = [r for r in measured if r.get("comm_seconds") is not None]
-    if not comm:
-        out.update(comm_seconds_mean=None, comm_exposed_seconds_mean=None, comm_hidden_ratio=None,
-                   comm_bytes_per_step=None, comm_bus_bandwidth=None)
+class BreakdownTotals:
+    """Running sums of the breakdown over measured steps, one record at a time (memory does not grow with steps)."""
+
+    def __init__(self) -> None:
+        self.steps = 0  # measured steps with a breakdown
+        self.phases = dict.fromkeys(PHASES, 0.0)
+        self.comm_steps = 0  # ... whose communication could be timed
+        self.comm = self.exposed = 0.0
+        self.bytes: dict[str, int] = {}
+        self.kind_seconds: dict[str, float] = {}
+        self.moved: dict[str, float] = {}  # Σ bus bandwidth × seconds, per kind
+
+    def add(self, record: dict[str, Any]) -> None:
+        if record["warmup"] or record.get("forward_seconds") is None:
+            return
+        self.steps += 1
+        for name in PHASES:
+            self.phases[name] += record[f"{name}_seconds"]
+        if record.get("comm_seconds") is None:
+            return
+        self.comm_steps += 1
+        self.comm += record["comm_seconds"]
+        self.exposed += record["comm_exposed_seconds"]
+        for kind, nbytes in record["comm_bytes"].items():
+            self.bytes[kind] = self.bytes.get(kind, 0) + nbytes
+            seconds = record["comm_kind_seconds"].get(kind, 0.0)
+            self.kind_seconds[kind] = self.kind_seconds.get(kind, 0.0) + seconds
+            self.moved[kind] = self.moved.get(kind, 0.0) + record["comm_bus_bandwidth"].get(kind, 0.0) * seconds
+
+    def figures(self) -> dict[str, Any]:
+        """Summary figures over measured steps: mean seconds per part, bytes per step and achieved bus bandwidth
+        per kind (Σ bytes / Σ seconds × bus factor), the share of communication hidden behind computation."""
+        if not self.steps:
+            return {}
+        out: dict[str, Any] = {f"{name}_seconds_mean": total / self.steps for name, total in self.phases.items()}
+        if not self.comm_steps:
+            out.update(comm_seconds_mean=None, comm_exposed_seconds_mean=None, comm_hidden_ratio=None,
+                       comm_bytes_per_step=None, comm_bus_bandwidth=None)
+            return out
+        out["comm_seconds_mean"] = self.comm / self.comm_steps
+        out["comm_exposed_seconds_mean"] = self.exposed / self.comm_steps
+        out["comm_hidden_ratio"] = max(0.0, 1 - self.exposed / self.comm) if self.comm > 0 else None
+        kinds = sorted(self.bytes)
+        out["comm_bytes_per_step"] = {k: self.bytes[k] // self.comm_steps for k in kinds}
+        # Σ bytes × bus factor / Σ seconds: each step's bus bandwidth weighted by its seconds
+        out["comm_bus_bandwidth"] = {k: self.moved[k] / self.kind_seconds[k] for k in kinds if self.kind_seconds[k] > 0}
         return out
-    total = sum(r["comm_seconds"] for r in comm)
-    exposed = sum(r["comm_exposed_seconds"] for r in comm)
-    out["comm_seconds_mean"] = total / len(comm)
-    out["comm_exposed_seconds_mean"] = exposed / len(comm)
-    out["comm_hidden_ratio"] = max(0.0, 1 - exposed / total) if total > 0 else None
-    kinds = sorted({k for r in comm for k in r["comm_bytes"]})
-    out["comm_bytes_per_step"] = {k: sum(r["comm_bytes"].get(k, 0) for r in comm) // len(comm) for k in kinds}
-    bandwidth = {}
-    for kind in kinds:  # Σ bytes × bus factor / Σ seconds: each step's bus bandwidth weighted by its seconds
-        seconds = sum(r["comm_kind_seconds"].get(kind, 0.0) for r in comm)
-        moved = sum(r["comm_bus_bandwidth"].get(kind, 0.0) * r["comm_kind_seconds"].get(kind, 0.0) for r in comm)
-        if seconds > 0:
-            bandwidth[kind] = moved / seconds
-    out["comm_bus_bandwidth"] = bandwidth
-    return out
+
+
+def summarize_breakdown(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """`BreakdownTotals.figures()` of a list of records."""
+    totals = BreakdownTotals()
+    for record in records:
+        totals.add(record)
+    return totals.figures()

@@ -1,16 +1,21 @@
 """Prometheus export of the per-step figures (docs/metrics.md, Prometheus).
 
 Every process of a pod writes into one prometheus-client multiprocess folder; local rank 0 serves them
-all on `--metrics-port`, so the pod's one scrape annotation sees every rank (label `rank`).
+all on `--metrics-port`, so the pod's one scrape annotation sees every rank (label `rank`), and removes the
+folder when it closes. It listens on every address in a pod (Prometheus scrapes the pod's IP), on the one in
+$GPT2BENCH_METRICS_ADDRESS where that is set: the local runner sets loopback.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
+
+from gpt2bench.protocol import DEFAULT_METRICS_ADDRESS, METRICS_ADDRESS_ENV
 
 log = logging.getLogger("gpt2bench.trainer")
 
@@ -94,14 +99,16 @@ class PrometheusExporter:
                                "(NVML per GPU; RAPL per CPU package, counted on the node's first worker).",
                                names, registry=None).labels(**labels)
         self.server = None
+        self.owns_folder = local_rank == 0  # the rank that serves the folder removes it
         if local_rank == 0:
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=str(self.folder))
+            address = os.environ.get(METRICS_ADDRESS_ENV) or DEFAULT_METRICS_ADDRESS
             try:
-                self.server, _thread = start_http_server(config.process.metrics_port, registry=registry)
+                self.server, _thread = start_http_server(config.process.metrics_port, addr=address, registry=registry)
             except OSError as exc:  # e.g. several "pods" of a local run share one network: train on anyway
-                log.warning("metrics port %d unavailable (%s): this process group's metrics are not served",
-                            config.process.metrics_port, exc)
+                log.warning("metrics port %s:%d unavailable (%s): this process group's metrics are not served",
+                            address, config.process.metrics_port, exc)
 
     def observe(self, record: dict[str, Any]) -> None:
         for key, gauge in self._gauges.items():
@@ -121,5 +128,10 @@ class PrometheusExporter:
         self._seconds.inc(record["step_seconds"])
 
     def close(self) -> None:
+        """Stop serving; local rank 0 removes the folder. It closes after the payloads were gathered, when no rank
+        observes any more; a rank still running has its files open already, and keeps writing to them unlinked."""
         if self.server is not None:
             self.server.shutdown()
+            self.server.server_close()
+        if self.owns_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)

@@ -14,12 +14,17 @@ Nothing here waits for the device during a step. A step leaves its marks and its
 pending; `flush()` (at log steps, outside the timed steps) reads the times of every pending step, reduces
 their losses over workers in one collective and brings losses and norms to the host in one transfer. Each
 figure is still the exact figure of its own step.
+
+Memory does not grow with the number of steps: a flushed record is written to steps.jsonl, exported, folded
+into the running totals (`aggregates.StepTotals`) and dropped; only the steps pending since the last log
+step are held.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +33,11 @@ from typing import Any
 import torch
 
 from gpt2bench.protocol import STEPS_FILE
+from gpt2bench.trainer.aggregates import StepTotals, finite
 from gpt2bench.trainer.breakdown import CommTimer, StepComm, StepPhases, resolve
 from gpt2bench.trainer.devices import PeakMemory, StepClock
 from gpt2bench.trainer.energy import EnergyLog, EnergyMeter, Unavailable
 from gpt2bench.trainer.exporter import PrometheusExporter
-from gpt2bench.trainer.summary import finite
 
 BREAKDOWN_FIELDS = ("data_seconds", "forward_seconds", "backward_seconds", "optimizer_seconds", "other_seconds",
                     "comm_seconds", "comm_exposed_seconds", "comm_bytes", "comm_kind_seconds", "comm_bus_bandwidth")
@@ -84,13 +89,14 @@ class MetricsProcessor:
 
     `tokens_per_step` is the token count of one optimizer step: GLOBAL (all workers) for synchronous
     strategies, this worker's own for async ps (each worker's step is its own update); `devices` the number
-    of devices the step's tokens are spread over.
+    of devices the step's tokens are spread over. `keep_end_times`: keep each step's wall-clock end (async ps,
+    whose summary counts each worker's steps before the first one finished: 8 bytes a step).
     """
 
     def __init__(self, *, config, rank: int, tokens_per_step: int, devices: int, device: torch.device,
                  flops_per_token: float, peak_flops: float | None, exporter: PrometheusExporter | None = None,
                  compile_watch: CompileWatch | None = None, energy: EnergyMeter | None = None,
-                 measure_comm: bool = True):
+                 measure_comm: bool = True, keep_end_times: bool = False):
         self.config, self.rank = config, rank
         self.tokens_per_step, self.devices = tokens_per_step, devices
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
@@ -103,8 +109,7 @@ class MetricsProcessor:
         self.measure_comm = measure_comm  # False where communication hides inside forward/backward (DataParallel)
         self.energy = EnergyLog(energy or Unavailable("not measured"))
         self.exporter = exporter
-        self.records: list[dict[str, Any]] = []
-        self.step_end_times: list[float] = []  # wall clock (time.time) at each step's end mark
+        self.step_end_times = array("d") if keep_end_times else None  # wall clock (time.time) at each step's end
         self._pending: list[_Pending] = []
         self._step_compile_start = 0.0
         self.setup_memory: dict[str, int | None] = {}
@@ -114,6 +119,8 @@ class MetricsProcessor:
             out = Path(config.process.output)
             out.mkdir(parents=True, exist_ok=True)
             self._steps_file = open(out / STEPS_FILE, "w", buffering=1)  # noqa: SIM115 (open all run)
+        # worker 0's figures are the summary's: only it needs the step-time percentiles (spilled next to steps.jsonl)
+        self.totals = StepTotals(keep_times=rank == 0, times_dir=config.process.output if rank == 0 else None)
 
     # ------------------------------------------------------------------ during the steps (no device sync)
     def end_setup(self) -> None:
@@ -135,7 +142,8 @@ class MetricsProcessor:
                  lr: float, data_seconds: float) -> None:
         """Mark the end of step `step` (1-based) and keep its figures pending until the next flush."""
         end = self.clock.mark()
-        self.step_end_times.append(time.time())
+        if self.step_end_times is not None:
+            self.step_end_times.append(time.time())
         self._pending.append(_Pending(step, start, end, loss.detach(), grad_norm.detach(), skipped, lr, data_seconds,
                                       self._compile_seconds() - self._step_compile_start, self.memory.read(),
                                       self.phases.take(), self.comm.take() if self.breakdown else None))
@@ -164,7 +172,7 @@ class MetricsProcessor:
                 self._steps_file.write(json.dumps(finite(record), allow_nan=False) + "\n")
             if self.exporter:
                 self.exporter.observe(record)
-        self.records.extend(records)
+            self.totals.add(record)
         return records
 
     def _record(self, pending: _Pending, loss: float, grad_norm: float, skipped: bool) -> dict[str, Any]:
@@ -209,15 +217,12 @@ class MetricsProcessor:
     # ------------------------------------------------------------------ at the end
     def memory_payload(self) -> dict[str, int | None]:
         """This worker's set-up peaks and the max of its step peaks, by kind (the payload's memory figures)."""
-        def most(key: str) -> int | None:
-            values = [r[key] for r in self.records if r.get(key) is not None]
-            return max(values) if values else None
-
+        most = self.totals.memory_peaks()
         on_device = self.setup_memory.get("device_bytes") is not None
         return {
-            "device_peak_bytes": most("peak_memory_bytes") if on_device else None,
-            "device_reserved_peak_bytes": most("peak_memory_reserved_bytes") if on_device else None,
-            "host_peak_bytes": most("host_peak_memory_bytes"),
+            "device_peak_bytes": most["peak_memory_bytes"] if on_device else None,
+            "device_reserved_peak_bytes": most["peak_memory_reserved_bytes"] if on_device else None,
+            "host_peak_bytes": most["host_peak_memory_bytes"],
             "setup_device_peak_bytes": self.setup_memory.get("device_bytes"),
             "setup_host_peak_bytes": self.setup_memory.get("host_bytes"),
             "host_peak_since_start": self.memory.host_since_start,
@@ -226,11 +231,25 @@ class MetricsProcessor:
     def energy_payload(self) -> dict[str, Any]:
         """This worker's joules over its measured steps, and what they were read from (or why not)."""
         meter = self.energy.meter
-        measured = [r.get("energy_joules") for r in self.records if not r["warmup"]]
-        known = bool(measured) and all(j is not None for j in measured)
-        return {"energy_joules": sum(measured) if known else None, "energy_source": meter.source,
+        joules, measured = self.totals.energy()
+        return {"energy_joules": joules, "energy_source": meter.source,
                 "energy_scope": meter.scope, "energy_reads": meter.reads, "energy_devices": meter.devices, "energy_reason": meter.reason,
-                "energy_measured_steps": len(measured)}
+                "energy_measured_steps": measured}
+
+    def finish(self, devices: int) -> dict[str, Any]:
+        """What the summary takes from this worker's steps: worker 0's figures (`devices`: what its tokens/s is
+        divided by), breakdown and curves' line, and every worker's own rate. Once, after the last flush: it
+        removes the step-time file."""
+        totals, lead = self.totals, self.rank == 0
+        try:
+            return {
+                "step_figures": totals.figures(devices) if lead else None,
+                "breakdown_figures": totals.breakdown.figures() if lead else None,
+                "steps_line": totals.curves.line() if lead else None,
+                "own_tokens_per_second": totals.own_rate(),
+            }
+        finally:
+            totals.close()
 
     def close(self) -> None:
         if self._steps_file:

@@ -7,25 +7,18 @@ run's result. Definitions: docs/metrics.md (Summary).
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
 import math
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpt2bench.files import termination_log_path, write_atomic, write_termination_message
-from gpt2bench.protocol import (
-    MAX_STEPS_LINE,
-    MAX_TERMINATION_MESSAGE,
-    STEPS_COLUMNS,
-    STEPS_PREFIX,
-    SUMMARY_FILE,
-    SUMMARY_PREFIX,
-)
+from gpt2bench.protocol import MAX_STEPS_LINE, MAX_TERMINATION_MESSAGE, SUMMARY_FILE, SUMMARY_PREFIX
+from gpt2bench.trainer.aggregates import ThinnedSteps, finite, fold
 
 COMPACT_LIMIT_BYTES = MAX_TERMINATION_MESSAGE
 
@@ -41,33 +34,12 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize(records: list[dict[str, Any]], devices: int) -> dict[str, Any]:
-    """Summary figures over the measured (non-warm-up) steps of worker 0's records."""
-    measured = [r for r in records if not r["warmup"]]
-    times = [r["step_seconds"] for r in measured]
-    tps = own_rate(records)
-    last = records[-1] if records else {}
-    return {
-        "steps": len(records),
-        "measured_steps": len(measured),
-        "tokens_per_second": tps,
-        "tokens_per_second_per_device": tps / devices if tps is not None else None,
-        "step_time_p50_seconds": percentile(times, 50),
-        "step_time_p95_seconds": percentile(times, 95),
-        "data_loading_seconds_mean": sum(r["data_loading_seconds"] for r in measured) / len(measured) if measured else None,
-        "final_loss": last.get("loss"),
-        "first_loss": records[0]["loss"] if records else None,
-        "grad_norm": last.get("grad_norm"),
-        "skipped_steps": sum(bool(r.get("skipped")) for r in records),
-        "skipped_measured_steps": sum(bool(r.get("skipped")) for r in measured),
-        "compile_seconds_in_measured_steps": sum(r.get("compile_seconds") or 0.0 for r in measured),
-    }
-
-
-def own_rate(records: list[dict[str, Any]]) -> float | None:
-    """Tokens/s of a worker's records: Σ tokens / Σ step_seconds over its measured steps."""
-    measured = [r for r in records if not r["warmup"]]
-    seconds = sum(r["step_seconds"] for r in measured)
-    return sum(r["tokens"] for r in measured) / seconds if measured and seconds > 0 else None
+    """Summary figures over the measured (non-warm-up) steps of a list of records (`StepTotals.figures`)."""
+    totals = fold(records)
+    try:
+        return totals.figures(devices)
+    finally:
+        totals.close()
 
 
 def compact(summary: dict[str, Any]) -> str:
@@ -86,16 +58,6 @@ def compact(summary: dict[str, Any]) -> str:
     return text
 
 
-def finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN; the reason field says what happened
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
-    return value
-
-
 def publish_summary(summary: dict[str, Any], output: str) -> str:
     """summary.json (atomic), the termination message, then the stdout line. Returns the compact text."""
     summary = finite(summary)
@@ -111,36 +73,23 @@ def publish_summary(summary: dict[str, Any], output: str) -> str:
     return text
 
 
-def steps_line(records: list[dict[str, Any]], limit: int = MAX_STEPS_LINE) -> str | None:
+def steps_line(records: Iterable[dict[str, Any]], limit: int = MAX_STEPS_LINE) -> str | None:
     """`GPT2BENCH_STEPS <base64 gzip JSON columns>` of the curves' columns, at most `limit` characters: every
-    k-th step (k doubling until it fits) plus the last one, values to 6 significant digits. The operator
-    keeps it (a pod's log does not outlive the pod), so the cluster report draws the same curves."""
-    if not records:
-        return None
-    stride = max(1, len(records) // 4096)  # more would not fit anyway: start near the answer
-    while True:
-        picked = records[::stride]
-        if picked[-1] is not records[-1]:
-            picked = [*picked, records[-1]]
-        columns = {name: [_six_digits(finite(record.get(name))) for record in picked] for name in STEPS_COLUMNS}
-        packed = gzip.compress(json.dumps(columns, separators=(",", ":")).encode(), mtime=0)
-        line = STEPS_PREFIX + base64.b64encode(packed).decode()
-        if len(line) <= limit or len(picked) <= 2:
-            return line if len(line) <= limit else None
-        stride *= 2
-
-
-def _six_digits(value: Any) -> Any:
-    return float(f"{value:.6g}") if isinstance(value, float) else value
+    k-th step (k a power of two, doubling until it fits) plus the last one, values to 6 significant digits
+    (`ThinnedSteps`; a worker folds its records into one as they come). The operator keeps it (a pod's log does
+    not outlive the pod), so the cluster report draws the same curves."""
+    thinned = ThinnedSteps()
+    for record in records:
+        thinned.add(record)
+    return thinned.line(limit)
 
 
 def publish_steps(payloads: list[dict[str, Any]]) -> None:
-    """Print worker 0's step records as the GPT2BENCH_STEPS line (before the summary line)."""
+    """Print worker 0's curves (`steps_line` of its payload) as the GPT2BENCH_STEPS line (before the summary line)."""
     lead = next((p for p in sorted(payloads, key=lambda p: p.get("worker_rank", 0))
-                 if p.get("is_worker") and p.get("records")), None)
-    line = steps_line(lead["records"]) if lead else None
-    if line:
-        print(line, flush=True)
+                 if p.get("is_worker") and p.get("steps_line")), None)
+    if lead:
+        print(lead["steps_line"], flush=True)
 
 
 def versions() -> dict[str, str]:
@@ -190,16 +139,16 @@ def steps_when_first_done(workers: list[dict[str, Any]]) -> list[int] | None:
 
 def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, status: str = "succeeded",
                   reason: str | None = None) -> dict[str, Any]:
-    """The run's summary from every process's payload (worker 0's carries the step records)."""
+    """The run's summary from every process's payload (worker 0's carries its steps' figures)."""
     workers = sorted((p for p in payloads if p.get("is_worker")), key=lambda p: p.get("worker_rank", 0))
-    lead = next((p for p in workers if p.get("records") is not None), {})
+    lead = next((p for p in workers if p.get("step_figures") is not None), {})
     devices = lead.get("devices") or parallel.world_size * parallel.devices_per_worker
     for payload in payloads:  # a failure anywhere fails the run
         if payload.get("status") == "failed" and status != "failed":
             status, reason = "failed", payload.get("reason")
     # From the workers: under ps the reporter (job rank 0) is a server, maybe on the CPU while workers use GPUs.
     on_gpu = lead.get("device_type", parallel.device.type) == "cuda"
-    figures = summarize(lead.get("records") or [], devices)
+    figures = lead.get("step_figures") or summarize([], devices)
     notes = list(parallel.notes)
     if parallel.independent_steps and workers:  # async ps: every worker's step is its own; rates add up
         rates = [w.get("own_tokens_per_second") for w in workers]
@@ -264,7 +213,7 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "config_hash": config.config_hash(),
         "config": config.as_dict(),
     }
-    summary.update(breakdown_summary(config, parallel, lead.get("records") or []))
+    summary.update(breakdown_summary(config, parallel, lead.get("breakdown_figures") or {}))
     summary.update(network_summary(summary, lead))
     summary.update(energy_summary(workers, figures["measured_steps"], config.tokens_per_step_per_worker * devices,
                                   parallel.independent_steps))
@@ -273,14 +222,15 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
     return summary
 
 
-def breakdown_summary(config, parallel, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Worker 0's step breakdown over its measured steps (docs/metrics.md, Step breakdown)."""
-    from gpt2bench.trainer.breakdown import PHASES, summarize_breakdown
+def breakdown_summary(config, parallel, figures: dict[str, Any]) -> dict[str, Any]:
+    """Worker 0's step breakdown over its measured steps (`BreakdownTotals.figures`; docs/metrics.md, Step
+    breakdown)."""
+    from gpt2bench.trainer.breakdown import PHASES
 
     keys = [f"{name}_seconds_mean" for name in PHASES] + [
         "comm_seconds_mean", "comm_exposed_seconds_mean", "comm_hidden_ratio", "comm_bytes_per_step",
         "comm_bus_bandwidth"]
-    figures = summarize_breakdown(records) if config.process.breakdown else {}
+    figures = figures if config.process.breakdown else {}
     return {"breakdown": bool(config.process.breakdown) and bool(figures),
             "breakdown_method": parallel.breakdown_method if figures else None,
             **{key: figures.get(key) for key in keys}}

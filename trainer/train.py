@@ -17,6 +17,7 @@ from gpt2bench.trainer.config import ConfigError, parse_config
 from gpt2bench.trainer.devices import apply_cpu_budget, emulated_precision
 from gpt2bench.trainer.env import detect_env, process_start_time
 from gpt2bench.trainer.exporter import PrometheusExporter
+from gpt2bench.trainer.lifeline import watch_runner
 from gpt2bench.trainer.model import build_model
 from gpt2bench.trainer.parallel import strategy_class
 from gpt2bench.trainer.summary import build_summary, publish_steps, publish_summary
@@ -26,6 +27,7 @@ log = logging.getLogger("gpt2bench.trainer")
 
 def main(argv: list[str] | None = None) -> int:
     started = process_start_time()
+    watch_runner()  # started by a local `gpt2bench run`: stop when it is gone (lifeline.py)
     try:
         config = parse_config(list(sys.argv[1:] if argv is None else argv))
     except ConfigError as exc:

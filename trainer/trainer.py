@@ -81,7 +81,7 @@ class Trainer:
             peak_flops=peak_flops_per_device(p.device, config.precision, training.tf32, config.process.peak_flops),
             exporter=exporter, compile_watch=self.compile_watch,
             energy=energy_meter(p.device, p.devices_per_worker, reads_node=p.first_worker_on_node()),
-            measure_comm=p.comm_measurable,
+            measure_comm=p.comm_measurable, keep_end_times=p.independent_steps,
         )
         if config.process.breakdown:
             p.instrument(self.model, self.optimizer, self.metrics.comm)
@@ -147,8 +147,6 @@ class Trainer:
 
     def payload(self, status: str, reason: str | None) -> dict[str, Any]:
         """What this worker sends to the reporter at the end (see Parallelism.gather_to_reporter)."""
-        from gpt2bench.trainer.summary import own_rate
-
         p, metrics = self.parallel, self.metrics
         return {
             "job_rank": p.env.rank,
@@ -160,9 +158,8 @@ class Trainer:
             **metrics.memory_payload(),
             "state_bytes": p.state_bytes(self.model, self.optimizer),
             "param_checksum": p.model_checksum(self.model),
-            "records": metrics.records if p.rank == 0 else None,
-            "own_tokens_per_second": own_rate(metrics.records),
-            "step_end_times": metrics.step_end_times if p.independent_steps else None,
+            **metrics.finish(self.devices),  # worker 0's figures, breakdown and curves; every worker's own rate
+            "step_end_times": metrics.step_end_times,  # async ps only
             "n_params": self.n_params,
             "padded_vocab_size": self.padded_vocab_size,
             "flops_per_token": metrics.flops_per_token,

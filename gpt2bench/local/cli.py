@@ -5,44 +5,69 @@ data and pretrained weights it names are here (`gpt2bench.local.preflight`: exit
 starts), plans it, and runs the sweep (`gpt2bench.local.sweep`). `spec.concurrency` is not honoured
 locally: runs go one at a time. A file of several GPT2Benchmarks (`---` between them, as `kubectl apply -f`
 takes it) runs each in turn, every one checked before the first starts, each in its own folder
-(`results/<name>`, or `--output DIR/<name>`); `--name NAME` runs only that one. Exit code: 0 when at least
-one run of every benchmark succeeded (failed runs are in the table with their reasons), 1 when every run of
-a benchmark failed, 2 for a bad file or option, 130 when interrupted (later benchmarks are not started).
+(`results/<name>`, or `--output DIR/<name>`); `--name NAME` runs only that one. A folder that already holds
+results is refused unless `--resume` (keep its finished runs, run the rest) or `--overwrite` says what to do.
+Ctrl-C, SIGTERM and SIGHUP (a closed terminal or SSH session) stop the sweep the same way. Exit code: 0 when at
+least one run of every benchmark succeeded (failed runs are in the table with their reasons), 1 when every run
+of a benchmark failed, 2 for a bad file or option, 130 when interrupted (later benchmarks are not started).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 from pathlib import Path
 from typing import Any
 
 from gpt2bench import report
+from gpt2bench.files import FolderBusy
 from gpt2bench.jobkinds import BACKENDS, OFFLINE_BACKEND
 from gpt2bench.local.preflight import preflight
-from gpt2bench.local.sweep import run_sweep, select_runs, with_steps
+from gpt2bench.local.sweep import FolderRefused, Resumed, Stopped, prepare_folder, run_sweep, select_runs, with_steps
 from gpt2bench.plan import plan_runs
 from gpt2bench.report.export import RESULTS_CSV
 from gpt2bench.spec.model import Benchmark
 from gpt2bench.spec.validation import SpecError, load_benchmarks_file
 from gpt2bench.status import RESULTS_JSON, SUCCEEDED
 
+EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
+STOP_SIGNALS = {  # what each signal the runner handles like Ctrl-C means, in the words results.json gives
+    signal.SIGINT: "Ctrl-C (SIGINT)",
+    signal.SIGTERM: "SIGTERM",
+    signal.SIGHUP: "SIGHUP (its terminal or SSH session closed)",
+}
+
+
 class _Stop:
-    """First SIGINT/SIGTERM raises KeyboardInterrupt; later ones are ignored so that the cleanup
-    (killing the replicas, writing the report) is not itself cut short."""
+    """The first stop signal raises `Stopped`; later ones are ignored so that the cleanup (killing the replicas,
+    writing the report) is not itself cut short. After SIGHUP the terminal is gone: what would be printed on it
+    goes to /dev/null, so that writing there cannot fail the cleanup (a redirected output is left as it is)."""
 
     def __init__(self) -> None:
         self.signalled = False
+        self.terminal = [fd for fd in (1, 2) if os.isatty(fd)]  # asked now: a hung-up terminal is no tty any more
 
     def __call__(self, signum: int, _frame: Any) -> None:
         if self.signalled:
             return
         self.signalled = True
-        raise KeyboardInterrupt
+        if signum == signal.SIGHUP:
+            _silence(self.terminal)
+        raise Stopped(STOP_SIGNALS.get(signum, signal.Signals(signum).name))
+
+
+def _silence(descriptors: list[int]) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in descriptors:
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                "several benchmarks, one subfolder per benchmark name in it)")
     parser.add_argument("--steps", type=_positive, help="override spec.training.steps (quick tries)")
     parser.add_argument("--only", metavar="REGEX", help="run only the runs whose name matches REGEX")
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--resume", action="store_true",
+                          help="the output folder holds an unfinished sweep of this file: keep its finished runs "
+                               "(Succeeded, Failed) and run the others")
+    existing.add_argument("--overwrite", action="store_true",
+                          help="the output folder holds results: start again (its runs/ folder is removed)")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="run the jobs of this backend instead of spec.backend's (auto runs "
                              f"{OFFLINE_BACKEND} here): trainjob (Trainer v2 TrainJobs) or pytorchjob (PyTorchJob, MPIJob)")
@@ -116,6 +147,18 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"gpt2bench run: --only {args.only!r} matches none of the {total} runs: {names}",
                   highlight=False, markup=False)
         return 2
+    prepared: dict[str, tuple[list, Resumed, Path]] = {}  # every folder decided before the first run starts
+    for benchmark in benchmarks:
+        runs, _ = chosen[benchmark.name]
+        if not runs:
+            continue
+        directory = _output(args.output, benchmark.name, several=len(benchmarks) > 1)
+        try:
+            prepared[benchmark.name] = (*prepare_folder(benchmark, plan_runs(benchmark, args.backend), runs,
+                                                        directory, resume=args.resume, overwrite=args.overwrite),
+                                        directory)
+        except FolderRefused as exc:
+            return refuse([str(exc)])
     codes = []
     for benchmark in benchmarks:
         runs, total = chosen[benchmark.name]
@@ -123,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
             err.print(f"gpt2bench run: {benchmark.name}: --only {args.only!r} matches none of its {total} runs",
                       highlight=False, markup=False)
             continue
-        directory = _output(args.output, benchmark.name, several=len(benchmarks) > 1)
-        codes.append(_run_benchmark(benchmark, runs, total, directory, notes[benchmark.name]))
+        runs, resumed, directory = prepared[benchmark.name]
+        codes.append(_run_benchmark(benchmark, runs, total, directory, notes[benchmark.name], resumed))
         if codes[-1] == EXIT_INTERRUPTED:
             return EXIT_INTERRUPTED
+        if codes[-1] == EXIT_BAD_INPUT:
+            return EXIT_BAD_INPUT
     return max(codes)
 
 
@@ -137,9 +182,10 @@ def _output(output: str | None, name: str, several: bool) -> Path:
     return Path(output) / name if several else Path(output)
 
 
-def _run_benchmark(benchmark: Benchmark, runs: list, total: int, directory: Path, notes: list[str]) -> int:
-    """Run one benchmark's chosen runs (of its `total`) into `directory`, print its table; 0, 1 (every run
-    failed) or 130."""
+def _run_benchmark(benchmark: Benchmark, runs: list, total: int, directory: Path, notes: list[str],
+                   resumed: Resumed) -> int:
+    """Run one benchmark's runs (of its `total`; `resumed`: those an earlier sweep finished, kept) into `directory`,
+    print its table; 0, 1 (every run failed), 2 (another process took the folder) or 130."""
     from rich.console import Console
 
     console = Console()
@@ -151,12 +197,16 @@ def _run_benchmark(benchmark: Benchmark, runs: list, total: int, directory: Path
             "one at a time so that they do not disturb each other's timings",
             highlight=False,
         )
-    console.print(f"{benchmark.name}: {len(runs)} of {total} runs -> {directory}", highlight=False)
+    kept = f", {len(resumed.kept)} kept from the earlier sweep" if resumed.kept else ""
+    console.print(f"{benchmark.name}: {len(runs)} of {total} runs{kept} -> {directory}", highlight=False)
 
     stop = _Stop()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
-        sweep = run_sweep(benchmark, runs, directory, console=console)
+        sweep = run_sweep(benchmark, runs, directory, console=console, resumed=resumed)
+    except FolderBusy as exc:  # another `gpt2bench run` took the folder since it was checked
+        Console(stderr=True).print(f"gpt2bench run: {exc}; nothing was run", highlight=False, markup=False)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # after the last run, while the report was being written
         console.print(
             f"interrupted while writing the report; {directory / RESULTS_JSON} is consistent",

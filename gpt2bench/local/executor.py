@@ -38,7 +38,7 @@ from typing import Any
 
 from gpt2bench import diagnosis
 from gpt2bench import jobkinds as kinds
-from gpt2bench.local.processes import kill_tree
+from gpt2bench.local.processes import die_with_parent, kill_tree, private_tmpdir
 from gpt2bench.local.replicas import (
     JobSpecError,
     Replica,
@@ -244,7 +244,8 @@ def start(replica: Replica, base_env: dict[str, str], cwd: str | None = None) ->
     env = {**base_env, **replica.env}
     with open(replica.log_path, "wb") as log:
         # A new session: the terminal's Ctrl-C reaches only `gpt2bench run`, which then stops the
-        # replicas itself, in order, instead of every process dying half-way through a write.
+        # replicas itself, in order, instead of every process dying half-way through a write. A
+        # parent-death signal: a runner killed outright takes the replica with it (processes.py).
         replica.process = subprocess.Popen(
             replica.argv,
             env=env,
@@ -253,6 +254,7 @@ def start(replica: Replica, base_env: dict[str, str], cwd: str | None = None) ->
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
 
 
@@ -343,6 +345,8 @@ def execute_job(
 
     deadline_s = kinds.active_deadline(job)
     t0 = time.monotonic()
+    tmpdir = private_tmpdir(base_env)  # removed below, once every process is gone
+    base_env = {**base_env, "TMPDIR": tmpdir}
     try:
         for replica in replicas:
             start(replica, base_env)
@@ -364,6 +368,7 @@ def execute_job(
             time.sleep(poll_seconds)
     finally:
         _stop_all(replicas, grace_seconds)
+        shutil.rmtree(tmpdir, ignore_errors=True)  # its link to torch.compile's cache, not the cache
 
 
 def _stop_all(replicas: list[Replica], grace: float) -> None:

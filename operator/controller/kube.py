@@ -22,7 +22,7 @@ from gpt2bench.render import label_value
 from gpt2bench.render.runtimes import RUNTIME_KIND, RUNTIME_PLURAL
 from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
-from . import reconcile
+from . import apiclient, reconcile
 from .jobkinds import JOB_KINDS, FollowedKind, missing_kind_reason, missing_runtime_reason
 
 _client: kubernetes.client.ApiClient | None = None
@@ -32,11 +32,12 @@ TRANSIENT_STATUS = {0, 401, 408, 429, 500, 502, 503, 504}
 TRANSIENT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 
 
-def configure(pool_size: int = 16) -> None:
+def configure(pool_size: int = 16, timeouts: apiclient.Timeouts | None = None) -> None:
     """In-cluster credentials when running in a pod, else $KUBECONFIG (read now) or ~/.kube/config.
 
     One ApiClient for the process: its connection pool is shared by the handler threads (a client per
-    call would open a TCP connection per request)."""
+    call would open a TCP connection per request). Every call it makes is bounded (`apiclient`: timeouts,
+    Retry-After)."""
     global _client
     config = kubernetes.client.Configuration()
     try:
@@ -45,7 +46,7 @@ def configure(pool_size: int = 16) -> None:
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
                                            client_configuration=config)
     config.connection_pool_maxsize = pool_size
-    _client = kubernetes.client.ApiClient(config)
+    _client = apiclient.ApiClient(config, timeouts or apiclient.Timeouts.of())
     _client.user_agent = f"gpt2bench-operator/{__version__}"  # tells our calls apart in API audit logs
 
 
@@ -265,6 +266,12 @@ def patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
     """Merge-patch the benchmark's status (lists such as `runs` and `conditions` are replaced whole)."""
     _custom().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
                                                      {"status": status})
+
+
+def annotate_benchmark(namespace: str, name: str, annotations: dict[str, str]) -> None:
+    """Merge-patch the benchmark's annotations (the pinned spec)."""
+    _custom().patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name,
+                                             {"metadata": {"annotations": annotations}})
 
 
 # --- pods ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from gpt2bench.status import (  # noqa: F401 (the phases are part of this module
     RUNNING,
     SKIPPED,
     SPEC_CHANGE_IGNORED,
+    SPEC_UNREADABLE,
     SUCCEEDED,
     TERMINAL_RUN_PHASES,
     BenchmarkStatus,
@@ -125,11 +126,43 @@ def invalid_status(errors: list[tuple[str, str]], generation: int | None, now: s
     )
 
 
-def failed_to_start_status(reason: str, generation: int | None, now: str) -> BenchmarkStatus:
-    """The operator itself could not start the sweep (after its retries): a phase, and why."""
-    message = collect.clean_reason(f"the operator could not start the sweep: {reason}")
-    return BenchmarkStatus(phase=FAILED, message=message, observed_generation=generation, runs=[],
-                           conditions=sweep_conditions([], FAILED, message, [], generation, now))
+def sweep_started(status: dict[str, Any]) -> bool:
+    """A sweep has started once its status lists its runs (Running, then finished): its spec is pinned and
+    later edits are ignored. Before that (no phase yet, Pending, Invalid, or an earlier version's Failed
+    without runs) nothing ran, and the operator starts it from the current spec."""
+    return bool(status.get("runs"))
+
+
+def pending_status(reason: str, generation: int | None, now: str, retry_seconds: float) -> BenchmarkStatus:
+    """The sweep could not be started yet (the API server failed a call, a permission is missing...): it
+    stays Pending, says why, and is tried again; nothing ran, so nothing is lost by waiting."""
+    message = collect.clean_reason(f"not started yet: {reason}; the operator tries again every "
+                                   f"{retry_seconds:g} s")
+    return BenchmarkStatus(phase=PENDING, message=message, observed_generation=generation, runs_total=0,
+                           runs_done=0, runs=[], conditions=sweep_conditions([], PENDING, message, [], generation, now))
+
+
+def replacing(stored: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch that makes `stored` equal `new`: keys `new` lacks are removed (null), nothing stale stays."""
+    return {**{key: None for key in stored if key not in new}, **new}
+
+
+def spec_unreadable_condition(reason: str, now: str, generation: int | None) -> Condition:
+    return condition(SPEC_UNREADABLE, "True", "PinnedSpecUnreadable", reason, now, generation)
+
+
+def spec_readable_condition(version: str, now: str, generation: int | None) -> Condition:
+    return condition(SPEC_UNREADABLE, "False", "PinnedSpecRead", f"operator {version} reads the pinned spec",
+                     now, generation)
+
+
+def unreadable_reason(version: str, pinned_by: str | None, what: str) -> str:
+    """Why an operator holds a sweep whose pinned state it cannot read, and what the user can do."""
+    by = f"operator {pinned_by}" if pinned_by else "an earlier operator version"
+    return collect.clean_reason(
+        f"held: this operator ({version}) cannot read the sweep's pinned state (pinned by {by}): {what}. Nothing "
+        f"is created or collected until an operator that reads it runs again ({by}); jobs already running go on. "
+        f"Or delete the GPT2Benchmark and create it again to run it with this version")
 
 
 def condition(type_: str, status: str, reason: str, message: str, now: str,

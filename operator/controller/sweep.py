@@ -3,10 +3,13 @@
 `reconcile` decides; `kube` talks to the API; this module wires one to the other and posts Events.
 Everything here is idempotent: kopf may run a step again after a crash or a retry.
 
-Two handlers advance a sweep: kopf's create/resume handler starts it (status through kopf's patch), and
-`follow` moves it on whenever one of its jobs changes (a watch event) or the safety-net timer ticks. Both
-take the benchmark's lock, and `follow` reads the benchmark fresh and writes its status itself, so a job
-event and a timer tick never decide on the same state twice.
+One entry point, `advance`, moves a sweep on from whatever state it is in (docs/operator.md, "States and
+transitions"): not started (no phase, Pending) → start it; Running → one step (record finished runs, start
+the next ones, finish the sweep); Invalid and finished → nothing. Every trigger calls it: kopf's create and
+resume handlers, the safety-net timer (Pending and Running), a job's watch event, and a spec edit
+(`spec_changed`). It reads the benchmark fresh and writes status itself, one thread per benchmark at a
+time (`_Gate`): a trigger that finds the benchmark busy leaves a note and returns, and the thread at work
+goes round once more, so no worker thread waits on another's API calls and no trigger is lost.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import json
 import logging
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
-from gpt2bench import collect
+from gpt2bench import __version__, collect
 from gpt2bench import jobkinds as kinds
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.protocol import (
@@ -40,28 +45,43 @@ from gpt2bench.spec.model import API_GROUP, KIND, Benchmark
 from gpt2bench.spec.validation import SpecError, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
 
-from . import kube, metrics, pods
+from . import kube, liveness, metrics, pods
 from . import reconcile as rc
 
 # The spec a sweep started with: later spec edits do not change a running sweep (docs/operator.md).
 SWEEP_SPEC_ANNOTATION = f"{API_GROUP}/sweep-spec"
+# The operator version that pinned it: a version that cannot read a pinned spec names the one that can.
+SWEEP_SPEC_VERSION_ANNOTATION = f"{API_GROUP}/sweep-spec-version"
+# How often a sweep that could not start is tried again (handlers.py sets it from --poll-interval).
+RETRY_SECONDS = 30.0
 # The per-step records of a run: the GPT2BENCH_STEPS line near the end of the result pod's log.
 STEPS_LOG_LINES = 200
 STEPS_LOG_BYTES = 4 * MAX_STEPS_LINE + 200 * 400
 
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
+
+@dataclass
+class _Gate:
+    """One benchmark's turn: one thread advances it at a time. `wanted`: a trigger came while it was busy
+    (the holder goes round once more); `edited`: one of them was a spec edit."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    wanted: bool = False
+    edited: bool = False
 
 
-def _lock(namespace: str, name: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault((namespace, name), threading.Lock())
+_gates: dict[tuple[str, str], _Gate] = {}
+_gates_guard = threading.Lock()
+
+
+def _gate(namespace: str, name: str) -> _Gate:
+    with _gates_guard:
+        return _gates.setdefault((namespace, name), _Gate())
 
 
 def forget(namespace: str, name: str) -> None:
-    """A deleted benchmark's lock goes with it."""
-    with _locks_guard:
-        _locks.pop((namespace, name), None)
+    """A deleted benchmark's gate goes with it."""
+    with _gates_guard:
+        _gates.pop((namespace, name), None)
 
 
 def sweep_spec(obj: dict[str, Any]) -> dict[str, Any]:
@@ -98,78 +118,220 @@ def benchmark_of(obj: dict[str, Any], spec: dict[str, Any]) -> Benchmark:
                      uid=metadata.get("uid"), spec=validate_spec(spec))
 
 
-def reject(body: kopf.Body, patch: kopf.Patch, error: SpecError) -> None:
-    """Invalid spec: say which fields in status and in an Event, create nothing, never retry."""
-    status = rc.invalid_status(error.errors, body.metadata.get("generation"), rc.now_rfc3339())
-    patch.status.update(status.dump())
-    _event(body, "Warning", "InvalidSpec", status.message)
-    raise kopf.PermanentError(status.message)
+class Unreadable(Exception):
+    """This operator version cannot read what a started sweep was pinned with (spec, status, plan)."""
 
 
-def start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, last_try: bool = False) -> None:
-    """Validate, plan, record every run as Pending, start the first run(s). On the last try, an unexpected
-    error still leaves a phase: Failed, with the error as the message."""
-    if body.status.get("phase"):
-        if body.status.get("phase") in rc.FINISHED_PHASES:  # a restarted operator serves its metric again
-            _export(body, BenchmarkStatus.read(dict(body.status)))
-        return  # resumed or retried: a started sweep is follow's, an Invalid one waits for a new spec
+def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = False) -> None:
+    """Move the benchmark on from its current state (module docstring); `edited`: a spec edit triggered it.
+    Errors go to the caller's handler (kopf retries it, or the timer tries again)."""
+    gate = _gate(namespace, name)
+    with _gates_guard:
+        gate.wanted = True
+        gate.edited |= edited
+    while True:
+        if not gate.lock.acquire(blocking=False):
+            return  # busy: the thread at work goes round once more
+        finished: list[tuple[dict, Run, dict, dict]] = []
+        try:
+            with _gates_guard:
+                if not gate.wanted:
+                    return
+                gate.wanted, was_edited, gate.edited = False, gate.edited, False
+            try:
+                with liveness.activity(f"step {namespace}/{name}", liveness.STEP_LIMIT):  # each round its own
+                    finished = _advance_once(namespace, name, logger, was_edited)
+            except Exception:
+                with _gates_guard:
+                    gate.edited |= was_edited  # the edit is still to be answered at the next try
+                raise
+        finally:
+            gate.lock.release()
+        for owner, run, job, pod in finished:  # the curves: after the status, off the path to the next run
+            _keep_steps(owner, run, job, pod, logger)
+        with _gates_guard:
+            if not gate.wanted:
+                return
+
+
+def spec_changed(namespace: str, name: str, logger: logging.Logger) -> None:
+    """A spec edit: a sweep that has not started starts with the new spec; a started one keeps its own."""
+    advance(namespace, name, logger, edited=True)
+
+
+def _advance_once(namespace: str, name: str, logger: logging.Logger,
+                  edited: bool) -> list[tuple[dict, Run, dict, dict]]:
+    fresh = kube.get_benchmark(namespace, name)
+    if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+        return []  # deleted or being deleted: the garbage collector takes its jobs
+    stored = fresh.get("status") or {}
+    phase = stored.get("phase")
+    if not rc.sweep_started(stored):
+        if phase != rc.INVALID or edited:  # an Invalid spec waits for an edit
+            _start_or_wait(fresh, logger)
+        return []
+    if edited:
+        _ignore_edit(fresh)
+    if phase == rc.RUNNING:
+        try:
+            return [(fresh, *done) for done in _step(fresh, logger)]
+        except Unreadable as unreadable:
+            _hold(fresh, str(unreadable), logger)
+            return []
+    if phase in rc.FINISHED_PHASES:  # a restarted operator serves its metric again
+        try:
+            _export(fresh, BenchmarkStatus.read(stored))
+        except ValueError as exc:  # written by a later version: nothing to serve
+            logger.debug("status not read: %s", exc)
+    return []
+
+
+# --- not started: start, or wait saying why ---------------------------------------------------------
+
+
+def _start_or_wait(fresh: dict[str, Any], logger: logging.Logger) -> None:
+    """Start the sweep from the current spec. Until it has started (its runs in status), any error leaves it
+    Pending, saying why, and the timer tries again (kopf retries the handler when not even that can be
+    written); from then on it is Running, and an error creating the first jobs is a step's (tried again)."""
     try:
-        _start(body, patch, logger)
-    except (kopf.PermanentError, kopf.TemporaryError):
-        raise
+        started = _commit_start(fresh, logger)
     except Exception as exc:
-        if not last_try:
-            raise
-        status = rc.failed_to_start_status(f"{type(exc).__name__}: {exc}", body.metadata.get("generation"),
-                                           rc.now_rfc3339())
-        patch.status.update(status.dump())
-        _event(body, "Warning", "SweepFailed", status.message)
-        raise kopf.PermanentError(status.message) from exc
+        reason = _error_text(exc)
+        metadata = fresh["metadata"]
+        status = rc.pending_status(reason, metadata.get("generation"), rc.now_rfc3339(), RETRY_SECONDS)
+        stored = fresh.get("status") or {}
+        logger.info("sweep not started yet: %s", reason)
+        metrics.RECONCILE_ERRORS.labels(metadata.get("namespace") or "").inc()  # not raised: counted here
+        if stored.get("phase") == rc.PENDING and stored.get("message") == status.message:
+            return  # said already: the timer tries again, no Event each time
+        kube.patch_status(metadata.get("namespace") or "default", metadata["name"],  # raises: kopf retries
+                          rc.replacing(stored, status.dump()))
+        _event(fresh, "Warning", "SweepNotStarted", status.message)
+        return
+    if started is not None:
+        _start_first_runs(fresh, *started, logger)
 
 
-def _start(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
-    spec = with_default_images(dict(body.spec))
+def _commit_start(fresh: dict[str, Any], logger: logging.Logger) -> tuple[Benchmark, list[Run],
+                                                                            BenchmarkStatus] | None:
+    """Validate (None: Invalid, written), plan, pin the spec and write every run as Pending: from here on
+    the sweep has started. No job exists before its run is in status."""
+    metadata = fresh["metadata"]
+    namespace, name = metadata.get("namespace") or "default", metadata["name"]
+    spec = with_default_images(dict(fresh.get("spec") or {}))
     try:
-        benchmark = benchmark_of(body, spec)
+        benchmark_of(fresh, spec)
     except SpecError as error:
-        reject(body, patch, error)
+        _reject(fresh, error)
+        return None
     spec = with_resolved_backend(spec)  # after validation: an invalid spec asks the API nothing
-    benchmark = benchmark_of(body, spec)
+    benchmark = benchmark_of(fresh, spec)
     runs = plan_runs(benchmark)
+    status = rc.initial_status(runs, metadata.get("generation"), rc.now_rfc3339())
+    kube.annotate_benchmark(namespace, name, {
+        SWEEP_SPEC_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":")),
+        SWEEP_SPEC_VERSION_ANNOTATION: __version__})
+    kube.patch_status(namespace, name, rc.replacing(fresh.get("status") or {}, status.dump()))
+    _event(fresh, "Normal", "SweepPlanned", f"{len(runs)} runs as {status.backend} jobs: "
+                                            f"{', '.join(r.name for r in runs)}")
+    logger.info("planned %d runs for %s/%s", len(runs), namespace, name)
+    return benchmark, runs, status
+
+
+def _start_first_runs(fresh: dict[str, Any], benchmark: Benchmark, runs: list[Run], status: BenchmarkStatus,
+                      logger: logging.Logger) -> None:
     now = rc.now_rfc3339()
-    status = rc.initial_status(runs, body.metadata.get("generation"), now)
-    patch.metadata.annotations[SWEEP_SPEC_ANNOTATION] = json.dumps(spec, sort_keys=True, separators=(",", ":"))
-    _event(body, "Normal", "SweepPlanned", f"{len(runs)} runs as {status.backend} jobs: {', '.join(r.name for r in runs)}")
-    logger.info("planned %d runs for %s/%s", len(runs), benchmark.namespace, benchmark.name)
-    with _lock(benchmark.namespace, benchmark.name):
-        # No job listing here: a job left by a crashed attempt answers 409 and is adopted when it is ours.
-        new_runs = _start_runs(body, benchmark, runs, status.runs, {}, now, logger)
+    # No job listing: none of ours can exist yet; a namesake's answers 409 and is refused (not ours).
+    new_runs = _start_runs(fresh, benchmark, runs, status.runs or [], {}, now, logger)
     if any(r.phase == rc.RUNNING for r in new_runs):  # a job was created (not only refused)
-        metrics.observe_first_job(body.metadata.get("creationTimestamp"))
+        metrics.observe_first_job(fresh["metadata"].get("creationTimestamp"))
     summary = rc.summarize(status, new_runs, now, benchmark.spec)
-    _export(body, summary)
-    _post_transitions(body, status.runs, new_runs, summary, rc.PENDING)
-    patch.status.update({**status.dump(), **summary.dump()})
+    _export(fresh, summary)
+    written = status.dump()
+    changed = {key: value for key, value in summary.dump().items() if written.get(key) != value}
+    if changed:
+        kube.patch_status(benchmark.namespace, benchmark.name, changed)
+    _post_transitions(fresh, status.runs or [], new_runs, summary, rc.PENDING)
 
 
-def follow(namespace: str, name: str, logger: logging.Logger, owner_uid: str | None = None) -> None:
-    """Move a running sweep on: record finished runs, start the next ones, finish the sweep."""
-    with _lock(namespace, name):
-        fresh = kube.get_benchmark(namespace, name)
-        if fresh is None or (fresh.get("status") or {}).get("phase") != rc.RUNNING:
-            return  # deleted, not started yet, or already finished
-        if owner_uid is not None and fresh["metadata"].get("uid") != owner_uid:
-            return  # the job belongs to a deleted namesake
-        finished = _step(fresh, logger)
-    for run, job, pod in finished:  # the curves: after the status, off the path to the next run
-        _keep_steps(fresh, run, job, pod, logger)
+def _reject(fresh: dict[str, Any], error: SpecError) -> None:
+    """Invalid spec: say which fields in status and in an Event, create nothing; an edit starts it again."""
+    metadata, stored = fresh["metadata"], fresh.get("status") or {}
+    status = rc.invalid_status(error.errors, metadata.get("generation"), rc.now_rfc3339())
+    if stored.get("phase") == rc.INVALID and stored.get("message") == status.message and \
+            stored.get("observedGeneration") == status.observed_generation:
+        return  # said already (a retry, a restart)
+    kube.patch_status(metadata.get("namespace") or "default", metadata["name"], rc.replacing(stored, status.dump()))
+    _event(fresh, "Warning", "InvalidSpec", status.message)
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        reason, message = kube.api_message(exc)
+        return f"the API server answered {exc.status} {reason}: {message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+# --- started: edits ignored, unreadable pinned state held ------------------------------------------
+
+
+def _ignore_edit(fresh: dict[str, Any]) -> None:
+    """A started sweep keeps the spec it started with: a Warning Event, and the condition (written by the
+    step while Running, here once the sweep is finished)."""
+    metadata, stored = fresh["metadata"], fresh.get("status") or {}
+    condition = rc.spec_ignored_condition(metadata.get("generation") or 0, stored.get("observedGeneration"),
+                                          rc.now_rfc3339())
+    if stored.get("phase") != rc.RUNNING:
+        conditions = BenchmarkStatus.read({"conditions": stored.get("conditions") or []}).conditions
+        kube.patch_status(metadata.get("namespace") or "default", metadata["name"],
+                          {"conditions": [c.dump() for c in rc.set_condition(conditions or [], condition)]})
+    _event(fresh, "Warning", "SpecChangeIgnored", condition.message)
+
+
+def _pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run]]:
+    """A started sweep's status, pinned spec and plan, as this version reads them; Unreadable when it cannot
+    (a later version's spec field or status value, a version that plans other runs)."""
+    annotations = fresh["metadata"].get("annotations") or {}
+    pinned_by = annotations.get(SWEEP_SPEC_VERSION_ANNOTATION)
+    try:
+        status = BenchmarkStatus.read(fresh["status"])
+        benchmark = benchmark_of(fresh, sweep_spec(fresh))
+    except SpecError as error:
+        what = "; ".join(f"{path}: {message}" for path, message in error.errors)
+        raise Unreadable(rc.unreadable_reason(__version__, pinned_by, what)) from error
+    except ValueError as error:  # the status (pydantic) or the annotation (JSON)
+        raise Unreadable(rc.unreadable_reason(__version__, pinned_by, " ".join(str(error).split()))) from error
+    runs = plan_runs(benchmark)
+    planned, recorded = [r.name for r in runs], [r.name for r in status.runs or []]
+    if planned != recorded:
+        missing = sorted(set(recorded) - set(planned)) or sorted(set(planned) - set(recorded)) or recorded
+        what = f"it plans other runs than the sweep's ({', '.join(missing[:3])} ...)"
+        raise Unreadable(rc.unreadable_reason(__version__, pinned_by, what))
+    return status, benchmark, runs
+
+
+def _hold(fresh: dict[str, Any], reason: str, logger: logging.Logger) -> None:
+    """Hold a sweep this version cannot read: the condition and one Warning Event say why and what to do;
+    nothing is created or collected, and no handler error repeats it every poll."""
+    metadata, stored = fresh["metadata"], fresh.get("status") or {}
+    conditions = [c for c in stored.get("conditions") or [] if isinstance(c, dict)]
+    held = next((c for c in conditions if c.get("type") == rc.SPEC_UNREADABLE), None)
+    if held and held.get("status") == "True" and held.get("message") == reason:
+        return
+    condition = rc.spec_unreadable_condition(reason, rc.now_rfc3339(), metadata.get("generation"))
+    kube.patch_status(metadata.get("namespace") or "default", metadata["name"],
+                      {"message": reason, "conditions": [c for c in conditions if c.get("type") != rc.SPEC_UNREADABLE]
+                       + [condition.dump()]})
+    _event(fresh, "Warning", "SpecUnreadable", reason)
+    logger.info("%s", reason)
+
+
+# --- Running: one step --------------------------------------------------------------------------------
 
 
 def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict, dict]]:
     stored = fresh["status"]
-    status = BenchmarkStatus.read(stored)
-    benchmark = benchmark_of(fresh, sweep_spec(fresh))
-    runs = plan_runs(benchmark)
+    status, benchmark, runs = _pinned(fresh)
     by_name = {run.name: run for run in runs}
     old_runs = list(status.runs or [])
     listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
@@ -213,26 +375,15 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
     if generation > observed:  # written here, not by the update handler: one writer while Running
         ignored = rc.spec_ignored_condition(generation, observed, now)
         summary.conditions = rc.set_condition(summary.conditions or [], ignored)
+    if any(c.type == rc.SPEC_UNREADABLE and c.status == "True" for c in summary.conditions or []):
+        readable = rc.spec_readable_condition(__version__, now, generation)  # no longer held
+        summary.conditions = rc.set_condition(summary.conditions or [], readable)
     changed = {key: value for key, value in summary.dump().items() if stored.get(key) != value}
     if changed:  # an idle step writes nothing (100 sweeps polling would otherwise patch every tick)
         kube.patch_status(benchmark.namespace, benchmark.name, changed)
     _post_transitions(fresh, old_runs, current, summary, status.phase)
     logger.debug("step: %s", summary.message)
     return collected
-
-
-def spec_changed(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger) -> None:
-    """A started sweep keeps the spec it started with; an Invalid one starts over with the new spec."""
-    if body.status.get("phase") in (None, rc.INVALID):
-        patch.status.update({"runs": [], "phase": rc.PENDING})
-        _start(_without_status(body), patch, logger)
-        return
-    condition = rc.spec_ignored_condition(body.metadata.get("generation") or 0,
-                                          body.status.get("observedGeneration"), rc.now_rfc3339())
-    if body.status.get("phase") != rc.RUNNING:  # while Running, follow writes the condition
-        conditions = BenchmarkStatus.read({"conditions": body.status.get("conditions") or []}).conditions
-        patch.status["conditions"] = [c.dump() for c in rc.set_condition(conditions or [], condition)]
-    _event(body, "Warning", "SpecChangeIgnored", condition.message)
 
 
 def owner_of(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -249,11 +400,6 @@ def _event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
     kopf.event(body, type=type_, reason=reason, message=message)
 
 
-def _without_status(body: kopf.Body) -> kopf.Body:
-    raw = {k: v for k, v in dict(body).items() if k != "status"}
-    return kopf.Body(raw)
-
-
 def _export(obj: dict[str, Any], status: BenchmarkStatus) -> None:
     """The recommendations as the operator's info metric (for Grafana's table), once the sweep is done."""
     if status.phase in rc.FINISHED_PHASES:
@@ -265,13 +411,16 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
                 jobs: dict[str, dict], now: str, logger: logging.Logger) -> list[RunStatus]:
     """Create the jobs of the runs that may start now. A job the cluster refuses (or cannot serve, or whose
     name another owner holds) fails its run at once, and the next run takes its place in the same step; a
-    transient error leaves the run Pending for the next step."""
+    transient error leaves the run Pending for the next step. Nothing is created for a benchmark deleted
+    since the step read it (its jobs vanish with it: a step that reads them gone would start the next run)."""
     by_name = {run.name: run for run in runs}
     current = {entry.name: entry for entry in entries}
     present = dict(jobs)  # jobs, plus the ones created here: they hold their concurrency slots
     tried: set[str] = set()
     while chosen := [n for n in rc.runs_to_start(list(current.values()), present, benchmark.spec.concurrency)
                      if n not in tried]:
+        if not tried and _deleted_since(owner):
+            return entries
         for name in chosen:
             tried.add(name)
             run, entry = by_name[name], current[name]
@@ -296,6 +445,15 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
             present[entry.job_name] = job
             current[name] = rc.mark_running(entry, now)
     return [current[entry.name] for entry in entries]
+
+
+def _deleted_since(owner: dict[str, Any]) -> bool:
+    """Whether the benchmark read at the step's start is gone or being deleted now (one read, just before the
+    first job a step creates; a real API server's garbage collector would delete a job created in the
+    remaining moment, its owner being gone)."""
+    metadata = owner["metadata"]
+    now = kube.get_benchmark(metadata.get("namespace") or "default", metadata["name"])
+    return now is None or bool(now["metadata"].get("deletionTimestamp")) or now["metadata"].get("uid") != metadata.get("uid")
 
 
 def _create_run(owner: dict[str, Any], benchmark: Benchmark, policy: list[dict[str, Any]],

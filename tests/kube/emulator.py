@@ -21,7 +21,7 @@ Added here, as a real API server does it:
 - mutating admission: functions in `admission` may change an object before it is validated and stored
   (the test plays Kueue's webhook with one);
 - fault injection (tests/kube/faults.py): functions in `faults` may answer a request with an error before
-  anything is stored, and functions in `watch_faults` may end a watch stream early or answer 410 Gone;
+  anything is stored, answer it late, never (until released) or with a body that never ends, and functions in `watch_faults` may end a watch stream early or answer 410 Gone;
 - orphaning deletion removes the owner's reference from its dependents, as the garbage collector does.
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
+import inspect
 import json
 import random
 import re
@@ -101,8 +102,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # (User-Agent, group, resource, verb) of the requests served past kmock (which records the others)
     outside_requests: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
     _builtin_reactions: int = attrs.field(default=0, init=False)
-    # fn(request) -> ApiError | float | None: an error to answer instead (nothing stored), or seconds to wait
-    # before answering; see tests/kube/faults.py
+    # fn(request) -> ApiError | float | awaitable | kmock.Response | None: an error to answer instead (nothing
+    # stored), seconds to wait before answering, something to await before answering (a request never answered
+    # until it is done), or a response of the fault's own; see tests/kube/faults.py
     faults: list[Any] = attrs.field(factory=list, init=False)
     # fn(request) -> None | "gone" | seconds: a watch answered 410 Gone, or ended after that many seconds
     watch_faults: list[Any] = attrs.field(factory=list, init=False)
@@ -151,6 +153,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 outcome = fault(request)
                 if isinstance(outcome, float):  # a slow answer: this many seconds, other requests go on
                     await asyncio.sleep(outcome)
+                elif inspect.isawaitable(outcome):  # no answer until it is done (the connection stays open)
+                    await outcome
+                elif isinstance(outcome, kmock.Response):  # an answer of the fault's own (e.g. one that never ends)
+                    return await outcome(request)
                 elif outcome is not None:
                     raise outcome
             serve = self._direct(request)

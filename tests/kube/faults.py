@@ -14,13 +14,22 @@ operators and the user, talks to a healthy API server. What is injected, as a re
 - watches cut after a short while (a load balancer's idle timeout), and a share of resumed watches
   answered 410 Gone (`resourceVersion` compacted away): the client must list again.
 
+Placed faults, for one transition at a time (tests/test_operator_states.py):
+
+- `FailCalls`: the operator's next N calls that match (method, path) answered with one error code (a 503 on
+  discovery, a 403 on a status write...);
+- `Hang`: the operator's calls that match are never answered (the connection stays open, as behind a half-open
+  connection) or, with `trickle`, answered with a body that never ends, until released.
+
 Each fault is a plain function on the emulator's `faults`/`watch_faults` hooks (tests/kube/emulator.py),
 which run before the store is touched: an injected error changes nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -33,6 +42,8 @@ from .fixtures import OPERATOR_AGENTS
 from .semantics import ApiError
 
 ERRORS = {
+    403: ("Forbidden", "gpt2benchmarks.gpt2bench.io is forbidden: User \"system:serviceaccount:gpt2bench:operator\" "
+                       "cannot do this (injected)"),
     409: ("Conflict", "Operation cannot be fulfilled: the object has been modified; please apply your changes "
                       "to the latest version and try again"),
     429: ("TooManyRequests", "the server has received too many requests and has asked us to try again later"),
@@ -40,10 +51,120 @@ ERRORS = {
     503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
 }
 WRITES = {"PATCH", "PUT"}
+OWN_CLIENT = ("gpt2bench-operator/",)  # the operator's `kubernetes` client, not kopf
 
 
-def is_operator(request: kmock.Request) -> bool:
-    return request.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS)
+def is_operator(request: kmock.Request, agents: tuple[str, ...] = OPERATOR_AGENTS) -> bool:
+    return request.headers.get("User-Agent", "").startswith(agents)
+
+
+def _method(request: kmock.Request) -> str:
+    return request.method.name if hasattr(request.method, "name") else str(request.method).upper()
+
+
+class Placed:
+    """A fault for the operator's calls of one method whose path matches a regular expression (`None`: any),
+    installed on a cluster for a `with` block. `agents`: whose calls (kopf's and the operator's client by
+    default; OWN_CLIENT for the client's only). `hits` counts the calls it answered; `calls` keeps
+    (time.monotonic(), answered by the fault) of every matching call."""
+
+    def __init__(self, method: str | None = None, path: str | None = None,
+                 agents: tuple[str, ...] = OPERATOR_AGENTS):
+        self.method, self.path, self.agents = method, re.compile(path) if path else None, agents
+        self.hits = 0
+        self.calls: list[tuple[float, bool]] = []
+        self.cluster: EmulatedCluster | None = None
+
+    def matches(self, request: kmock.Request) -> bool:
+        return (is_operator(request, self.agents) and (self.method is None or _method(request) == self.method)
+                and (self.path is None or self.path.search(request.url.path) is not None))
+
+    def install(self, cluster: EmulatedCluster) -> Placed:
+        self.cluster = cluster
+        cluster.call(lambda emulator: emulator.faults.append(self))
+        return self
+
+    def uninstall(self) -> None:
+        if self.cluster is not None:
+            self.cluster.call(lambda emulator: self in emulator.faults and emulator.faults.remove(self))
+
+    def __enter__(self) -> Placed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+
+class FailCalls(Placed):
+    """The next `times` matching calls answered with `code` (as a real API server words it; 429 and 503 with
+    `Retry-After` when `retry_after` is set), then the API server is healthy again."""
+
+    def __init__(self, code: int, times: int = 1, retry_after: int | None = None, **match: Any):
+        super().__init__(**match)
+        self.code, self.times, self.retry_after = code, times, retry_after
+        self._lock = threading.Lock()
+
+    def __call__(self, request: kmock.Request) -> ApiError | None:
+        if not self.matches(request):
+            return None
+        with self._lock:
+            failed = self.hits < self.times
+            self.calls.append((time.monotonic(), failed))
+            if not failed:
+                return None
+            self.hits += 1
+        reason, message = ERRORS[self.code]
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return ApiError(self.code, reason, message, headers=headers)
+
+
+class Hang(Placed):
+    """Matching calls are never answered until `release()` (the API server accepted the connection and read
+    the request: only the client's read timeout ends the wait), at most `times` of them (None: all). With
+    `trickle`, they are answered at once with headers and then a body that never ends (a space every 0.2 s):
+    each read gets data, so no read timeout ever fires; only a deadline on the whole call would end it."""
+
+    def __init__(self, times: int | None = None, trickle: bool = False, **match: Any):
+        super().__init__(**match)
+        self.times, self.trickle = times, trickle
+        self._released: asyncio.Event | None = None  # created on the emulator's loop, at install
+
+    def install(self, cluster: EmulatedCluster) -> Hang:
+        def create(emulator) -> None:
+            self._released = asyncio.Event()
+        cluster.call(create)
+        return super().install(cluster)
+
+    def release(self) -> None:
+        """Answer the held calls (as the API server would have) and stop holding new ones."""
+        if self.cluster is not None and self._released is not None:
+            self.cluster.call(lambda emulator: self._released.set())
+        self.uninstall()
+
+    def uninstall(self) -> None:
+        super().uninstall()
+        if self.cluster is not None and self._released is not None:
+            self.cluster.call(lambda emulator: self._released.set())
+
+    def __call__(self, request: kmock.Request) -> Any:
+        if not self.matches(request) or (self.times is not None and self.hits >= self.times):
+            return None
+        if self._released is None or self._released.is_set():
+            return None
+        self.hits += 1
+        self.calls.append((time.monotonic(), True))
+        if self.trickle:
+            return kmock.Response(headers={"Content-Type": "application/json"}, payload=self._spaces())
+        return self._released.wait()
+
+    async def _spaces(self):
+        yield b""  # the headers now
+        while not self._released.is_set():
+            yield b" "
+            try:
+                await asyncio.wait_for(self._released.wait(), 0.2)
+            except TimeoutError:
+                pass
 
 
 class ApiFaults:

@@ -74,6 +74,13 @@ def wait_for(check: Callable[[], T], timeout: float = 30, interval: float = 0.1,
     raise AssertionError(f"timed out after {timeout} s waiting for {what or check}: last value {last!r}")
 
 
+def run_entry(status: dict[str, Any], index: int) -> dict[str, Any]:
+    """Run `index` of a status, or {} while the status does not list it yet: `wait_for` predicates read a
+    status the operator may not have written in full (a predicate that raises makes the suite flaky)."""
+    runs = status.get("runs") or []
+    return runs[index] if index < len(runs) else {}
+
+
 def benchmark(name: str, strategies: list[dict] | None = None, **spec: Any) -> dict[str, Any]:
     """A small CPU GPT2Benchmark; `spec` keys override (camelCase, as in YAML)."""
     body = {

@@ -1,0 +1,392 @@
+"""The ways to a first benchmark on a cluster, followed here step by step against the API emulator.
+
+Two paths install the chart and then run the CPU example: the kind end to end (scripts/e2e-kind.sh, what CI
+runs) and a user reading the chart's NOTES after `helm install`. Each test renders the chart with the real helm
+exactly as that path installs it, starts the real operator as the rendered Deployment starts it (the operator
+image's ENTRYPOINT, then the container's own args and env; only the two ports moved to free ones on this shared
+machine, and a kubeconfig in place of the pod's service account), then follows the path's own steps with the
+real kubectl: the script's `example` step, or the commands the rendered NOTES print. The Kubeflow job
+controllers are played as upstream behaves (tests/kube), in whatever namespace the benchmark lands. Each path
+must end with the benchmark `Complete`: an operator that does not watch the namespace the path puts the
+benchmark in (the chart's default watches only its own) leaves it without a status, and the path fails.
+
+What only a real cluster shows (the images, the Deployment's pod, Pod Security admission, the real Kubeflow
+controllers) is the kind end to end's to prove (docs/ci.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from kube import EmulatedCluster
+from kube.fixtures import GROUP, PLURAL, VERSION, api_client, install_crds, wait_for
+from kube.trainer_v2 import TrainerV2, serve_builtins
+from kube.training import TrainingOperator, trainer_summary
+from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
+
+from gpt2bench.local.replicas import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+HELM = ROOT / ".tools" / "bin" / "helm"
+CHART = ROOT / "helm" / "gpt2bench"
+SCRIPT = ROOT / "scripts" / "e2e-kind.sh"
+KUBECTL = "/usr/bin/kubectl"
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420),
+              pytest.mark.skipif(not HELM.exists(), reason=f"helm not installed at {HELM} (run scripts/install.sh --test)")]
+
+
+# ------------------------------------------------------------------------------ the chart, as installed
+
+def helm_template(install_args: list[str]) -> list[dict[str, Any]]:
+    """`helm template` with the arguments a `helm install` gets (release, chart, flags): the same objects."""
+    proc = subprocess.run([str(HELM), "template", *install_args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def render_notes(install_args: list[str], tmp_path: Path) -> str:
+    """The NOTES `helm install` would print, through helm's own template engine (`helm template` leaves NOTES
+    out): the chart copied with NOTES.txt moved into a ConfigMap that `tpl` renders."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("crds"))
+    (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "notes-check.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: |\n'
+        '{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n')
+    args = [str(chart) if arg == str(CHART) else arg for arg in install_args]
+    proc = subprocess.run([str(HELM), "template", *args, "--show-only", "templates/notes-check.yaml"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)["data"]["notes"]
+
+
+def operator_entrypoint() -> list[str]:
+    """The operator image's ENTRYPOINT (the Dockerfile's `operator` stage)."""
+    stage = re.search(r"^FROM \S+ AS operator$(.*?)(?=^FROM |\Z)", (ROOT / "Dockerfile").read_text(), re.M | re.S)
+    assert stage, "the Dockerfile has an operator stage"
+    return json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", stage.group(1), re.M).group(1))
+
+
+@contextlib.contextmanager
+def chart_operator(cluster: EmulatedCluster, objects: list[dict[str, Any]], log: Path) -> Iterator[list[str]]:
+    """The real operator, started as the rendered Deployment's container starts: its image's ENTRYPOINT with
+    the container's args and env. Its liveness and metrics ports move to free ones (the rendered 8080 and 9090
+    may be taken on this machine); it reaches the emulator through a kubeconfig. Yields the argv."""
+    (deployment,) = [d for d in objects if d["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    command = container.get("command") or operator_entrypoint()
+    health, metrics = free_port(), free_port()
+    moved = {"--liveness": f"http://127.0.0.1:{health}/healthz", "--metrics-port": str(metrics)}
+    args = []
+    for arg in container.get("args", []):
+        flag = arg.split("=", 1)[0]
+        args.append(f"{flag}={moved.pop(flag)}" if flag in moved else arg)
+    assert not moved, f"the Deployment no longer passes {sorted(moved)}: update this test's port moves"
+    executable = shutil.which(command[0])
+    assert executable, f"{command[0]} (the image's ENTRYPOINT) is not on PATH: pip install -e ."
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPT2BENCH_")}
+    env["KUBECONFIG"] = str(cluster.kubeconfig)
+    for variable in container.get("env", []):
+        assert "value" in variable, f"env {variable['name']}: only plain values can be replayed here"
+        env[variable["name"]] = variable["value"]
+    argv = [executable, *command[1:], *args]
+    with log.open("a") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def healthy() -> bool:
+            assert proc.poll() is None, f"the operator exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(healthy, 60, what=f"the operator's /healthz ({log})")
+        yield argv
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+# ------------------------------------------------------------------- the Kubeflow controllers, played
+
+def finished(obj: dict[str, Any]) -> bool:
+    return any(c["type"] in ("Succeeded", "Failed", "Complete") and c["status"] == "True"
+               for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+class Controllers(threading.Thread):
+    """Plays the backend's job controllers for every GPT2Benchmark's jobs, in every namespace one is in: each
+    job (PyTorchJob, MPIJob; or TrainJob, with its JobSet, Jobs and pods) starts and succeeds with a trainer
+    summary, as upstream reports it (tests/kube/training.py, tests/kube/trainer_v2.py)."""
+
+    def __init__(self, cluster: EmulatedCluster, backend: str):
+        super().__init__(name=f"play-{backend}", daemon=True)
+        self.cluster, self.backend = cluster, backend
+        self.client = api_client(cluster)
+        self.custom = kubernetes.client.CustomObjectsApi(self.client)
+        self.done = threading.Event()
+        self.played: list[str] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                for namespace in self.namespaces():
+                    self.play(namespace)
+            except kubernetes.client.ApiException as exc:  # a race with the operator: next round
+                self.errors.append(f"{exc.status} {exc.reason}")
+            self.done.wait(0.2)
+
+    def namespaces(self) -> set[str]:
+        listed = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        return {item["metadata"]["namespace"] for item in listed["items"]}
+
+    def play(self, namespace: str) -> None:
+        if self.backend == "trainjob":
+            trainer = TrainerV2(self.client, namespace=namespace, cluster=self.cluster)
+            for trainjob in self.custom.list_namespaced_custom_object(
+                    "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs")["items"]:
+                name = trainjob["metadata"]["name"]
+                if not finished(trainjob) and name not in self.played:
+                    assert trainer.reconcile(name) is not None, f"{name}: Trainer v2 could not build it"
+                    run = trainjob["metadata"]["labels"]["gpt2bench.io/run"]
+                    trainer.finish(name, succeeded=True, message=json.dumps(trainer_summary(run, 1000.0)))
+                    self.played.append(name)
+            return
+        training = TrainingOperator(self.client, namespace=namespace, cluster=self.cluster)
+        for job in training.jobs():
+            if not finished(job):
+                training.start(job)
+                training.succeed(job, 1000.0 + len(self.played))
+                self.played.append(job["metadata"]["name"])
+
+    def __enter__(self) -> Controllers:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.join(10)
+
+
+def backend_cluster(cluster: EmulatedCluster, backend: str, objects: list[dict[str, Any]]) -> None:
+    """What the backend's Kubeflow install serves, as scripts/e2e-kind.sh sets each cluster up (pytorchjob:
+    PyTorchJob and MPIJob v2beta1; trainjob: Trainer v2 and JobSet only), and the chart's cluster-scoped objects
+    that runs need: our CRD (from the chart's crds/, as `helm install` applies it) and, where rendered, its
+    ClusterTrainingRuntimes."""
+    if backend == "pytorchjob":
+        install_crds(cluster)
+    else:
+        cluster.call(serve_builtins)
+        cluster.kubectl("apply", "-f", str(CHART / "crds"))
+        for crd in TRAINER_V2_CRD_FILES.values():
+            cluster.kubectl("create", "-f", str(crd_dir() / crd))
+    runtimes = [d for d in objects if d["kind"] == "ClusterTrainingRuntime"]
+    assert bool(runtimes) == (backend == "trainjob"), "the chart installs the runtimes where Trainer v2 is"
+    if runtimes:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(runtimes))
+
+
+def create_namespace(cluster: EmulatedCluster, name: str) -> None:
+    """`kubectl create namespace`, as the emulator knows namespaces (by what is in them; kubectl would send a
+    Namespace as protobuf, which it cannot read): the ConfigMap kube-root-ca.crt that Kubernetes puts in every
+    new namespace. Created before the operator starts, as the install paths create theirs before the chart."""
+    kubernetes.client.CoreV1Api(api_client(cluster)).create_namespaced_config_map(name, {
+        "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": "(the cluster's CA)"}})
+
+
+def benchmarks_everywhere(cluster: EmulatedCluster) -> list[dict[str, Any]]:
+    api = kubernetes.client.CustomObjectsApi(api_client(cluster))
+    return api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+
+
+def condition(benchmark: dict[str, Any], type_: str) -> str | None:
+    return next((c["status"] for c in (benchmark.get("status") or {}).get("conditions") or [] if c["type"] == type_),
+                None)
+
+
+# ------------------------------------------------------------------------------- the kind end to end
+
+def bench_namespace() -> str:
+    """The namespace the script creates and applies the example in."""
+    return re.search(r"^BENCH_NAMESPACE=(\S+)$", SCRIPT.read_text(), re.M).group(1)
+
+
+def script(*args: str) -> str:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, check=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin"}).stdout
+
+
+@pytest.mark.parametrize("backend", ["pytorchjob", "trainjob"])
+def test_the_kind_e2e_example_completes_with_the_operator_its_helm_install_makes(backend: str, tmp_path: Path) -> None:
+    """The script's own `helm install` arguments render the operator; its `example` step (apply, wait for
+    Complete, the cluster report) then runs against that operator. Today's bug: the chart installed with its
+    defaults watched gpt2bench-system while the example went into `bench`, so both CI jobs waited 2,700 s."""
+    install = script("helm-args", backend).splitlines()
+    assert install[:2] == ["gpt2bench", str(CHART)], install
+    objects = helm_template(install)
+    values = dict(arg.split("=", 1) for flag, arg in zip(install, install[1:]) if flag == "--set")
+    trainer_image = f"{values['trainerImage.repository']}:{values['trainerImage.tag']}"
+    runtime_images = set(re.findall(r"\bimage: (\S+)", yaml.safe_dump_all(
+        [d for d in objects if d["kind"] == "ClusterTrainingRuntime"])))
+    assert runtime_images == ({trainer_image} if backend == "trainjob" else set()), \
+        "with Trainer v2 the chart's runtimes run the loaded trainer image (the MPI runtime's sshd pods)"
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        backend_cluster(cluster, backend, objects)
+        create_namespace(cluster, bench_namespace())  # the script's `up` creates it, then installs the chart
+        work = tmp_path / "e2e"
+        work.mkdir()
+        shutil.copy(cluster.kubeconfig, work / "kubeconfig")  # where the script's steps find the cluster
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "E2E_WORKDIR": str(work),
+               "PYTHON": sys.executable, "E2E_TIMEOUT_S": "240", "E2E_PICKUP_S": "60"}
+        with chart_operator(cluster, objects, tmp_path / "operator.log"), Controllers(cluster, backend) as played:
+            proc = subprocess.run(["bash", str(SCRIPT), "example"], env=env, capture_output=True, text=True,
+                                  timeout=360)
+        assert proc.returncode == 0, (f"{proc.stderr[-4000:]}\noperator log:\n"
+                                      f"{(tmp_path / 'operator.log').read_text()[-3000:]}\nplayer: {played.errors[-5:]}")
+        (benchmark,) = benchmarks_everywhere(cluster)
+    status = benchmark["status"]
+    assert condition(benchmark, "Complete") == "True"
+    assert status["runsSucceeded"] == status["runsTotal"] == len(played.played) == 24
+    assert status["backend"] == backend, "spec.backend auto resolves to what the cluster serves"
+    report = (work / "report" / "results.md").read_text()
+    assert "cpu-sweep" in report and report.strip() in proc.stdout, "the script writes and prints the cluster report"
+
+
+def test_the_e2e_installs_the_chart_watching_the_namespace_its_example_goes_into() -> None:
+    """Both backends' `helm install` make an operator that watches the example's namespace (the rendered args),
+    and differ only where the backend needs it (with Trainer v2, the chart installs its runtimes)."""
+    torch, trainer = script("helm-args", "pytorchjob").splitlines(), script("helm-args", "trainjob").splitlines()
+    assert trainer == [*torch, "--set", "trainerRuntimes.install=true"]
+    (deployment,) = [d for d in helm_template(torch) if d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args or f"--namespace={bench_namespace()}" in args, args
+
+
+# -------------------------------------------------------------------------------------- the NOTES
+
+README_INSTALL = ["gpt2bench", str(CHART), "--namespace", "gpt2bench-system"]  # README's quick start, NOTES' door
+RELEASE_EXAMPLE = re.compile(r"https://raw\.githubusercontent\.com/gpt2bench/gpt2bench/v([^/]+)/(manifests/\S+)")
+
+
+def notes_commands(notes: str) -> list[str]:
+    """The commands the notes tell the user to run (indented `kubectl …` lines), trailing comments dropped,
+    up to the upgrade note (a later step)."""
+    steps = notes.split("\nNote:")[0]
+    return [re.sub(r"\s+#\s.*$", "", line.strip()) for line in steps.splitlines() if line.strip().startswith("kubectl ")]
+
+
+def serve_deployments(emulator: Any) -> None:
+    import kmock
+    from kube.trainer_v2 import VERBS
+
+    emulator.resources[kmock.resource("apps/v1/deployments")] = kmock.ResourceInfo(
+        kind="Deployment", singular="deployment", namespaced=True, subresources={"status"}, verbs=VERBS)
+
+
+def deployment_rolled_out(cluster: EmulatedCluster, objects: list[dict[str, Any]]) -> None:
+    """The Deployment, as the Deployment controller reports it once its pod is available (the operator process
+    above is that pod: it answers /healthz)."""
+    (deployment,) = [d for d in objects if d["kind"] == "Deployment"]
+    apps = kubernetes.client.AppsV1Api(api_client(cluster))
+    namespace, name = deployment["metadata"]["namespace"], deployment["metadata"]["name"]
+    created = json.loads(apps.create_namespaced_deployment(namespace, deployment, _preload_content=False).data)
+    replicas = deployment["spec"]["replicas"]
+    apps.patch_namespaced_deployment_status(name, namespace, {"status": {
+        "observedGeneration": created["metadata"]["generation"], "replicas": replicas, "updatedReplicas": replicas,
+        "readyReplicas": replicas, "availableReplicas": replicas, "conditions": [
+            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}})
+
+
+def local_copy(command: str) -> str:
+    """The notes name the release's files on GitHub (no network here): the checkout's own, at this version."""
+    import gpt2bench
+
+    def local(match: re.Match) -> str:
+        assert match.group(1) == gpt2bench.__version__, f"the notes name v{match.group(1)}, not this version"
+        assert (ROOT / match.group(2)).is_file(), match.group(2)
+        return str(ROOT / match.group(2))
+
+    return RELEASE_EXAMPLE.sub(local, command)
+
+
+def test_the_notes_commands_take_a_user_from_helm_install_to_a_complete_benchmark(tmp_path: Path) -> None:
+    """Every command the rendered NOTES print, in order, with the real kubectl: the rollout check, which job
+    kinds are served, the example applied, followed (`-w`, which runs until stopped), waited for and read back.
+    Today's bug: the notes applied the example without `-n`, into the user's current namespace, which the
+    operator does not watch; `kubectl wait` then ran out after an hour."""
+    notes = render_notes(README_INSTALL, tmp_path)
+    commands = notes_commands(notes)
+    assert any(c.startswith("kubectl apply") for c in commands) and any(" wait " in c for c in commands), notes
+    objects = helm_template(README_INSTALL)
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        cluster.call(serve_deployments)
+        create_namespace(cluster, README_INSTALL[3])  # `--create-namespace`, before helm's objects
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBECONFIG": str(cluster.kubeconfig)}
+        with chart_operator(cluster, objects, tmp_path / "operator.log"), Controllers(cluster, "pytorchjob"):
+            deployment_rolled_out(cluster, objects)
+            outputs, watchers = {}, []
+            for command in map(local_copy, commands):
+                if " -w" in f"{command} ":  # runs until stopped: kept running beside the next commands
+                    watchers.append((command, subprocess.Popen(["bash", "-c", command], env=env, text=True,
+                                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+                    continue
+                try:
+                    proc = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=240)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"`{command}` never came back\noperator log:\n"
+                                f"{(tmp_path / 'operator.log').read_text()[-3000:]}")
+                assert proc.returncode == 0, f"`{command}` failed:\n{proc.stdout}\n{proc.stderr}"
+                outputs[command] = proc.stdout
+            for command, watcher in watchers:
+                watcher.terminate()
+                outputs[command] = watcher.communicate(timeout=30)[0]
+        (benchmark,) = benchmarks_everywhere(cluster)
+    assert condition(benchmark, "Complete") == "True"
+    rollout = next(out for command, out in outputs.items() if " rollout status " in command)
+    assert "successfully rolled out" in rollout, rollout
+    assert any(re.search(r"^pytorchjobs\s", out, re.M) for out in outputs.values()), "the served kinds are listed"
+    watched = next(out for command, out in outputs.items() if " -w" in f"{command} ")
+    # the emulator prints a watch's later rows without the printer columns; the benchmark's row is what counts
+    assert re.search(r"^NAME\s+PHASE\s+DONE\s+RUNS\s", watched) and re.search(r"^cpu-sweep\s", watched, re.M), watched
+    as_yaml = next(out for command, out in outputs.items() if command.endswith("-o yaml"))
+    assert len(yaml.safe_load(as_yaml)["status"]["runs"]) == 24
+    everywhere = next(out for command, out in outputs.items() if "--all-namespaces" in command)
+    assert re.search(r"^gpt2bench-system\s+cpu-sweep\s+Succeeded\s", everywhere, re.M), everywhere
+
+
+def test_kubectl_get_gpt2bench_lists_the_benchmarks_of_every_namespace_through_the_crds_category(tmp_path: Path) -> None:
+    """The CRD's category: `kubectl get gpt2bench -A` (real kubectl, resolved through discovery) lists every
+    GPT2Benchmark, watched or not, with its printer columns."""
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        for namespace in ("default", "team-a"):
+            cluster.kubectl("apply", "-n", namespace, "-f", str(ROOT / "manifests" / "examples" / "cpu-sweep.yaml"))
+        listed = cluster.kubectl("get", "gpt2bench", "-A").stdout
+    assert re.search(r"^NAMESPACE\s+NAME\s+PHASE\s+DONE\s+RUNS\s", listed), listed
+    assert {line.split()[0] for line in listed.splitlines()[1:]} == {"default", "team-a"}, listed
