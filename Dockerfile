@@ -113,6 +113,24 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.12 openmpi-bin \
       libopenmpi3t64 openssh-server openssh-client libgomp1 libnccl2 \
  && rm -rf /var/lib/apt/lists/*
+# Fabrics (docs/clusters.md). rdma-core's verbs library and its providers: NCCL's own IB transport (InfiniBand,
+# RoCE) loads libibverbs at run time and falls back to sockets without it. EFA (AWS): build the variant with
+# --build-arg EFA_INSTALLER_VERSION=<version> (e.g. 1.43.1; tag it -cuda-efa): AWS's installer puts libfabric
+# and aws-ofi-nccl, NCCL's net plugin for EFA, under /opt/amazon, which LD_LIBRARY_PATH names (absent folders
+# are skipped, so the plain image is unchanged).
+ARG EFA_INSTALLER_VERSION=""
+# hadolint ignore=DL3003,DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libibverbs1 ibverbs-providers \
+ && if [ -n "${EFA_INSTALLER_VERSION}" ]; then \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends curl ca-certificates \
+      && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
+         | tar -xz -C /tmp \
+      && cd /tmp/aws-efa-installer && ./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify \
+      && cd / && rm -rf /tmp/aws-efa-installer; \
+    fi \
+ && rm -rf /var/lib/apt/lists/*
+ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}
 COPY docker/trainer-user.sh /usr/local/bin/
 RUN trainer-user.sh
 COPY --from=cuda-build /opt/venv /opt/venv

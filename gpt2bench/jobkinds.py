@@ -171,15 +171,15 @@ MAX_NAME = 63  # DNS-1035 label: job, pod and Service names
 _RANDOM_SUFFIX = "-abcde"  # the 5 characters the Job controller's generateName adds to a pod name
 
 # The replicated jobs of the project's runtimes (gpt2bench.render.runtimes): torch runs `node` only;
-# MPI runs sshd `node`s then the `launcher`, and with runLauncherAsNode the plugin gives `node`
-# max(numNodes - 1, 1) pods (TR mpi.go EnforceMLPolicy).
+# MPI on several nodes runs sshd `node`s then the `launcher`, and with runLauncherAsNode the plugin gives
+# `node` max(numNodes - 1, 1) pods (TR mpi.go EnforceMLPolicy); MPI on one node runs the `launcher` alone.
 NODE_JOB, LAUNCHER_JOB = "node", "launcher"
 
 
 def trainjob_pods(strategy: str, nodes: int) -> dict[str, int]:
     """Pods per replicated job of a run's TrainJob, in runtime order."""
     if strategy == "horovod":
-        return {NODE_JOB: max(nodes - 1, 1), LAUNCHER_JOB: 1}
+        return {NODE_JOB: nodes - 1, LAUNCHER_JOB: 1} if nodes > 1 else {LAUNCHER_JOB: 1}
     return {NODE_JOB: nodes}
 
 

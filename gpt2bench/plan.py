@@ -71,6 +71,12 @@ class Run:
         return self.nodes * self.procs_per_node
 
     @property
+    def gpus_held(self) -> int:
+        """GPUs the run's pods hold while it runs, whatever its job kind: its nodes' (an MPI launcher that
+        trains nothing holds none; tests/test_render_fabric.py checks every kind)."""
+        return self.nodes * self.devices_per_node
+
+    @property
     def workers_per_node(self) -> int:
         """Training processes per pod (parameter servers left out)."""
         return self.procs_per_node - self.ps_servers // self.nodes
@@ -184,3 +190,9 @@ def plan_runs(benchmark: Benchmark, backend: str | None = None) -> list[Run]:
     if len(set(names)) != len(names):  # cannot happen with the keys above; guard the contract anyway
         raise ValueError(f"run names collide: {names}")
     return runs
+
+
+def gpu_hours(runs: list[Run], seconds_per_run: float) -> float:
+    """GPU-hours a sweep holds when each run holds its GPUs `seconds_per_run` (one after another or not: the
+    sum is the same); with the run's activeDeadlineSeconds, the most it can hold (docs/clusters.md, README)."""
+    return sum(run.gpus_held for run in runs) * seconds_per_run / 3600

@@ -35,6 +35,10 @@ STEPS_CONFIGMAP_SUFFIX = "-steps"
 # machine, its share of the machine (local/executor.py). Every rank sets its intra-op threads to its share of it
 # (trainer/devices.py, cpu_budget), whatever launched it: torchrun sets OMP_NUM_THREADS=1, mpirun nothing.
 POD_CPUS_ENV = "GPT2BENCH_POD_CPUS"
+# The node a pod runs on (the downward API's spec.nodeName, render/pods.py); every rank records it in its payload, so
+# that the summary says on which nodes a run ran (`node_names`, `nodes_used`). MPI ranks started over ssh get it from
+# their pod's sshd (`-o SetEnv`), not from mpirun, which would forward the launcher's.
+NODE_NAME_ENV = "GPT2BENCH_NODE_NAME"
 
 # ------------------------------------------------------------------ what only the local runner sets (not in pods)
 # The address the trainer's metrics server binds: unset in a pod (every address, 0.0.0.0, for Prometheus to scrape
@@ -74,9 +78,16 @@ BENCHMARK_LABEL = "gpt2bench.io/benchmark"
 RUN_LABEL = "gpt2bench.io/run"
 STRATEGY_LABEL = "gpt2bench.io/strategy"
 PRECISION_LABEL = "gpt2bench.io/precision"
+# On the pods that train (not an MPIJob's launcher): what a run's spread across nodes selects (render/pods.py).
+ROLE_LABEL = "gpt2bench.io/role"
+TRAINER_ROLE = "trainer"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # On a TrainJob: which of its replicated jobs' pod 0 holds the trainer's summary (`node` or `launcher`).
 RESULT_REPLICATED_JOB_ANNOTATION = "gpt2bench.io/result-replicated-job"
+# On a TrainJob whose benchmark asks for gang scheduling (`required`): its runtime must have a podGroupPolicy
+# (the operator refuses the run otherwise); Trainer v2's Volcano plugin reads the queue from this annotation.
+GANG_ANNOTATION = "gpt2bench.io/gang-scheduling"
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpt2bench-operator"
 COMPONENT_LABEL = "app.kubernetes.io/component"

@@ -131,6 +131,12 @@ class RunResults(StatusModel):
     bus_bandwidth_probed: float | None = Field(
         None, description="Bus bandwidth of bus_kind timed alone after training, at the steps' mean message "
                           "size on the same group (the collectives probe), bytes/s.")
+    transport: str | None = Field(
+        None, description="How NCCL connected the ranks (trainer/fabric.py): NET/IB, NET/OFI (EFA), NET/Socket or a "
+                          "plugin's NET/<name> when a channel crossed nodes, else P2P/SHM inside one node.")
+    nodes_used: int | None = Field(
+        None, description="Distinct nodes the run's pods ran on (downward API); fewer than `nodes` means pods "
+                          "shared a machine.")
     bus_bandwidth_share: float | None = Field(
         None, description="bus_bandwidth_achieved / bus_bandwidth_probed: what the strategy got of what the "
                           "network gives.")
@@ -171,6 +177,23 @@ class RunStatus(StatusModel):
         None, description="When every pod of its job had started (runPolicy.startupSeconds no longer applies).",
         json_schema_extra=DATE_TIME)
     results: RunResults | None = Field(None, description="The trainer's summary figures (docs/metrics.md).")
+
+
+def fabric_warnings(run: RunStatus) -> list[str]:
+    """What a succeeded run's figures do not measure (trainer/fabric.py, docs/clusters.md): a multi-node run whose
+    pods shared fewer nodes, and one whose NCCL traffic between nodes went over sockets, not the fabric. The
+    report lists them beside the bus bandwidth; the operator posts each as a Warning Event."""
+    figures = run.results
+    if run.phase != SUCCEEDED or figures is None:
+        return []
+    warnings = []
+    if figures.nodes_used is not None and figures.nodes_used < run.nodes:
+        warnings.append(f"{run.name}: a {run.nodes}-node run that ran on {figures.nodes_used} node(s): its pods "
+                        f"shared a machine, so it is no {run.nodes}-node figure")
+    if run.nodes > 1 and figures.transport and "NET/Socket" in figures.transport:
+        warnings.append(f"{run.name}: NCCL's traffic between nodes went over sockets (NET/Socket), not the "
+                        "cluster's fabric (docs/clusters.md)")
+    return warnings
 
 
 class LocalRun(RunStatus):

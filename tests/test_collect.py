@@ -56,6 +56,9 @@ SUMMARY = {
     "setup_peak_host_memory_bytes": 2000000000,
     "threads_per_rank": 1,
     "cores_per_rank": 0.5,
+    "transport": "NET/IB",
+    "nodes_used": 2,
+    "node_names": ["gpu-a", "gpu-b"],  # in the summary, not the status (a list per rank)
     "data_seconds_mean": 0.001, "forward_seconds_mean": 0.05, "backward_seconds_mean": 0.1,
     "optimizer_seconds_mean": 0.02, "other_seconds_mean": 0.001, "comm_seconds_mean": 0.04,
     "comm_exposed_seconds_mean": 0.01, "comm_hidden_ratio": 0.75,
@@ -99,6 +102,7 @@ def test_results_are_camel_case_and_complete():
     assert results["peakMemoryBytes"] == 123456789 and isinstance(results["peakMemoryBytes"], int)
     assert results["commBytesPerStep"] == 27867136 + 8
     assert results["busKind"] == "allreduce" and results["busBandwidthShare"] == 0.75
+    assert (results["transport"], results["nodesUsed"]) == ("NET/IB", 2) and "nodeNames" not in results
     assert "commBusBandwidth" not in results and "probeBusBandwidth" not in results
     camel = {"tokensPerSecond": 10.0, "finalLoss": 2.0}
     assert _summary_results(camel) == camel  # camelCase summaries work too
@@ -249,7 +253,7 @@ def test_a_real_trainer_summary_line(runs, run_schema):
               "optimizerSecondsMean", "otherSecondsMean", "commSecondsMean", "commExposedSecondsMean",
               "commHiddenRatio", "commBytesPerStep", "energyJoulesPerMillionTokens", "energySource",
               "energyUnavailableReason", "busKind", "busBandwidthAchieved", "busBandwidthProbed",
-              "busBandwidthShare"}
+              "busBandwidthShare", "transport", "nodesUsed"}
     assert set(entry["results"]) == set(RESULT_FIELDS) - absent
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
     run_schema.validate(entry)

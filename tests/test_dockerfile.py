@@ -114,7 +114,9 @@ def test_the_image_user_and_sshd_are_what_the_mpijob_renders() -> None:
     assert f"HostKey {SSH_AUTH_MOUNT_PATH}/id_rsa" in lines  # mpi-operator mounts the job's key there
     assert "PidFile /tmp/sshd.pid" in lines  # the root filesystem is read-only; /tmp is an emptyDir
     assert WRITABLE_PATHS["tmp"] == "/tmp"
-    assert SSHD_COMMAND[-1] == f"{TRAINER_HOME}/.sshd_config"
+    assert SSHD_COMMAND[SSHD_COMMAND.index("-f") + 1] == f"{TRAINER_HOME}/.sshd_config"
+    # sshd's SetEnv (OpenSSH >= 8.7: Debian 12 has 9.2, Ubuntu 24.04 9.6) hands ranks their pod's node name
+    assert any(word.startswith("SetEnv=GPT2BENCH_NODE_NAME=") for word in SSHD_COMMAND)
     assert f"Port {SSH_PORT}" in script.split("ssh_config.d")[0].rsplit("printf", 1)[1]  # the client's side
 
 
@@ -279,3 +281,15 @@ def test_dockerignore_lets_in_exactly_what_the_images_copy() -> None:
             assert any(s.rstrip("/") == folder for s in copied), f"{stage} does not copy {folder}/"
             assert included(f"{folder}/__init__.py") or included(f"{folder}/controller/__init__.py")
     assert not included("tests/test_dockerfile.py") and not included(".tools/bin/helm")
+
+
+def test_the_cuda_trainer_has_the_fabrics_user_space_libraries() -> None:
+    """NCCL's IB transport dlopens libibverbs (InfiniBand, RoCE: AKS ND, on-prem, GKE's RDMA); EFA needs
+    libfabric and aws-ofi-nccl, which the EFA_INSTALLER_VERSION build argument adds (docs/clusters.md)."""
+    installs = runs("trainer-cuda")
+    assert "libibverbs1" in installs and "ibverbs-providers" in installs
+    assert 'if [ -n "${EFA_INSTALLER_VERSION}" ]' in installs and "efa_installer.sh" in installs
+    assert "--skip-kmod" in installs  # a container installs the user space only; the node has the driver
+    envs = [rest for keyword, rest in STAGES["trainer-cuda"] if keyword == "ENV"]
+    assert any("/opt/amazon/ofi-nccl/lib" in env and env.rstrip().endswith("${LD_LIBRARY_PATH}") for env in envs)
+    assert "libibverbs1" not in runs("trainer")  # the CPU image trains over gloo only

@@ -7,6 +7,7 @@ well under a second each, without torch.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,7 +92,8 @@ def test_pytorchjob_replicas_get_training_operator_env(tmp_path):
     master = container(
         [sys.executable, "-c", DUMP_ENV],
         args=["--output", "$(GPT2BENCH_OUTPUT_DIR)", "$(DERIVED)", "$$(MY_VAR)", "$(UNDEFINED)"],
-        env={"MY_VAR": "hello", "DERIVED": "$(MY_VAR)-x", "GPT2BENCH_OUTPUT_DIR": "/var/run/in-cluster"},
+        env={"MY_VAR": "hello", "DERIVED": "$(MY_VAR)-x", "GPT2BENCH_OUTPUT_DIR": "/var/run/in-cluster",
+             "TORCHINDUCTOR_CACHE_DIR": "/home/gpt2bench/.cache/torchinductor"},
     )
     outcome = execute_job(pytorchjob(master, workers=2, nproc="2"), tmp_path, gpus=[])
     assert outcome.phase == "Succeeded", outcome.reason
@@ -113,6 +115,8 @@ def test_pytorchjob_replicas_get_training_operator_env(tmp_path):
         # the local runner replaces the pod's emptyDir path with a per-replica folder
         assert env["GPT2BENCH_OUTPUT_DIR"] == str(tmp_path / name)
         assert env["GPT2BENCH_TERMINATION_LOG"] == str(tmp_path / f"{name}.termination-log")
+        # a path inside the image's home (the pods' compile cache) is not this machine's: the shell's stays
+        assert env.get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         assert view["argv"] == ["--output", str(tmp_path / name), "hello-x", "$(MY_VAR)", "$(UNDEFINED)"]
 
 

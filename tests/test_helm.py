@@ -365,8 +365,13 @@ def test_the_runtimes_run_the_trainer_image_the_values_name() -> None:
     registry, kind's loaded image), the runtimes name that image, not the release's."""
     runtimes = [d for d in render("--set", "trainerRuntimes.install=true,trainerImage.repository=reg.example/t",
                                   "--set-string", "trainerImage.tag=7") if d["kind"] == "ClusterTrainingRuntime"]
-    images = set(re.findall(r"\bimage: (\S+)", yaml.safe_dump_all(runtimes)))
-    assert len(runtimes) == 2 and images == {"reg.example/t:7"}
+    def images(runtime: dict) -> set[str]:
+        return {c["image"] for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                for c in job["template"]["spec"]["template"]["spec"]["containers"]}
+
+    by_name = {r["metadata"]["name"]: images(r) for r in runtimes}
+    assert by_name == {"gpt2bench-torch": {"reg.example/t:7"}, "gpt2bench-mpi": {"reg.example/t:7"},
+                       "gpt2bench-mpi-cuda": {"reg.example/t:7-cuda"}, "gpt2bench-mpi-one-node": {"reg.example/t:7"}}
 
 
 @pytest.mark.parametrize(("flags", "installed"), [
@@ -388,3 +393,41 @@ def test_trainer_runtimes_install_where_trainer_v2_is_and_are_valid_for_it(flags
     assert {r["metadata"]["name"]: r for r in runtimes} == project_runtimes()  # what the TrainJobs point at
     for runtime in runtimes:
         validate_job(runtime)  # the upstream ClusterTrainingRuntime CRD's schema
+
+
+@pytest.mark.parametrize(("gang", "policy"), [
+    ("", None),
+    ("coscheduling", {"coscheduling": {"scheduleTimeoutSeconds": 90}}),
+    ("volcano", {"volcano": {}}),
+])
+def test_trainer_runtimes_run_the_charts_trainer_images_and_gang_schedule_on_request(gang, policy) -> None:
+    """The MPI runtimes' sshd pods, where Horovod's ranks run, cannot take a TrainJob's image: the chart gives
+    them the images the operator gives runs (trainerImage), CPU or CUDA; and its podGroupPolicy, if any."""
+    from kubeflow_crds import validate_job
+
+    from gpt2bench.plan import plan_runs
+    from gpt2bench.render.pods import run_pods
+    from gpt2bench.render.runtimes import project_runtimes, runtime_problems
+    from gpt2bench.render.trainjob import render_trainjob
+    from gpt2bench.spec.validation import load_benchmark
+
+    docs = render("--set", "trainerRuntimes.install=true", "--set", "trainerImage.repository=registry.example/g2b",
+                  "--set", "trainerImage.tag=v7", "--set", f"trainerRuntimes.podGroupPolicy={gang}",
+                  "--set", "trainerRuntimes.scheduleTimeoutSeconds=90")
+    runtimes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterTrainingRuntime"}
+    expected = project_runtimes("registry.example/g2b:v7", "registry.example/g2b:v7-cuda", policy)
+    assert runtimes == expected
+    deployment = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    gpu_image = next(a.split("=", 1)[1] for a in deployment if a.startswith("--trainer-image-gpu="))
+    # a multi-node GPU Horovod run with the operator's default image works on the chart's runtime
+    bench = load_benchmark({"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": {"name": "h"},
+                            "spec": {"backend": "trainjob", "images": {"gpu": gpu_image},
+                                     "scheduling": {"gang": True},
+                                     "sweep": {"strategies": [{"name": "horovod"}],
+                                               "scales": [{"nodes": 2, "devicesPerNode": 4}]}}})
+    (run,) = plan_runs(bench)
+    job = render_trainjob(run_pods(bench, run))
+    problems = runtime_problems(job, runtimes[job["spec"]["runtimeRef"]["name"]])
+    assert problems == ([] if policy else [problems[0]]) and (policy or "podGroupPolicy" in problems[0])
+    for runtime in runtimes.values():
+        validate_job(runtime)

@@ -55,7 +55,8 @@ def test_every_entry_at_its_largest_still_fits_the_budget(monkeypatch):
     figures = RunResults(world_size=1024, tokens_per_second=123456789.123456789, tokens_per_second_per_device=1.0 / 3,
                          step_time_p50_seconds=2.0 / 3, step_time_p95_seconds=0.123456789123, peak_memory_bytes=2**40,
                          train_seconds=12345.678901234, startup_seconds=123.456789012, final_loss=3.14159265358979,
-                         grad_norm=1.41421356237, mfu=0.456789123456, device_name="N" * 200)
+                         grad_norm=1.41421356237, mfu=0.456789123456, device_name="N" * 200,
+                         transport="T" * 200, nodes_used=1024)  # the collector cuts strings at 200
     succeeded = [rc.compact(collect.run_entry(r, phase="Succeeded", results=figures, start_time=NOW,
                                               completion_time=NOW)) for r in runs]
     for entries in (failed, succeeded):

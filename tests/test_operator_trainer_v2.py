@@ -101,7 +101,9 @@ def test_auto_sweeps_as_trainjobs_with_a_failure_and_horovod_every_result_in_sta
     played = play(client, trainer, "tv2", total, outcome)
     status = wait_for(lambda: (s := benchmarks.status("tv2")).get("phase") == "PartiallySucceeded" and s,
                       what="PartiallySucceeded")
-    assert {t["spec"]["runtimeRef"]["name"] for t in played} == {"gpt2bench-torch", "gpt2bench-mpi"}
+    # horovod on 1 node runs in its launcher alone, on 2 in the CPU image's sshd pods
+    assert {t["spec"]["runtimeRef"]["name"] for t in played} == {"gpt2bench-torch", "gpt2bench-mpi-one-node",
+                                                                 "gpt2bench-mpi"}
     by_run = {r["name"]: r for r in status["runs"]}
     assert len(by_run) == total and {r["jobKind"] for r in by_run.values()} == {"TrainJob"}
     assert sorted(r["jobName"] for r in by_run.values()) == sorted(t["metadata"]["name"] for t in played)
@@ -146,15 +148,75 @@ def test_a_queued_trainjob_queues_its_run_until_admitted(client, benchmarks, tra
 
 
 def test_a_missing_runtime_fails_its_runs_saying_what_to_install(cluster, client, benchmarks):
-    cluster.kubectl("delete", "clustertrainingruntime", "gpt2bench-mpi")
+    cluster.kubectl("delete", "clustertrainingruntime", "gpt2bench-mpi-one-node")
     try:
         benchmarks.create(benchmark("tv2nort", [{"name": "horovod"}]))
         status = wait_for(lambda: (s := benchmarks.status("tv2nort")).get("phase") == "Failed" and s, what="Failed")
-        assert status["runs"][0]["reason"].startswith("ClusterTrainingRuntime gpt2bench-mpi is not installed")
+        assert status["runs"][0]["reason"].startswith("ClusterTrainingRuntime gpt2bench-mpi-one-node is not "
+                                                      "installed")
         assert "manifests/runtimes.yaml" in status["runs"][0]["reason"]
         assert trainjobs(client, "tv2nort") == []
     finally:
         cluster.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
+
+
+def test_gang_scheduling_needs_a_runtime_that_gang_schedules(cluster, client, benchmarks, trainer):
+    """`gang: true` on a TrainJob is the runtime's podGroupPolicy: on runtimes without one every run fails
+    saying so, and no TrainJob starts pod by pod; on runtimes with one the run goes, marked for it."""
+    strategies = [{"name": "ddp"}, {"name": "horovod"}]
+    benchmarks.create(benchmark("tv2gang", strategies, scheduling={"gang": True},
+                                sweep={"strategies": strategies, "scales": [{"nodes": 2}]}))
+    status = wait_for(lambda: (s := benchmarks.status("tv2gang")).get("phase") == "Failed" and s, what="Failed")
+    for run in status["runs"]:
+        assert run["reason"].startswith("spec.scheduling.gang: runtime gpt2bench-"), run
+        assert "has no podGroupPolicy" in run["reason"] and "trainerRuntimes.podGroupPolicy" in run["reason"]
+    assert trainjobs(client, "tv2gang") == []
+    policy = json.dumps({"spec": {"podGroupPolicy": {"coscheduling": {"scheduleTimeoutSeconds": 60}}}})
+    for runtime in ("gpt2bench-torch", "gpt2bench-mpi"):
+        cluster.kubectl("patch", "clustertrainingruntime", runtime, "--type", "merge", "-p", policy)
+    try:
+        benchmarks.create(benchmark("tv2gang2", [{"name": "ddp"}], scheduling={"gang": True},
+                                    sweep={"strategies": [{"name": "ddp"}], "scales": [{"nodes": 2}]}))
+        (trainjob,) = wait_for(lambda: trainjobs(client, "tv2gang2"), what="the TrainJob")
+        assert trainjob["metadata"]["annotations"]["gpt2bench.io/gang-scheduling"] == "required"
+        trainer.reconcile(trainjob["metadata"]["name"])
+        trainer.finish(trainjob["metadata"]["name"], succeeded=True,
+                       message=json.dumps(trainer_summary(trainjob["metadata"]["labels"]["gpt2bench.io/run"], 5.0)))
+        wait_for(lambda: benchmarks.status("tv2gang2").get("phase") == "Succeeded", what="Succeeded")
+    finally:
+        cluster.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
+
+
+def test_a_run_off_its_fabric_is_recorded_and_warned_about(client, benchmarks, trainer):
+    """What the trainer says it ran on reaches the status, and a 2-node run that ran on one node over sockets
+    gets a Warning Event for each, as the report lists them."""
+    benchmarks.create(benchmark("tv2fabric", [{"name": "ddp"}], sweep={"strategies": [{"name": "ddp"}],
+                                                                       "scales": [{"nodes": 2}]}))
+
+    def outcome(t: TrainerV2, trainjob: dict) -> None:
+        run = trainjob["metadata"]["labels"]["gpt2bench.io/run"]
+        summary = trainer_summary(run, 7.0, transport="NET/Socket", nodes_used=1, node_names=["n1", "n1"])
+        t.finish(trainjob["metadata"]["name"], succeeded=True, message=json.dumps(summary))
+
+    play(client, trainer, "tv2fabric", 1, outcome)
+    status = wait_for(lambda: (s := benchmarks.status("tv2fabric")).get("phase") == "Succeeded" and s,
+                      what="Succeeded")
+    (run,) = status["runs"]
+    assert (run["results"]["transport"], run["results"]["nodesUsed"]) == ("NET/Socket", 1)
+    warnings = wait_for(lambda: (e := [e["message"] for e in benchmarks.events("tv2fabric")
+                                       if e["reason"] == "RunOffItsFabric"]) and len(e) == 2 and e,
+                        what="two RunOffItsFabric Events")
+    assert any("a 2-node run that ran on 1 node(s)" in w for w in warnings)
+    assert any("went over sockets (NET/Socket)" in w for w in warnings)
+
+
+def test_what_a_trainjob_cannot_carry_makes_an_auto_benchmark_invalid_on_a_trainer_v2_cluster(benchmarks):
+    """`auto` resolves to TrainJob here; hostNetwork cannot be patched onto a TrainJob's pods: the benchmark is
+    Invalid, naming the field and why, and nothing is created."""
+    benchmarks.create(benchmark("tv2hostnet", [{"name": "ddp"}], pods={"hostNetwork": True}))
+    status = wait_for(lambda: (s := benchmarks.status("tv2hostnet")).get("phase") == "Invalid" and s, what="Invalid")
+    assert "spec.pods.hostNetwork: a TrainJob cannot put its pods on the host network" in status["message"]
+    assert "spec.backend auto resolved to trainjob" in status["message"]
 
 
 def test_per_step_curves_of_trainjob_runs_outlive_the_pods_and_the_cluster_report_draws_them(
@@ -170,7 +232,7 @@ def test_per_step_curves_of_trainjob_runs_outlive_the_pods_and_the_cluster_repor
         records = [{"step": s, "warmup": s <= 1, "loss": 10.0 - s / 10, "grad_norm": 2.0 - s / 100, "lr": 3e-4,
                     "step_seconds": 0.2, "tokens_per_second": 1000.0} for s in range(1, 41)]
         log = "".join(f"rank0 INFO step {s} loss 9.0\n" for s in range(1, 41)) + steps_line(records) + "\n"
-        mpi = trainjob["spec"]["runtimeRef"]["name"] == "gpt2bench-mpi"  # mpirun tags its ranks' lines
+        mpi = trainjob["spec"]["runtimeRef"]["name"].startswith("gpt2bench-mpi")  # mpirun tags its ranks' lines
         t.finish(trainjob["metadata"]["name"], succeeded=True, message=json.dumps(trainer_summary(run, 10.0)),
                  log=("[1,0]<stdout>:" if mpi else "") + log)
 

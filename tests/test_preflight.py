@@ -98,3 +98,21 @@ def test_the_suffixes_are_the_trainers():
     (value,) = [ast.literal_eval(node.value) for node in ast.parse(source).body if isinstance(node, ast.Assign)
                 and [getattr(t, "id", None) for t in node.targets] == ["TEXT_SUFFIXES"]]
     assert checks.TEXT_SUFFIXES == value
+
+
+def test_a_variable_from_a_secret_is_taken_from_this_shell_which_must_have_it(monkeypatch):
+    """spec.pods.env's secretKeyRef (HF_TOKEN on a cluster): a local run has no Secret; the replicas inherit the
+    shell's variable, so preflight refuses a run whose shell lacks it, naming the field."""
+    from gpt2bench.local.replicas import container_env
+
+    env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+           {"name": "HF_ENDPOINT", "value": "https://hub.mirror.example"}]
+    spec = validate_spec({"sweep": {"strategies": [{"name": "single"}]}, "pods": {"env": env}})
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    problems, _ = checks.preflight(spec)
+    assert problems == [("spec.pods.env[0].valueFrom", "HF_TOKEN comes from a Secret or ConfigMap on a cluster; a "
+                         "local run takes it from this shell, where it is not set (export HF_TOKEN)")]
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    assert checks.preflight(spec)[0] == []
+    # the replica's env leaves it to the inherited shell, and keeps the plain value
+    assert container_env({"env": env}, {}, {}) == {"HF_ENDPOINT": "https://hub.mirror.example"}

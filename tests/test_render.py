@@ -222,7 +222,8 @@ def test_horovod_mpijob_launcher_and_workers():
     assert flag(command, "--strategy") == "horovod" and flag(command, "--precision") == "fp16"
     assert container(job, "Launcher")["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert "nvidia.com/gpu" not in str(container(job, "Launcher").get("resources"))
-    assert container(job, "Worker")["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/gpt2bench/.sshd_config"]
+    assert container(job, "Worker")["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/gpt2bench/.sshd_config",
+                                                   "-o", "SetEnv=GPT2BENCH_NODE_NAME=$(GPT2BENCH_NODE_NAME)"]
     assert container(job, "Worker")["readinessProbe"] == {"tcpSocket": {"port": 2222}, "initialDelaySeconds": 1,
                                                           "periodSeconds": 2}
     assert container(job, "Worker")["resources"]["limits"]["nvidia.com/gpu"] == 4
@@ -301,7 +302,7 @@ def test_every_job_kind_tells_every_container_its_pods_cpu_budget(resources, cor
     for job in jobs:
         name = job["metadata"]["name"]
         if job["kind"] == "TrainJob":
-            env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"]}
+            env = {e["name"]: e.get("value") for e in job["spec"]["trainer"]["env"]}
             assert env["GPT2BENCH_POD_CPUS"] == cores, name
             continue
         for role, template in pod_templates(job).items():

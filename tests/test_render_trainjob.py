@@ -19,8 +19,18 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.protocol import OUTPUT_DIR
 from gpt2bench.render import render_all, render_job
 from gpt2bench.render.cli import main
-from gpt2bench.render.runtimes import MPI_RUNTIME, TORCH_RUNTIME, mpi_runtime, project_runtimes, runtime_problems
+from gpt2bench.render.runtimes import (
+    IMAGE_LABEL,
+    MPI_GPU_RUNTIME,
+    MPI_ONE_NODE_RUNTIME,
+    MPI_RUNTIME,
+    TORCH_RUNTIME,
+    mpi_runtime,
+    project_runtimes,
+    runtime_problems,
+)
 from gpt2bench.render.trainjob import pod_patch, trainjob_caveats
+from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
 from gpt2bench.spec.validation import SpecError, load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
 
@@ -92,7 +102,7 @@ def test_validator_rejects_broken_runtimes_and_accepts_upstreams():
 
 
 def test_runtimes_are_valid_restricted_and_shaped_like_upstreams():
-    assert set(RUNTIMES) == {TORCH_RUNTIME, MPI_RUNTIME}
+    assert set(RUNTIMES) == {TORCH_RUNTIME, MPI_RUNTIME, MPI_GPU_RUNTIME, MPI_ONE_NODE_RUNTIME}
     for runtime in RUNTIMES.values():
         validate_job(runtime)
         for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
@@ -109,16 +119,39 @@ def test_runtimes_are_valid_restricted_and_shaped_like_upstreams():
     assert launcher["dependsOn"] == [{"name": "node", "status": "Ready"}]
     assert launcher["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
     sshd = node["template"]["spec"]["template"]["spec"]["containers"][0]
-    assert sshd["command"] + sshd["args"] == ["/usr/sbin/sshd", "-De", "-f", "/home/gpt2bench/.sshd_config"]
+    assert sshd["command"] + sshd["args"] == ["/usr/sbin/sshd", "-De", "-f", "/home/gpt2bench/.sshd_config",
+                                              "-o", "SetEnv=GPT2BENCH_NODE_NAME=$(GPT2BENCH_NODE_NAME)"]
     assert sshd["readinessProbe"]["tcpSocket"]["port"] == 2222
     assert mpi["template"]["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["launcher"]}
+    # the same on GPUs, with the CUDA image in the sshd pods (where the ranks run)
+    cuda = RUNTIMES[MPI_GPU_RUNTIME]
+    assert cuda["spec"]["mlPolicy"] == RUNTIMES[MPI_RUNTIME]["spec"]["mlPolicy"]
+    cuda_sshd = cuda["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert cuda_sshd["containers"][0]["image"] == DEFAULT_GPU_IMAGE and sshd["image"] == DEFAULT_IMAGE
+    assert (cuda["metadata"]["labels"][IMAGE_LABEL], RUNTIMES[MPI_RUNTIME]["metadata"]["labels"][IMAGE_LABEL]) == (
+        "gpu", "cpu")
+    # one node: the launcher alone, which trains (runLauncherAsNode), no sshd pod holding GPUs
+    one = RUNTIMES[MPI_ONE_NODE_RUNTIME]["spec"]
+    (launcher,) = one["template"]["spec"]["replicatedJobs"]
+    assert launcher["name"] == "launcher" and "dependsOn" not in launcher
+    assert launcher["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    assert one["mlPolicy"] == mpi["mlPolicy"]
+    assert all("podGroupPolicy" not in runtime["spec"] for runtime in RUNTIMES.values())
+    gang = project_runtimes(pod_group_policy={"coscheduling": {"scheduleTimeoutSeconds": 120}})
+    for runtime in gang.values():
+        validate_job(runtime)
+        assert runtime["spec"]["podGroupPolicy"] == {"coscheduling": {"scheduleTimeoutSeconds": 120}}
 
 
 def test_runtime_problems_names_a_foreign_sshd_image_and_missing_jobs():
-    job = render_all(benchmark({"sweep": {"strategies": [{"name": "horovod"}]}, "image": "registry/mine:1"}))[0]
+    spec = {"sweep": {"strategies": [{"name": "horovod"}], "scales": [{"nodes": 2}]}, "image": "registry/mine:1"}
+    job = render_all(benchmark(spec))[0]
     (problem,) = runtime_problems(job, RUNTIMES[MPI_RUNTIME])
     assert "'node' pods (where the ranks run)" in problem and "registry/mine:1" in problem
     assert runtime_problems(job, mpi_runtime(image="registry/mine:1")) == []
+    one_node = render_all(benchmark({**spec, "sweep": {"strategies": [{"name": "horovod"}]}}))[0]
+    assert one_node["spec"]["runtimeRef"]["name"] == MPI_ONE_NODE_RUNTIME
+    assert runtime_problems(one_node, RUNTIMES[MPI_ONE_NODE_RUNTIME]) == []  # the launcher runs the TrainJob's image
     torch_job = render_all(benchmark({"sweep": {"strategies": [{"name": "ddp"}]}}))[0]
     upstream = yaml.safe_load((UPSTREAM_RUNTIMES / "torch_distributed.yaml").read_text())
     upstream["metadata"]["name"] = TORCH_RUNTIME
@@ -165,7 +198,7 @@ def test_horovod_trainjob_runs_mpirun_on_the_mpi_runtime_with_gpus_on_every_host
                       "scales": [{"nodes": 2, "devicesPerNode": 4}]}}
     (job,) = render_all(benchmark(spec))
     validate_job(job)
-    assert job["spec"]["runtimeRef"]["name"] == "gpt2bench-mpi"
+    assert job["spec"]["runtimeRef"]["name"] == "gpt2bench-mpi-cuda"  # the sshd pods run the CUDA image
     assert job["metadata"]["annotations"] == {"gpt2bench.io/result-replicated-job": "launcher"}
     trainer = job["spec"]["trainer"]
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 4)  # hosts x slots = 8 ranks
@@ -198,28 +231,45 @@ def test_placement_and_kueue_go_where_trainer_v2_reads_them():
             assert "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]
 
 
-def test_pod_patch_carries_every_pod_template_field_but_the_priority_class():
-    """What RunPods.template (render/pods.py) gives every rendered pod reaches TrainJob pods, or is named as a caveat."""
-    spec = {"sweep": {"strategies": [{"name": "ddp"}], "scales": [{"nodes": 1, "devicesPerNode": 2}]},
+def test_pod_patch_carries_every_pod_template_field_but_what_the_spec_refuses_for_trainjobs():
+    """What RunPods.template (render/pods.py) gives every rendered pod reaches TrainJob pods, except
+    priorityClassName and hostNetwork, which a runtimePatch cannot hold: the spec refuses them with backend
+    trainjob (and the operator, once `auto` resolved to it), naming the field."""
+    spec = {"sweep": {"strategies": [{"name": "ddp"}], "scales": [{"nodes": 2, "devicesPerNode": 2}]},
             "nodeSelector": {"a": "b"}, "tolerations": [{"operator": "Exists"}],
-            "scheduling": {"priorityClassName": "high"}, "resources": {"limits": {"memory": "1Gi"}}}
-    bench = benchmark(spec)
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}},
+            "pods": {"imagePullSecrets": ["regcred"], "serviceAccountName": "bench", "capabilities": ["IPC_LOCK"],
+                     "volumes": [{"name": "data", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "c"}}]},
+            "resources": {"limits": {"memory": "1Gi"}}}
+    bench = test_render.benchmark({**spec, "scheduling": {"priorityClassName": "high"}, "pods": {
+        **spec["pods"], "hostNetwork": True}})
     (run,) = plan_runs(bench)
     template = render_job(bench, run, backend="pytorchjob")["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
-    _, dropped = pod_patch(template)
-    assert dropped == ["pod.priorityClassName"]
-    assert any("priorityClassName" in caveat for caveat in trainjob_caveats(bench))
+    patch, dropped = pod_patch(template)
+    assert sorted(dropped) == ["pod.dnsPolicy", "pod.hostNetwork", "pod.priorityClassName"]
+    for field in ("serviceAccountName", "imagePullSecrets", "affinity", "volumes", "nodeSelector", "tolerations"):
+        assert patch["spec"][field] == template["spec"][field], field
+    assert patch["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    for refused, field in (({"scheduling": {"priorityClassName": "high"}}, "spec.scheduling.priorityClassName"),
+                           ({"pods": {"hostNetwork": True}}, "spec.pods.hostNetwork")):
+        with pytest.raises(SpecError) as error:
+            benchmark({**spec, **refused})
+        assert [path for path, _ in error.value.errors] == [field]
+        assert "TrainJob" in error.value.errors[0][1]
 
 
 def test_caveats_name_what_a_trainjob_cannot_apply():
     assert trainjob_caveats(benchmark({"sweep": {"strategies": [{"name": "ddp"}]}})) == []
-    spec = {"sweep": {"strategies": [{"name": "horovod"}]}, "image": "mine:1", "imagePullPolicy": "Always",
-            "runPolicy": {"backoffLimit": 2, "ttlSecondsAfterFinished": 60}, "metrics": {"port": 9500},
-            "scheduling": {"gang": True, "priorityClassName": "high"}}
+    spec = {"sweep": {"strategies": [{"name": "horovod"}], "scales": [{"nodes": 2}]}, "image": "mine:1",
+            "imagePullPolicy": "Always", "runPolicy": {"backoffLimit": 2, "ttlSecondsAfterFinished": 60},
+            "metrics": {"port": 9500}, "scheduling": {"gang": True}}
     fields = [caveat.split(":")[0].split(" ")[0] for caveat in trainjob_caveats(benchmark(spec))]
     assert fields == ["spec.runPolicy.backoffLimit", "spec.runPolicy.ttlSecondsAfterFinished",
-                      "spec.scheduling.gang/queue", "spec.scheduling.priorityClassName", "spec.metrics.port",
-                      "spec.imagePullPolicy", "spec.image"]
+                      "spec.scheduling.gang/queue", "spec.metrics.port", "spec.imagePullPolicy", "spec.image"]
+    # on one node horovod runs in the launcher, whose image is the TrainJob's: no image caveat
+    one_node = {**spec, "sweep": {"strategies": [{"name": "horovod"}]}}
+    assert not [caveat for caveat in trainjob_caveats(benchmark(one_node)) if caveat.startswith("spec.image:")]
 
 
 @pytest.mark.parametrize("name", ["cpu-sweep.yaml", "gpu-papers.yaml"])
@@ -252,13 +302,14 @@ def test_render_cli_backend_flag_and_first_line(capsys):
 def test_render_cli_follows_spec_backend_and_prints_caveats(tmp_path):
     document = yaml.safe_load((EXAMPLES / "gpu-papers.yaml").read_text())
     document["spec"]["backend"] = "trainjob"
+    document["spec"]["scheduling"]["gang"] = True
     path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(document))
     done = subprocess.run([sys.executable, "-m", "gpt2bench", "render", str(path)], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("# backend: trainjob (spec.backend)")
-    assert "note: spec.scheduling.gang/queue is not applied" in done.stderr
+    assert "note: spec.scheduling.gang/queue: a TrainJob is gang-scheduled by its runtime's podGroupPolicy" in done.stderr
     assert "note: spec.runPolicy.ttlSecondsAfterFinished is not applied" in done.stderr
 
 
@@ -289,11 +340,14 @@ def test_any_valid_spec_renders_only_valid_restricted_trainjobs(spec, name):
 
 
 def test_render_cli_prints_the_runtimes_to_install(capsys):
-    assert main(["--runtimes", "--image", "registry.example/gpt2bench:2"]) == 0
+    assert main(["--runtimes", "--image", "registry.example/gpt2bench:2",
+                 "--gpu-image", "registry.example/gpt2bench:2-cuda"]) == 0
     runtimes = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [r["metadata"]["name"] for r in runtimes] == ["gpt2bench-torch", "gpt2bench-mpi"]
+    assert [r["metadata"]["name"] for r in runtimes] == ["gpt2bench-torch", "gpt2bench-mpi", "gpt2bench-mpi-cuda",
+                                                         "gpt2bench-mpi-one-node"]
     for runtime in runtimes:
         validate_job(runtime)
-    assert runtimes == list(project_runtimes("registry.example/gpt2bench:2").values())
+    assert runtimes == list(project_runtimes("registry.example/gpt2bench:2",
+                                             "registry.example/gpt2bench:2-cuda").values())
     with pytest.raises(SystemExit):
         main([])  # neither a file nor --runtimes

@@ -468,11 +468,33 @@ def test_the_network_table_sets_achieved_bus_bandwidth_beside_the_probe(tmp_path
             entry("demo-single-bf16-1x1g", "single", "bf16", procs=1, gpus=1, results=SINGLE_RESULTS)]
     report.write_report(synthetic_doc(runs=runs), tmp_path)
     section = (tmp_path / "results.md").read_text().split("## Communication against the network")[1].split("\n## ")[0]
-    assert "| demo-ddp-bf16-1x2g | 1×2 GPU | allreduce | 3.000 | 12.000 | 25% |" in section
+    assert "| demo-ddp-bf16-1x2g | 1×2 GPU | allreduce | 3.000 | 12.000 | 25% | — | — |" in section
     assert "demo-single" not in section  # no communication, no row
     with open(tmp_path / RESULTS_CSV, newline="") as f:
         rows = {r["name"]: r for r in csv.DictReader(f)}
     assert float(rows["demo-ddp-bf16-1x2g"]["busBandwidthShare"]) == 0.25
+
+
+def test_the_transport_stands_beside_the_bus_bandwidth_and_runs_off_their_fabric_are_warned_about(tmp_path):
+    """What carried the traffic (trainer/fabric.py): a 2-node run over InfiniBand; one whose pods shared a node;
+    one whose NCCL went over sockets. The last two say so."""
+    bus = {"busKind": "allreduce", "busBandwidthAchieved": 40.0e9, "busBandwidthProbed": 45.0e9,
+           "busBandwidthShare": 0.9}
+    runs = [entry("demo-ddp-bf16-2x4g", "ddp", "bf16", nodes=2, procs=4, gpus=4,
+                  results={**DDP_RESULTS, **bus, "transport": "NET/IB", "nodesUsed": 2}),
+            entry("demo-fsdp-bf16-2x4g", "fsdp", "bf16", nodes=2, procs=4, gpus=4,
+                  results={**DDP_RESULTS, **bus, "transport": "P2P", "nodesUsed": 1}),
+            entry("demo-horovod-bf16-2x4g", "horovod", "bf16", nodes=2, procs=4, gpus=4,
+                  results={**DDP_RESULTS, **bus, "transport": "NET/Socket", "nodesUsed": 2})]
+    report.write_report(synthetic_doc(runs=runs), tmp_path)
+    section = (tmp_path / "results.md").read_text().split("## Communication against the network")[1].split("\n## ")[0]
+    assert "| demo-ddp-bf16-2x4g | 2×4 GPU | allreduce | 40.000 | 45.000 | 90% | NET/IB | 2 |" in section
+    warnings = [line for line in section.splitlines() if line.startswith("- **")]
+    assert warnings == [
+        "- **demo-fsdp-bf16-2x4g: a 2-node run that ran on 1 node(s): its pods shared a machine, so it is no "
+        "2-node figure**",
+        "- **demo-horovod-bf16-2x4g: NCCL's traffic between nodes went over sockets (NET/Socket), not the "
+        "cluster's fabric (docs/clusters.md)**"]
 
 
 def test_without_communication_the_network_table_says_why():

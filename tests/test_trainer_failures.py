@@ -28,3 +28,15 @@ def test_a_busy_metrics_port_does_not_stop_training(run_trainer):
         run = run_trainer(["--strategy", "single", "--steps", "3", "--metrics-port", str(port)])
     assert run.summary["status"] == "succeeded", run.describe()
     assert "metrics port" in run.stderr and "unavailable" in run.stderr
+
+
+def test_a_gpu_run_started_in_the_cpu_image_says_so_where_the_operator_reads(run_trainer):
+    """The CPU image started for a GPU run (an MPI runtime's sshd pods on the CPU image ran Horovod's GPU
+    ranks): this machine's torch is the CPU build, as in that image; the reason names the image, not the node."""
+    import torch
+
+    assert torch.version.cuda is None, "this test needs the CPU build of torch"
+    run = run_trainer(["--strategy", "single", "--steps", "3", "--device", "cuda"], expect_rc=1)
+    assert run.summary["status"] == "failed"
+    assert "is a CPU-only build: a GPU run needs the CUDA trainer image" in run.summary["reason"]
+    assert "CPU-only build" in run.termination_log.read_text()

@@ -135,6 +135,7 @@ DEVICE_PEAKS = [  # torch.cuda.get_device_name() as the GPUs report it -> (fp32,
     ("Tesla V100-PCIE-16GB", (14 * T, None, None, 112 * T)),
     ("Tesla V100S-PCIE-32GB", (16.4 * T, None, None, 130 * T)),
     ("Tesla T4", (8.1 * T, None, None, 65 * T)),
+    ("NVIDIA A30", (10.3 * T, 82 * T, 165 * T, 165 * T)),
     ("NVIDIA GeForce RTX 4090", (None, None, None, None)),  # not in the table: no MFU rather than a wrong one
 ]
 

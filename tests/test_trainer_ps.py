@@ -146,8 +146,8 @@ from gpt2bench.trainer.config import TrainConfig
 from gpt2bench.trainer.env import detect_env
 from gpt2bench.trainer.parallel import strategy_class
 
-config = TrainConfig(strategy={"name": "ps-sharded", "ps_servers": 2}, precision="fp16", training={"lr": 0.1},
-                     process={"timeout_seconds": 60})
+config = TrainConfig(strategy={"name": "ps-sharded", "ps_servers": 2}, precision="fp16",
+                     training={"lr": 0.1, "timeout_seconds": 60})
 def factory():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 3))

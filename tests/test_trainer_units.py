@@ -83,7 +83,7 @@ def test_options_reach_the_config():
                            "--n-layer", "3", "--timeout-seconds", "30"])
     strategy = config.strategy
     assert (strategy.name, strategy.bucket_cap_mb, strategy.static_graph, config.precision) == ("ddp", 5.0, True, "bf16")
-    assert gpt2_config(config).n_layer == 3 and config.process.timeout_seconds == 30
+    assert gpt2_config(config).n_layer == 3 and config.training.timeout_seconds == 30
     assert config.config_hash() != parse_config(["--strategy", "ddp"]).config_hash()
     # labels and ports do not change the numbers, so not the hash either
     assert parse_config(["--run", "a", "--metrics-port", "9400"]).config_hash() == TrainConfig().config_hash()

@@ -125,9 +125,9 @@ def test_a_sweep_of_trainjobs_runs_to_results_with_a_failure_and_horovod(cluster
         assert jobset is not None, cluster.kubectl("get", "events", "-o", "yaml").stdout
         assert job_state(trainer.trainjob(name)).phase == "Running"
         pods = pods_of(trainer, name)
-        # torch: a pod per node; MPI: max(nodes - 1, 1) sshd pods and the launcher (runLauncherAsNode)
-        hosts = run.nodes if run.strategy.name != "horovod" else max(run.nodes - 1, 1) + 1
-        assert len(pods) == hosts
+        # a pod per node, whatever the runtime: torch's `node`s; MPI on 2+ nodes nodes - 1 sshd pods and the
+        # launcher (runLauncherAsNode), on one node the launcher alone
+        assert len(pods) == run.nodes
         # what the operator waits for before a run has started: every pod the runtime makes of the TrainJob
         assert expected_pods(trainer.trainjob(name)) == len(pods)
         for pod in pods:
@@ -221,9 +221,14 @@ def test_horovod_trainjob_gets_the_mpi_plugins_hostfile_ssh_and_launcher(cluster
     assert launcher["command"][:4] == ["gpt2bench", "launch", "--", "mpirun"]
     assert {"name": "mpi-ssh-auth", "mountPath": "/home/gpt2bench/.ssh"} in launcher["volumeMounts"]
     (sshd,) = by_role["node"][0]["spec"]["containers"]
-    assert sshd["command"] == ["/usr/sbin/sshd"] and sshd["args"][-1] == "/home/gpt2bench/.sshd_config"
+    assert sshd["command"] == ["/usr/sbin/sshd"] and "/home/gpt2bench/.sshd_config" in sshd["args"]
     assert {p["containerPort"] for p in sshd["ports"]} >= {2222}
     assert env.get("GPT2BENCH_OUTPUT_DIR") and {e["name"] for e in sshd["env"]} >= {"GPT2BENCH_OUTPUT_DIR"}
+    # trainer.env reached the sshd pods (runLauncherAsNode), so the kubelet can expand the node's name into
+    # sshd's SetEnv for the ranks it starts
+    node_env = {e["name"]: e for e in sshd["env"]}
+    assert node_env["GPT2BENCH_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "SetEnv=GPT2BENCH_NODE_NAME=$(GPT2BENCH_NODE_NAME)" in sshd["args"]
     trainer.finish(name, succeeded=True, message=json.dumps(trainer_summary(run.name, 5.0)))
     trainjob = trainer.trainjob(name)
     assert result_pod(trainjob, trainer.pods(result_pod_selector(trainjob)))["spec"]["hostname"] == \

@@ -162,6 +162,52 @@ SHARED = [
      "gpuDigest needs gpu"),
     ("metrics-namespace-syntax", with_(networkPolicy={"metricsNamespaces": ["Monitoring"]}),
      "spec.networkPolicy.metricsNamespaces[0]", "does not match"),
+    # --- the pods' plumbing (spec.pods, spec.affinity, spec.jobMetadata) and what a TrainJob cannot carry
+    ("env-name-syntax", with_(pods={"env": [{"name": "1X", "value": "a"}]}), "spec.pods.env[0].name",
+     "does not match"),
+    ("env-value-and-value-from", with_(pods={"env": [{"name": "A", "value": "a", "valueFrom": {
+        "secretKeyRef": {"name": "s", "key": "k"}}}]}), "spec.pods.env[0].valueFrom", "set value or valueFrom"),
+    ("env-source-none", with_(pods={"env": [{"name": "A", "valueFrom": {}}]}),
+     "spec.pods.env[0].valueFrom.secretKeyRef", "set exactly one of secretKeyRef and configMapKeyRef"),
+    ("env-listed-twice", with_(pods={"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}),
+     "spec.pods.env[1].name", "env: each variable once"),
+    ("secret-key-syntax", with_(pods={"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s",
+                                                                                          "key": "a/b"}}}]}),
+     "spec.pods.env[0].valueFrom.secretKeyRef.key", "does not match"),
+    ("volume-without-source", with_(pods={"volumes": [{"name": "v", "mountPath": "/v"}]}), "spec.pods.volumes[0]",
+     "set exactly one source"),
+    ("volume-two-sources", with_(pods={"volumes": [{"name": "v", "mountPath": "/v", "emptyDir": {},
+                                                    "configMap": {"name": "c"}}]}), "spec.pods.volumes[0]",
+     "set exactly one source"),
+    ("volume-relative-path", with_(pods={"volumes": [{"name": "v", "mountPath": "data", "emptyDir": {}}]}),
+     "spec.pods.volumes[0].mountPath", "does not match"),
+    ("volume-name-syntax", with_(pods={"volumes": [{"name": "Data", "mountPath": "/d", "emptyDir": {}}]}),
+     "spec.pods.volumes[0].name", "does not match"),
+    ("volume-path-twice", with_(pods={"volumes": [{"name": "a", "mountPath": "/d", "emptyDir": {}},
+                                                  {"name": "b", "mountPath": "/d", "emptyDir": {}}]}),
+     "spec.pods.volumes[1].mountPath", "volumes: each mountPath once"),
+    ("volume-name-twice", with_(pods={"volumes": [{"name": "a", "mountPath": "/d", "emptyDir": {}},
+                                                  {"name": "a", "mountPath": "/e", "emptyDir": {}}]}),
+     "spec.pods.volumes[1].name", "volumes: each name once"),
+    ("capability-syntax", with_(pods={"capabilities": ["ipc_lock"]}), "spec.pods.capabilities[0]", "does not match"),
+    ("run-as-root", with_(pods={"runAsUser": 0}), "spec.pods.runAsUser", "is less than the minimum"),
+    ("affinity-in-without-values", with_(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In"}]}]}}}),
+     "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+     ".matchExpressions[0].values", "values: none for Exists/DoesNotExist"),
+    ("affinity-exists-with-values", with_(affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]},
+         "topologyKey": "kubernetes.io/hostname"}]}}),
+     "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector"
+     ".matchExpressions[0].values", "values: none for Exists/DoesNotExist"),
+    ("trainjob-host-network", with_(backend="trainjob", pods={"hostNetwork": True}), "spec.pods.hostNetwork",
+     "a TrainJob cannot put its pods on the host network"),
+    ("trainjob-priority-class", with_(backend="trainjob", scheduling={"priorityClassName": "high"}),
+     "spec.scheduling.priorityClassName", "a TrainJob cannot set its pods' priorityClassName"),
+    ("host-network-concurrency", with_(pods={"hostNetwork": True}, concurrency=2), "spec.concurrency",
+     "pods.hostNetwork needs concurrency 1"),
+    ("timeout-zero", with_(training={"timeoutSeconds": 0}), "spec.training.timeoutSeconds",
+     "is less than the minimum"),
 ]
 
 # (id, spec, the field the local error names, why the CRD cannot state it)
@@ -186,6 +232,24 @@ LOCAL_ONLY = [
     ("metrics-ports-past-65535", with_(metrics={"port": 65535}, sweep={"strategies": [{"name": "ddp"}],
                                                                        "scales": [{"processesPerNode": 2}]}),
      "spec.metrics.port", "depends on the sweep as planned (processes per pod)"),
+    ("env-reserved-name", with_(pods={"env": [{"name": "MASTER_ADDR", "value": "x"}]}), "spec.pods.env[0].name",
+     "a set of names and prefixes, kept in one place (spec/pods.py) with the renderers that set them"),
+    ("volume-reserved-name", with_(pods={"volumes": [{"name": "dshm", "mountPath": "/d", "emptyDir": {}}]}),
+     "spec.pods.volumes[0].name", "the renderers' own volumes"),
+    ("volume-reserved-path", with_(pods={"volumes": [{"name": "d", "mountPath": "/tmp/", "emptyDir": {}}]}),
+     "spec.pods.volumes[0].mountPath", "paths compared without their trailing '/'"),
+    ("pod-label-ours", with_(pods={"labels": {"gpt2bench.io/role": "x"}}), "spec.pods.labels[gpt2bench.io/role]",
+     "map keys"),
+    ("job-label-ours", with_(jobMetadata={"labels": {"app.kubernetes.io/name": "x"}}),
+     "spec.jobMetadata.labels[app.kubernetes.io/name]", "map keys"),
+    ("affinity-key-syntax", with_(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "a b", "operator": "Exists"}]}]}}}),
+     "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+     ".matchExpressions[0].key", "a qualified name's prefix length has no single-pattern form"),
+    ("affinity-gt-not-integer", with_(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["many"]}]}]}}}),
+     "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+     ".matchExpressions[0].values", "an integer's syntax in a string"),
     ("spec-larger-than-64KiB", with_(metrics={"podAnnotations": {"note": "x" * 70_000}}), "",
      "object sizes are the API server's, not the schema's; this one is about the copies kubectl and the operator "
      "keep in annotations"),

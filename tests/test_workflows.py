@@ -346,7 +346,8 @@ def chart_images(chart: Path) -> set[str]:
     proc = subprocess.run([str(helm), "template", "gpt2bench", str(chart), "--set", "trainerRuntimes.install=true"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    found = re.findall(r'(?:\bimage: "?|--trainer-image-(?:cpu|gpu)=)([^\s"]+)', proc.stdout)
+    # an `image:` key (not an annotation such as gpt2bench.io/trainer-image) or the operator's flags
+    found = re.findall(r'(?:^\s*(?:- )?image: "?|--trainer-image-(?:cpu|gpu)=)([^\s"]+)', proc.stdout, re.M)
     return {image.replace(f":{VERSION}", ":<version>") for image in found}
 
 

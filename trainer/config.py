@@ -57,7 +57,6 @@ class ProcessOptions(BaseModel):
                                           "torchrun would take a bare --run for an abbreviation of its --run-path)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where workers train")
     peak_flops: float | None = Field(None, gt=0, description="device peak FLOP/s for MFU (overrides the GPU table)")
-    timeout_seconds: float = Field(300.0, gt=0, description="process-group timeout: a dead peer ends the job")
     log_every: int = Field(10, ge=1, description="read the steps' figures back, log and export them every N steps "
                                                  "and at the last (the loop's only host sync; a non-finite loss is "
                                                  "seen there)")
@@ -109,7 +108,8 @@ class TrainConfig(BaseModel):
 
     def config_hash(self) -> str:
         """Hash of what determines the numbers (the process options: labels, paths, ports, hooks, left out)."""
-        relevant = self.model_dump(mode="json", exclude={"process"})
+        # the process-group timeout only bounds a failure: it changes no figure of a run that succeeds
+        relevant = self.model_dump(mode="json", exclude={"process": True, "training": {"timeout_seconds"}})
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
     # ----------------------------------------------------------------- the command line

@@ -47,17 +47,19 @@ class Peaks:
     tf32: float | None  # tensor cores, fp32 inputs rounded to TF32 (Ampere and later)
     bf16: float | None  # tensor cores (Ampere and later)
     fp16: float  # tensor cores (Volta and later)
+    sms: int | None = None  # streaming multiprocessors of the whole GPU: a MIG slice has its share of the peak
 
 
 T = 1e12
 # (pattern on the CUDA device name, peaks). First match wins, so the more specific names come first; \b keeps
 # "L4" from matching "L40" and "A10" from matching "A100". Sources: NVIDIA datasheets (sparse figures halved).
 PEAK_TABLE: list[tuple[str, Peaks]] = [
-    (r"\bH100\b.*\bNVL\b", Peaks(60 * T, 417.5 * T, 835.5 * T, 835.5 * T)),
-    (r"\bH100\b.*\bPCIe\b", Peaks(51.2 * T, 378 * T, 756 * T, 756 * T)),
-    (r"\bH200\b.*\bNVL\b", Peaks(60 * T, 417.5 * T, 835.5 * T, 835.5 * T)),
-    (r"\b(GH200|H200|H100|H800)\b", Peaks(67 * T, 494.5 * T, 989.5 * T, 989.5 * T)),  # SXM
-    (r"\b(A100|A800)\b", Peaks(19.5 * T, 156 * T, 312 * T, 312 * T)),
+    (r"\bH100\b.*\bNVL\b", Peaks(60 * T, 417.5 * T, 835.5 * T, 835.5 * T, 132)),
+    (r"\bH100\b.*\bPCIe\b", Peaks(51.2 * T, 378 * T, 756 * T, 756 * T, 114)),
+    (r"\bH200\b.*\bNVL\b", Peaks(60 * T, 417.5 * T, 835.5 * T, 835.5 * T, 132)),
+    (r"\b(GH200|H200|H100|H800)\b", Peaks(67 * T, 494.5 * T, 989.5 * T, 989.5 * T, 132)),  # SXM
+    (r"\b(A100|A800)\b", Peaks(19.5 * T, 156 * T, 312 * T, 312 * T, 108)),
+    (r"\bA30\b", Peaks(10.3 * T, 82 * T, 165 * T, 165 * T, 56)),
     (r"\bA10G\b", Peaks(31.2 * T, 35 * T, 70 * T, 70 * T)),  # AWS's figures: no NVIDIA datasheet
     (r"\bA10\b", Peaks(31.2 * T, 62.5 * T, 125 * T, 125 * T)),
     (r"\bL40S\b", Peaks(91.6 * T, 183 * T, 362 * T, 362 * T)),
@@ -92,13 +94,30 @@ def peak_flops(name: str, precision: str, tf32: bool) -> float | None:
     return None if peaks is None else getattr(peaks, math_precision(precision, tf32))
 
 
+def mig_share(name: str, sms: int) -> float | None:
+    """The share of its GPU's peak a MIG slice has: its SMs over the whole GPU's (a slice's clock is the GPU's),
+    e.g. 14 / 108 for an A100's 1g.5gb. None for a whole GPU, or a GPU whose SM count the table lacks."""
+    if not re.search(r"\bMIG\b", name):
+        return None
+    peaks = peaks_for(name)
+    if peaks is None or not peaks.sms or not 0 < sms <= peaks.sms:
+        return None
+    return sms / peaks.sms
+
+
 def peak_flops_per_device(device: torch.device, precision: str, tf32: bool, override: float | None) -> float | None:
-    """`--peak-flops` when given, else the table's peak for this GPU; None on CPU (no meaningful peak)."""
+    """`--peak-flops` when given, else the table's peak for this GPU, a MIG slice's share of it by its SMs;
+    None on CPU (no meaningful peak), and on a MIG slice of a GPU whose SM count is unknown."""
     if override:
         return override
     if device.type != "cuda":
         return None
-    return peak_flops(torch.cuda.get_device_name(device), precision, tf32)
+    name = torch.cuda.get_device_name(device)
+    peak = peak_flops(name, precision, tf32)
+    if peak is not None and re.search(r"\bMIG\b", name):
+        share = mig_share(name, torch.cuda.get_device_properties(device).multi_processor_count)
+        return peak * share if share is not None else None
+    return peak
 
 
 def allow_tf32(device: torch.device, enabled: bool) -> None:

@@ -19,6 +19,7 @@ import torch
 from gpt2bench.files import termination_log_path, write_atomic, write_termination_message
 from gpt2bench.protocol import MAX_STEPS_LINE, MAX_TERMINATION_MESSAGE, SUMMARY_FILE, SUMMARY_PREFIX
 from gpt2bench.trainer.aggregates import ThinnedSteps, finite, fold
+from gpt2bench.trainer.fabric import fabric_summary
 
 COMPACT_LIMIT_BYTES = MAX_TERMINATION_MESSAGE
 
@@ -50,7 +51,7 @@ def compact(summary: dict[str, Any]) -> str:
             small[key] = small[key][:997] + "..."
     text = json.dumps(small, separators=(",", ":"), allow_nan=False, default=str)
     for bulky in ("memory_per_rank", "energy_joules_per_device", "breakdown_method", "param_checksums", "state_bytes_per_rank", "peak_memory_bytes_per_rank",
-                  "worker_tokens_per_second", "steps_when_first_worker_done", "note"):
+                  "worker_tokens_per_second", "steps_when_first_worker_done", "node_names", "note"):
         if len(text.encode()) <= COMPACT_LIMIT_BYTES:
             break
         small.pop(bulky, None)
@@ -165,6 +166,8 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
     if figures["skipped_measured_steps"]:
         notes.append(f"{figures['skipped_measured_steps']} measured step(s) skipped by the fp16 loss scaler: "
                      "their time counts, their update did not happen")
+    fabric, fabric_notes = fabric_summary(payloads, env.nodes, on_gpu)
+    notes += fabric_notes
     compile_seconds = max((w.get("compile_seconds") or 0.0 for w in workers), default=0.0)
     if figures["compile_seconds_in_measured_steps"] > 0:
         notes.append(f"torch.compile compiled during measured steps ({figures['compile_seconds_in_measured_steps']:.1f}"
@@ -207,6 +210,7 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "padded_vocab_size": lead.get("padded_vocab_size"),
         "flops_per_token": flops,
         "peak_flops": peak,
+        **fabric,
         "note": "; ".join(notes) or None,
         **parallel.extra_summary,
         "versions": versions(),

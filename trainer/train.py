@@ -17,6 +17,7 @@ from gpt2bench.trainer.config import ConfigError, parse_config
 from gpt2bench.trainer.devices import apply_cpu_budget, emulated_precision
 from gpt2bench.trainer.env import detect_env, process_start_time
 from gpt2bench.trainer.exporter import PrometheusExporter
+from gpt2bench.trainer.fabric import ask_nccl_for_its_log, rank_payload
 from gpt2bench.trainer.lifeline import watch_runner
 from gpt2bench.trainer.model import build_model
 from gpt2bench.trainer.parallel import strategy_class
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             publish_summary({"status": "skipped", "reason": emulated, "strategy": config.strategy.name,
                              "precision": config.precision}, config.process.output)
         return 0
+    # before any process group: NCCL reads its log settings once, at its first communicator (trainer/fabric.py)
+    nccl_log = ask_nccl_for_its_log(config.process.output, env.rank) if parallel.device.type == "cuda" else None
     payload, exporter = {"job_rank": env.rank}, None
     try:
         parallel.setup()
@@ -71,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             served = parallel.serve(lambda: build_model(config)) or {}
             payload = {"job_rank": env.rank, "is_worker": False, "role": "server", "status": "succeeded", **served}
-        # read back here, at the end: what the rank really ran with, not what was asked
+        # read back here, at the end: what the rank really ran with, not what was asked, and where
         payload.update(threads=torch.get_num_threads(), cores_per_rank=budget.cores_per_rank)
+        payload.update(rank_payload(nccl_log, uses_nccl=parallel.device.type == "cuda"))
         payloads = parallel.gather_to_reporter(payload)
         if parallel.is_reporter:
             summary = build_summary(config, env, parallel, payloads)

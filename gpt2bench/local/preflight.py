@@ -9,6 +9,8 @@ cannot check them; locally a missing file would otherwise surface only after eve
   network, which is not checked); anything else is a local .txt/.jsonl file or a folder holding some.
 - `spec.model.pretrained`: an existing folder must hold a config.json; a value that cannot be a Hugging
   Face hub id is a local path and must exist; a hub id needs a network (not checked).
+- `spec.pods.env` from a Secret or ConfigMap (HF_TOKEN): this shell must have the variable, which the
+  replicas inherit.
 """
 
 from __future__ import annotations
@@ -60,7 +62,16 @@ def preflight(spec: GPT2BenchmarkSpec) -> tuple[list[tuple[str, str]], list[str]
         else:
             notes.append(f"spec.model.pretrained {shown(pretrained)} is no folder here, so each run loads it from the "
                          "Hugging Face hub: that needs a network, not checked here")
+    problems += secret_env_problems(spec)
     return problems, notes
+
+
+def secret_env_problems(spec: GPT2BenchmarkSpec) -> list[tuple[str, str]]:
+    """spec.pods.env from a Secret or ConfigMap: there is none on this machine, so a local run takes the variable
+    from this shell (the replicas inherit it), which must then have it."""
+    return [(f"spec.pods.env[{i}].valueFrom", f"{item.name} comes from a Secret or ConfigMap on a cluster; a local "
+                                              f"run takes it from this shell, where it is not set (export {item.name})")
+            for i, item in enumerate(spec.pods.env) if item.value_from is not None and item.name not in os.environ]
 
 
 def local_data_problem(path: Path) -> str | None:

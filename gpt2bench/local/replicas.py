@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.protocol import METRICS_ADDRESS_ENV, OUTPUT_ENV, POD_CPUS_ENV, RUNNER_PID_ENV, TERMINATION_LOG_ENV
+from gpt2bench.protocol import (
+    METRICS_ADDRESS_ENV,
+    OUTPUT_ENV,
+    POD_CPUS_ENV,
+    RUNNER_PID_ENV,
+    TERMINATION_LOG_ENV,
+    TRAINER_HOME,
+)
 from gpt2bench.spec.expansion import expand
 from gpt2bench.trainer.cores import available_cpus
 
@@ -46,6 +53,8 @@ def container_env(container: dict[str, Any], injected: dict[str, str], pod: dict
     env: dict[str, str] = {}
     for item in container.get("env") or []:
         name = item["name"]
+        if "valueFrom" in item and {"secretKeyRef", "configMapKeyRef"} & set(item["valueFrom"] or {}):
+            continue  # no Secret here: the process inherits this shell's variable (local/preflight.py checks it)
         if "valueFrom" in item:
             field_path = ((item["valueFrom"] or {}).get("fieldRef") or {}).get("fieldPath")
             if field_path not in pod:
@@ -119,6 +128,8 @@ def make_replica(
         "spec.nodeName": socket.gethostname(),
     }
     env = container_env(container, {**injected, **local}, pod)
+    # paths inside the image user's home (the pods' compile cache) mean nothing here: the shell's, or the default
+    env = {key: value for key, value in env.items() if not value.startswith(f"{TRAINER_HOME}/")}
     return Replica(
         role=role,
         index=index,

@@ -11,7 +11,8 @@ resourcesPerNode merged over its resources. Then what the ML-policy plugin injec
   127.0.0.1 and a free port; in a cluster `<trainjob>-node-0-0.<trainjob>` and 29500), plus the Job
   controller's JOB_COMPLETION_INDEX. The container's own command (torchrun) reads the PET_*.
 - MPI (TR mpi.go): the launcher only, with OMPI_MCA_orte_default_hostfile pointing at a local hostfile
-  `localhost slots=<hosts x slots>` (the plugin lists `<hosts>` pods with numProcPerNode slots each),
+  `localhost slots=<hosts x slots>` (the plugin lists `<hosts>` pods with numProcPerNode slots each: the
+  `node` pods, and the launcher with runLauncherAsNode; the one-node runtime has the launcher alone),
   OMPI_MCA_orte_keep_fqdn_hostnames, OMPI_MCA_orte_set_default_slots and OMPI_MCA_plm_rsh_args. mpirun
   then starts every rank here, so the sshd `node` pods are not started (as for an MPIJob).
 """
@@ -107,7 +108,11 @@ def trainjob_replicas(
         if mpi.get("mpiImplementation", "OpenMPI") != "OpenMPI":
             raise JobSpecError(f"MPI implementation {mpi['mpiImplementation']!r} is not supported locally")
         slots = int(trainer.get("numProcPerNode", mpi.get("numProcPerNode", 1)))
-        hosts = max(nodes - 1, 1) + 1 if mpi.get("runLauncherAsNode") else nodes
+        # the hosts of the hostfile the plugin writes: the `node` pods (if the runtime has that job), and the
+        # launcher with runLauncherAsNode (the one-node runtime has only the launcher)
+        as_node = bool(mpi.get("runLauncherAsNode"))
+        has_nodes = any(rjob["name"] == "node" for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"])
+        hosts = ((max(nodes - 1, 1) if as_node else nodes) if has_nodes else 0) + as_node
         run_dir.mkdir(parents=True, exist_ok=True)
         hostfile = run_dir / "hostfile"
         hostfile.write_text(f"localhost slots={hosts * slots}\n", encoding="utf-8")

@@ -6,7 +6,7 @@ backend needs the API server to resolve (the operator asks it, TrainJob preferre
 it gives the v1 jobs (gpt2bench.jobkinds.OFFLINE_BACKEND). Settings the chosen backend cannot apply
 are named on stderr.
 
-`gpt2bench render --runtimes [--image IMAGE]` prints the project's Trainer v2 runtimes instead (what
+`gpt2bench render --runtimes [--image IMAGE] [--gpu-image IMAGE]` prints the project's Trainer v2 runtimes instead (what
 TrainJobs point at; install them once per cluster).
 """
 
@@ -20,8 +20,9 @@ from gpt2bench.plan import resolved_backend
 from gpt2bench.render import dump_jobs, render_objects
 from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
+from gpt2bench.spec.fielderrors import field_path
 from gpt2bench.spec.kubesyntax import dns1123_label_problem
-from gpt2bench.spec.model import DEFAULT_IMAGE
+from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, cross_field_errors
 from gpt2bench.spec.validation import SpecError, load_benchmarks_file
 
 
@@ -47,10 +48,13 @@ def main(argv: list[str] | None = None) -> int:
                              "offline (docs/backends.md)")
     parser.add_argument("--runtimes", action="store_true",
                         help="print the project's ClusterTrainingRuntimes (for the trainjob backend) instead")
-    parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"--runtimes: their image (default {DEFAULT_IMAGE})")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"--runtimes: the CPU trainer image their pods run "
+                                                                f"(default {DEFAULT_IMAGE})")
+    parser.add_argument("--gpu-image", default=DEFAULT_GPU_IMAGE, help=f"--runtimes: the GPU (CUDA) trainer image "
+                                                                       f"(default {DEFAULT_GPU_IMAGE})")
     args = parser.parse_args(argv)
     if args.runtimes:
-        sys.stdout.write(dump_jobs(list(project_runtimes(args.image).values())))
+        sys.stdout.write(dump_jobs(list(project_runtimes(args.image, args.gpu_image).values())))
         return 0
     if args.file is None:
         parser.error("give a GPT2Benchmark FILE (or --runtimes)")
@@ -70,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.namespace:
             benchmark = benchmark.model_copy(update={"namespace": args.namespace})
         backend = resolved_backend(benchmark, args.backend)
+        # what the chosen backend cannot run (a TrainJob has no hostNetwork), as the operator refuses it
+        refused = list(cross_field_errors(benchmark.spec.model_copy(update={"backend": backend})))
+        if refused and backend != benchmark.spec.backend:
+            for path, message in refused:
+                print(f"gpt2bench render: {field_path(path)}: {message} (--backend {backend})", file=sys.stderr)
+            return 2
         if backend == TRAINJOB:
             for caveat in trainjob_caveats(benchmark):
                 print(f"gpt2bench render: note: {caveat}", file=sys.stderr)

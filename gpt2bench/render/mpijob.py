@@ -14,6 +14,7 @@ from gpt2bench.plan import Run
 from gpt2bench.protocol import (
     LAUNCHER_CONTAINER,
     MPIJOB_API,
+    NODE_NAME_ENV,
     OUTPUT_ENV,
     POD_CPUS_ENV,
     SSH_PORT,
@@ -23,20 +24,28 @@ from gpt2bench.protocol import (
 from gpt2bench.render.pods import RunPods
 
 SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
-SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{TRAINER_HOME}/.sshd_config"]
+# Ranks that mpirun starts over ssh do not inherit their pod's env: sshd hands each session the node the pod
+# runs on (the kubelet expands $(VAR) from the container's env), so that every rank records its own node.
+SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{TRAINER_HOME}/.sshd_config",
+                "-o", f"SetEnv={NODE_NAME_ENV}=$({NODE_NAME_ENV})"]
 # mpirun's ssh options: the command line wins over the OMPI_MCA_plm_rsh_args mpi-operator injects, so its
 # ConnectionAttempts is repeated here.
 RSH_ARGS = f"-p {SSH_PORT} -o ConnectionAttempts=10"
-# Forwarded from the launcher to every rank (an unset one only draws a warning from mpirun).
-MPI_FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", OUTPUT_ENV, POD_CPUS_ENV)
+# Forwarded from the launcher to every rank (an unset one only draws a warning from mpirun), then the user's
+# own (spec.pods.env): the fabric's NCCL_*/FI_* settings must reach the ranks on every node. Not the node's name:
+# each rank's own comes from its pod's sshd (SSHD_COMMAND).
+MPI_FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", OUTPUT_ENV, POD_CPUS_ENV,
+                     "TORCHINDUCTOR_CACHE_DIR")
 # The launcher runs `gpt2bench launch`, mpirun and one ssh client per worker, and trains nothing: small,
 # bounded, requests = limits (Guaranteed, never the first evicted). Not timed, so a CPU limit costs nothing.
 LAUNCHER_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
 
 
-def mpirun_command(run: Run) -> list[str]:
-    """The launcher's command: mpirun over the hostfile mpi-operator mounts, wrapped by `gpt2bench launch`."""
-    forward = [arg for name in MPI_FORWARDED_ENV for arg in ("-x", name)]
+def mpirun_command(run: Run, user_env: list[str] = ()) -> list[str]:
+    """The launcher's command: mpirun over the hostfile mpi-operator mounts, wrapped by `gpt2bench launch`;
+    `user_env`: the names of spec.pods.env, forwarded after the project's own."""
+    names = list(dict.fromkeys([*MPI_FORWARDED_ENV, *user_env]))
+    forward = [arg for name in names for arg in ("-x", name)]
     return [
         "gpt2bench", "launch", "--",
         "mpirun", "-np", str(run.world_size), "-mca", "plm_rsh_args", RSH_ARGS,
@@ -48,10 +57,12 @@ def mpirun_command(run: Run) -> list[str]:
 def render_mpijob(pods: RunPods) -> dict[str, Any]:
     run = pods.run
     launcher = pods.template(
-        {"name": LAUNCHER_CONTAINER, "command": mpirun_command(run), "env": pods.env},
+        {"name": LAUNCHER_CONTAINER, "command": mpirun_command(run, pods.benchmark.spec.pods.env_names),
+         "env": pods.env},
         gpus=0,
         serves_metrics=False,
         resources=LAUNCHER_RESOURCES,
+        trains=False,
     )
     worker = pods.template(
         {

@@ -22,17 +22,20 @@ from gpt2bench.protocol import (
     KUEUE_QUEUE_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    NODE_NAME_ENV,
     OUTPUT_DIR,
     OUTPUT_ENV,
     POD_CPUS_ENV,
     PRECISION_LABEL,
+    ROLE_LABEL,
     RUN_LABEL,
     STRATEGY_LABEL,
     TRAINER_HOME,
-    TRAINER_UID,
+    TRAINER_ROLE,
 )
 from gpt2bench.spec.kubesyntax import quantity_value
 from gpt2bench.spec.model import Benchmark
+from gpt2bench.spec.pods import PodsSpec, VolumeSpec
 
 
 def label_value(text: str) -> str:
@@ -55,11 +58,16 @@ def job_labels(benchmark: Benchmark, run: Run) -> dict[str, str]:
 
 
 def job_metadata(benchmark: Benchmark, run: Run) -> dict[str, Any]:
-    labels = job_labels(benchmark, run)
+    """The job's metadata: the user's labels and annotations (spec.jobMetadata), then the run's labels."""
+    extra = benchmark.spec.job_metadata
+    labels = {**extra.labels, **job_labels(benchmark, run)}
     if benchmark.spec.scheduling.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = benchmark.spec.scheduling.kueue_queue
     # No ownerReferences: ownership is the operator's (kopf.adopt); a rendered job for GitOps has no owner.
-    return {"name": run.name, "namespace": benchmark.namespace, "labels": labels}
+    metadata: dict[str, Any] = {"name": run.name, "namespace": benchmark.namespace, "labels": labels}
+    if extra.annotations:
+        metadata["annotations"] = dict(extra.annotations)
+    return metadata
 
 
 def run_policy(benchmark: Benchmark, min_available: int) -> dict[str, Any]:
@@ -131,9 +139,21 @@ def budget_env(benchmark: Benchmark) -> dict[str, str]:
     return {} if cpu is None else {POD_CPUS_ENV: format(quantity_value(cpu).normalize(), "f")}
 
 
-def container_env(extra: dict[str, str] | None = None) -> list[dict[str, str]]:
-    env = {OUTPUT_ENV: OUTPUT_DIR, "PYTHONUNBUFFERED": "1", **(extra or {})}
-    return [{"name": name, "value": value} for name, value in env.items()]
+# torch.compile's caches (inductor's FX graphs and Triton kernels, which it keeps under its own folder) under
+# ~/.cache with the Hugging Face downloads: a volume mounted there (spec.pods.volumes) shares them all.
+COMPILE_CACHE_DIR = f"{TRAINER_HOME}/.cache/torchinductor"
+
+
+def container_env(benchmark: Benchmark) -> list[dict[str, Any]]:
+    """Every container's env: the output folder, unbuffered output, the node the pod runs on (downward API),
+    the compile cache's place, then the user's variables (spec.pods.env) in their order."""
+    env: list[dict[str, Any]] = [
+        {"name": OUTPUT_ENV, "value": OUTPUT_DIR},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": COMPILE_CACHE_DIR},
+    ]
+    return env + [item.model_dump(by_alias=True, exclude_none=True) for item in benchmark.spec.pods.env]
 
 
 # The root filesystem is read-only (container_security_context); what the trainer, torchrun, mpirun and
@@ -142,15 +162,22 @@ def container_env(extra: dict[str, str] | None = None) -> list[dict[str, str]]:
 WRITABLE_PATHS = {"tmp": "/tmp", "cache": f"{TRAINER_HOME}/.cache", "triton": f"{TRAINER_HOME}/.triton"}
 
 
-def pod_volumes(gpus: int) -> tuple[list[dict], list[dict]]:
+def pod_volumes(gpus: int, user: list[VolumeSpec] = ()) -> tuple[list[dict], list[dict]]:
+    """The pod's volumes and the training container's mounts: the output folder, the writable paths, /dev/shm
+    on GPUs, then the user's (spec.pods.volumes). A user's volume at a cache path replaces that emptyDir."""
+    replaced = {volume.mount_path.rstrip("/") for volume in user}
     volumes = [{"name": "output", "emptyDir": {}}]
     mounts = [{"name": "output", "mountPath": OUTPUT_DIR}]
     for name, path in WRITABLE_PATHS.items():
+        if path in replaced:
+            continue
         volumes.append({"name": name, "emptyDir": {}})
         mounts.append({"name": name, "mountPath": path})
     if gpus:  # NCCL needs more shared memory than the container default of 64 MiB
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_PER_GPU * gpus}Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    volumes += [volume.volume() for volume in user]
+    mounts += [volume.mount() for volume in user]
     return volumes, mounts
 
 
@@ -163,23 +190,46 @@ def metrics_ports(port: int, processes: int) -> list[dict[str, Any]]:
     ]
 
 
-def pod_security_context() -> dict[str, Any]:
+def pod_security_context(pods: PodsSpec | None = None) -> dict[str, Any]:
     """Pod level of "restricted": non-root (the image's user, numerically, so the kubelet can check it
-    before start), RuntimeDefault seccomp; fsGroup makes mounted volumes writable by that user."""
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": TRAINER_UID,
-        "runAsGroup": TRAINER_UID,
-        "fsGroup": TRAINER_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    before start), RuntimeDefault seccomp; fsGroup makes mounted volumes writable by that user. The spec may
+    leave the ids to the platform (spec.pods.runAsUser: null, as OpenShift's restricted SCC assigns them);
+    without a spec (the Trainer v2 runtimes, which each TrainJob's patch completes) none is set."""
+    ids = {} if pods is None else {"runAsUser": pods.run_as_user, "runAsGroup": pods.run_as_group,
+                                   "fsGroup": pods.fs_group}
+    return {"runAsNonRoot": True, **{key: value for key, value in ids.items() if value is not None},
+            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def container_security_context() -> dict[str, Any]:
+def container_security_context(capabilities: list[str] = ()) -> dict[str, Any]:
     """Container level of "restricted": no privilege escalation, every capability dropped; and a read-only
-    root filesystem (the writable paths are emptyDirs: pod_volumes)."""
+    root filesystem (the writable paths are emptyDirs: pod_volumes). A fabric's capabilities (spec.pods.
+    capabilities, e.g. IPC_LOCK) are added back on request, which leaves "restricted" (docs/security.md)."""
+    dropped: dict[str, Any] = {"drop": ["ALL"]}
+    if capabilities:
+        dropped["add"] = list(capabilities)
     return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]}}
+            "capabilities": dropped}
+
+
+# Where a run's training pods must not meet: one node each, so that an N-node run measures N machines.
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def pod_affinity(benchmark: Benchmark, run: Run, trains: bool) -> dict[str, Any] | None:
+    """The user's affinity (spec.affinity), plus, for a training pod of a run of several nodes, a required
+    anti-affinity to the run's other training pods on kubernetes.io/hostname (spec.scheduling.
+    spreadAcrossNodes). Required, not preferred: a "2-node" run on one node answers another question; a
+    pod anti-affinity, not a topology spread constraint: a TrainJob's runtimePatch can carry affinity only."""
+    spec = benchmark.spec
+    affinity = spec.affinity.rendered() if spec.affinity else {}
+    if trains and run.nodes > 1 and spec.scheduling.spread_across_nodes:
+        term = {"labelSelector": {"matchLabels": {BENCHMARK_LABEL: label_value(benchmark.name), RUN_LABEL: run.name,
+                                                  ROLE_LABEL: TRAINER_ROLE}},
+                "topologyKey": HOSTNAME_TOPOLOGY}
+        anti = affinity.setdefault("podAntiAffinity", {})
+        anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    return affinity or None
 
 
 def restart_policy(benchmark: Benchmark) -> str:
@@ -196,7 +246,7 @@ def run_pods(benchmark: Benchmark, run: Run) -> RunPods:
         metadata=job_metadata(benchmark, run),
         labels=job_labels(benchmark, run),
         image=benchmark.spec.trainer_image(gpus=run.devices_per_node > 0),
-        env=container_env(),
+        env=container_env(benchmark),
         budget=[{"name": name, "value": value} for name, value in budget_env(benchmark).items()],
         resources=container_resources(benchmark, run.devices_per_node, run.procs_per_node),
         restart_policy=restart_policy(benchmark),
@@ -214,7 +264,7 @@ class RunPods:
     metadata: dict[str, Any]  # the job's: name, namespace, the run's labels (and Kueue's queue label)
     labels: dict[str, str]  # the run's (job_labels)
     image: str
-    env: list[dict[str, str]]  # what every container's env starts with (container_env)
+    env: list[dict[str, Any]]  # what every container's env starts with (container_env)
     budget: list[dict[str, str]]  # the pods' CPU budget (budget_env), after each container's own env
     resources: dict[str, Any]  # a training container's: on the run's GPUs per node, for its processes
     restart_policy: str
@@ -229,19 +279,23 @@ class RunPods:
         gpus: int | None = None,
         serves_metrics: bool = True,
         resources: dict[str, Any] | None = None,
+        trains: bool = True,
     ) -> dict[str, Any]:
         """A pod template around `container` (its name and own fields: command, env, ports, probes); `gpus`:
-        the pod's (default: the run's per node); `resources`: instead of a training container's."""
-        spec, run = self.benchmark.spec, self.run
+        the pod's (default: the run's per node); `resources`: instead of a training container's; `trains`:
+        False for a pod that runs no rank (an MPIJob's launcher: not spread, not labelled a trainer)."""
+        spec, run, pods = self.benchmark.spec, self.run, self.benchmark.spec.pods
         gpus = run.devices_per_node if gpus is None else gpus
-        labels = {**spec.metrics.pod_labels, **self.labels}
-        annotations = dict(spec.metrics.pod_annotations)
-        volumes, mounts = pod_volumes(gpus)
+        labels = {**spec.metrics.pod_labels, **pods.labels, **self.labels}
+        if trains:
+            labels[ROLE_LABEL] = TRAINER_ROLE
+        annotations = {**spec.metrics.pod_annotations, **pods.annotations}
+        volumes, mounts = pod_volumes(gpus, pods.volumes)
         container = {
             "name": container["name"],
             "image": self.image,
             "imagePullPolicy": spec.image_pull_policy,
-            "securityContext": container_security_context(),
+            "securityContext": container_security_context(pods.capabilities),
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "volumeMounts": mounts,
             **copy.deepcopy(container),
@@ -264,11 +318,20 @@ class RunPods:
         pod_spec: dict[str, Any] = {
             "containers": [container],
             "volumes": volumes,
-            "securityContext": pod_security_context(),
+            "securityContext": pod_security_context(pods),
             "automountServiceAccountToken": False,
         }
+        if pods.service_account_name:
+            pod_spec["serviceAccountName"] = pods.service_account_name
+        if pods.image_pull_secrets:
+            pod_spec["imagePullSecrets"] = [{"name": name} for name in pods.image_pull_secrets]
+        if pods.host_network:
+            # the cluster's DNS still resolves the job's Services (rendezvous, MPI hosts)
+            pod_spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
         if spec.node_selector:
             pod_spec["nodeSelector"] = dict(spec.node_selector)
+        if affinity := pod_affinity(self.benchmark, run, trains):
+            pod_spec["affinity"] = affinity
         if spec.tolerations:
             pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
         if spec.scheduling.priority_class_name:

@@ -1,6 +1,6 @@
 """The project's own Kubeflow Trainer v2 runtimes: what every rendered TrainJob points at.
 
-Two ClusterTrainingRuntimes (cluster-scoped, so every namespace's TrainJobs can use them):
+Four ClusterTrainingRuntimes (cluster-scoped, so every namespace's TrainJobs can use them):
 
 - `gpt2bench-torch` (every strategy but horovod): `mlPolicy.torch`, one replicated job `node` whose Job
   template carries `trainer.kubeflow.org/trainjob-ancestor-step: trainer`, so the TrainJob's image,
@@ -9,16 +9,25 @@ Two ClusterTrainingRuntimes (cluster-scoped, so every namespace's TrainJobs can 
   cannot patch: restartPolicy Never with backoffLimit 0 (a failed trainer fails the run at once, the
   spec's default), the termination-message policy the collector relies on, the `metrics` port, and
   Pod Security "restricted".
-- `gpt2bench-mpi` (horovod): `mlPolicy.mpi` with OpenMPI and a non-root sshd on port 2222, shaped like
-  upstream's `deepspeed-distributed`: sshd `node`s, then the `launcher` (the trainer ancestor, container
-  also named `node`, as the MPI plugin only touches containers of that name) once they are Ready.
-  `runLauncherAsNode: true`, as upstream: only then do the `node` pods get `resourcesPerNode` (their
-  GPUs) and `trainer.env` (TR trainingruntime.go L199-237, builder.go L142-155); the plugin then makes
-  max(numNodes - 1, 1) `node` pods and lists the launcher in the hostfile too.
+- `gpt2bench-mpi` (horovod on CPUs, 2 nodes or more) and `gpt2bench-mpi-cuda` (on GPUs): `mlPolicy.mpi`
+  with OpenMPI and a non-root sshd on port 2222, shaped like upstream's `deepspeed-distributed`: sshd
+  `node`s, then the `launcher` (the trainer ancestor, container also named `node`, as the MPI plugin only
+  touches containers of that name) once they are Ready. `runLauncherAsNode: true`, as upstream: only then
+  do the `node` pods get `resourcesPerNode` (their GPUs) and `trainer.env` (TR trainingruntime.go
+  L199-237, builder.go L142-155); the plugin then makes max(numNodes - 1, 1) `node` pods and lists the
+  launcher in the hostfile too, so an N-node run is N pods that all train. The sshd pods run the runtime's
+  image (a TrainJob cannot change it), hence one runtime per trainer image: the CPU one and the CUDA one.
+- `gpt2bench-mpi-one-node` (horovod on one node): the launcher alone, as the node (`runLauncherAsNode`):
+  with a `node` job too, the plugin would still make one `node` pod, and a 1 x 4 run would hold 8 GPUs
+  with 4 of them idle. mpirun starts every rank in the launcher's own pod (the hostfile names it), whose
+  image is the TrainJob's.
 
 The image is ours (the one Dockerfile: gpt2bench, torchrun, mpirun, sshd with
-/home/gpt2bench/.sshd_config on port 2222). These builders are the data the Helm chart and manifests/
-ship (issue 10, phase 2); tests validate them against the upstream CRDs.
+/home/gpt2bench/.sshd_config on port 2222). Each runtime says which trainer image its pods run
+(`IMAGE_LABEL`: cpu or gpu), so the Helm chart sets its `trainerImage` values there (templates/
+trainer-runtimes.yaml), and a gang-scheduling `podGroupPolicy` (coscheduling or Volcano) when the chart's
+`trainerRuntimes.podGroupPolicy` says so. These builders are the data the chart and manifests/ ship;
+tests validate them against the upstream CRDs.
 """
 
 from __future__ import annotations
@@ -26,13 +35,16 @@ from __future__ import annotations
 from typing import Any
 
 from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB
-from gpt2bench.protocol import SSH_PORT, TRAINJOB_API, TRAINJOB_CONTAINER
+from gpt2bench.protocol import GANG_ANNOTATION, SSH_PORT, TRAINJOB_API, TRAINJOB_CONTAINER, VOLCANO_QUEUE_ANNOTATION
 from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
 from gpt2bench.render.pods import container_security_context, pod_security_context
-from gpt2bench.spec.model import DEFAULT_IMAGE, MetricsSpec
+from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MetricsSpec
 
 TORCH_RUNTIME = "gpt2bench-torch"
 MPI_RUNTIME = "gpt2bench-mpi"
+MPI_GPU_RUNTIME = "gpt2bench-mpi-cuda"
+MPI_ONE_NODE_RUNTIME = "gpt2bench-mpi-one-node"
+IMAGE_LABEL = "gpt2bench.io/trainer-image"  # cpu | gpu: which of the chart's trainer images the runtime's pods run
 RUNTIME_KIND = "ClusterTrainingRuntime"
 RUNTIME_PLURAL = "clustertrainingruntimes"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # TR constants.go L36-41
@@ -79,7 +91,11 @@ def _replicated_job(name: str, container: dict[str, Any], *, trainer: bool, **ex
     return {"name": name, **extra, "template": template}
 
 
-def _runtime(name: str, framework: str, ml_policy: dict[str, Any], jobset_spec: dict[str, Any]) -> dict[str, Any]:
+def _runtime(name: str, framework: str, device: str, ml_policy: dict[str, Any], jobset_spec: dict[str, Any],
+             pod_group_policy: dict[str, Any] | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"mlPolicy": ml_policy}
+    if pod_group_policy:
+        spec["podGroupPolicy"] = pod_group_policy
     return {
         "apiVersion": TRAINJOB_API,
         "kind": RUNTIME_KIND,
@@ -89,22 +105,38 @@ def _runtime(name: str, framework: str, ml_policy: dict[str, Any], jobset_spec: 
                 FRAMEWORK_LABEL: framework,
                 "app.kubernetes.io/name": "gpt2bench",
                 "app.kubernetes.io/component": "training-runtime",
+                IMAGE_LABEL: device,
             },
         },
-        "spec": {"mlPolicy": ml_policy, "template": {"spec": jobset_spec}},
+        "spec": {**spec, "template": {"spec": jobset_spec}},
     }
 
 
-def torch_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+def torch_runtime(image: str = DEFAULT_IMAGE, pod_group_policy: dict[str, Any] | None = None) -> dict[str, Any]:
     """`gpt2bench-torch`: the trainer's image/command come from each TrainJob; `image` is a placeholder
     the Trainer replaces (builder.go L113-141)."""
     node = _replicated_job(NODE_JOB, _container(image, ports=[_metrics_port()]), trainer=True)
-    return _runtime(TORCH_RUNTIME, "torch", {"numNodes": 1, "torch": {}}, {"replicatedJobs": [node]})
+    return _runtime(TORCH_RUNTIME, "torch", "cpu", {"numNodes": 1, "torch": {}}, {"replicatedJobs": [node]},
+                    pod_group_policy)
 
 
-def mpi_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
-    """`gpt2bench-mpi`: `image` runs the sshd `node` pods, where horovod's ranks run; a TrainJob cannot
-    change it, so it must be the image the TrainJobs name (runtime_problems checks)."""
+def _mpi_policy() -> dict[str, Any]:
+    return {
+        "numNodes": 1,
+        "mpi": {
+            "numProcPerNode": 1,
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
+            "runLauncherAsNode": True,
+        },
+    }
+
+
+def mpi_runtime(image: str = DEFAULT_IMAGE, name: str = MPI_RUNTIME, device: str = "cpu",
+                pod_group_policy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`gpt2bench-mpi` (`gpt2bench-mpi-cuda` with the GPU image): `image` runs the sshd `node` pods, where
+    horovod's ranks run; a TrainJob cannot change it, so it must be the image the TrainJobs name
+    (runtime_problems checks)."""
     sshd = _container(
         image,
         command=SSHD_COMMAND[:1],
@@ -117,15 +149,6 @@ def mpi_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
         LAUNCHER_JOB, _container(image, ports=[_metrics_port()]), trainer=True,
         dependsOn=[{"name": NODE_JOB, "status": "Ready"}],  # mpirun needs every sshd listening
     )  # fmt: skip
-    policy = {
-        "numNodes": 1,
-        "mpi": {
-            "numProcPerNode": 1,
-            "mpiImplementation": "OpenMPI",
-            "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
-            "runLauncherAsNode": True,
-        },
-    }
     jobset = {
         # Ranks resolve every host in the hostfile, the launcher's own too, before any pod is Ready.
         "network": {"publishNotReadyAddresses": True},
@@ -133,12 +156,39 @@ def mpi_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
         "successPolicy": {"operator": "All", "targetReplicatedJobs": [LAUNCHER_JOB]},
         "replicatedJobs": [nodes, launcher],
     }
-    return _runtime(MPI_RUNTIME, "horovod", policy, jobset)
+    return _runtime(name, "horovod", device, _mpi_policy(), jobset, pod_group_policy)
 
 
-def project_runtimes(image: str = DEFAULT_IMAGE) -> dict[str, dict[str, Any]]:
-    """Every runtime the project ships, by name."""
-    return {runtime["metadata"]["name"]: runtime for runtime in (torch_runtime(image), mpi_runtime(image))}
+def mpi_one_node_runtime(image: str = DEFAULT_IMAGE, pod_group_policy: dict[str, Any] | None = None
+                         ) -> dict[str, Any]:
+    """`gpt2bench-mpi-one-node`: the launcher alone runs mpirun and every rank (its image is the TrainJob's,
+    `image` a placeholder); no sshd pod, so no GPU is held by a pod that trains nothing."""
+    launcher = _replicated_job(LAUNCHER_JOB, _container(image, ports=[_metrics_port()]), trainer=True)
+    jobset = {"network": {"publishNotReadyAddresses": True}, "replicatedJobs": [launcher]}
+    return _runtime(MPI_ONE_NODE_RUNTIME, "horovod", "cpu", _mpi_policy(), jobset, pod_group_policy)
+
+
+def project_runtimes(image: str = DEFAULT_IMAGE, gpu_image: str = DEFAULT_GPU_IMAGE,
+                     pod_group_policy: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Every runtime the project ships, by name: `image` (CPU) and `gpu_image` (CUDA) are what their pods run
+    where a TrainJob cannot say (the MPI runtimes' sshd pods); `pod_group_policy` gang-schedules them all."""
+    runtimes = (
+        torch_runtime(image, pod_group_policy),
+        mpi_runtime(image, pod_group_policy=pod_group_policy),
+        mpi_runtime(gpu_image, MPI_GPU_RUNTIME, "gpu", pod_group_policy),
+        mpi_one_node_runtime(image, pod_group_policy),
+    )
+    return {runtime["metadata"]["name"]: runtime for runtime in runtimes}
+
+
+def runtime_for(strategy: str, nodes: int, gpus: bool) -> str:
+    """The runtime a run's TrainJob names: torch for every strategy but horovod; horovod on one node runs in
+    its launcher alone, on several in sshd pods of the run's image (CPU or CUDA)."""
+    if strategy != "horovod":
+        return TORCH_RUNTIME
+    if nodes == 1:
+        return MPI_ONE_NODE_RUNTIME
+    return MPI_GPU_RUNTIME if gpus else MPI_RUNTIME
 
 
 def replicated_job_containers(runtime: dict[str, Any]) -> dict[str, set[str]]:
@@ -178,7 +228,30 @@ def runtime_problems(trainjob: dict[str, Any], runtime: dict[str, Any]) -> list[
                 if labels.get(ANCESTOR_LABEL) != "trainer" and image and container.get("image") != image:
                     problems.append(
                         f"runtime {ref['name']} runs its {job['name']!r} pods (where the ranks run) from image "
-                        f"{container.get('image')!r}, not the TrainJob's {image!r}"
+                        f"{container.get('image')!r}, not the TrainJob's {image!r}: install the runtimes with "
+                        f"that image (the chart's trainerImage values), or leave spec.image unset"
                     )
+    problems += scheduling_problems(trainjob, runtime)
+    return problems
+
+
+def scheduling_problems(trainjob: dict[str, Any], runtime: dict[str, Any]) -> list[str]:
+    """What a TrainJob asks of its runtime's gang scheduling (the annotations render/trainjob.py writes) that
+    the runtime does not do: gang scheduling needs a podGroupPolicy, a Volcano queue a Volcano one."""
+    name = runtime["metadata"]["name"]
+    policy = runtime["spec"].get("podGroupPolicy") or {}
+    wants_gang = (trainjob["metadata"].get("annotations") or {}).get(GANG_ANNOTATION) == "required"
+    queues = [((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("metadata", {}).get(
+        "annotations", {}).get(VOLCANO_QUEUE_ANNOTATION) for patch in trainjob["spec"].get("runtimePatches") or []]
+    problems = []
+    if wants_gang and not policy:
+        problems.append(f"spec.scheduling.gang: runtime {name} has no podGroupPolicy, so its pods would start one "
+                        f"by one: install the runtimes with one (Helm: --set trainerRuntimes.podGroupPolicy=coscheduling "
+                        f"or volcano), or set gang: false and let Kueue admit each job whole (spec.scheduling."
+                        f"kueueQueue)")
+    if any(queues) and "volcano" not in policy:
+        problems.append(f"spec.scheduling.queue: runtime {name} does not gang-schedule with Volcano (its "
+                        f"podGroupPolicy: {sorted(policy) or 'none'}), which is what reads the queue: install the "
+                        f"runtimes with --set trainerRuntimes.podGroupPolicy=volcano, or leave queue unset")
     return problems
 

@@ -7,13 +7,20 @@ What goes where (Trainer v2.3.0; notes §1.3):
   not wrap the command, so ours calls torchrun). The MPI plugin writes the hostfile and the OMPI_MCA_*
   env of the launcher, whose `gpt2bench launch -- mpirun ...` keeps the summary.
 - `spec.runtimePatches` (one, manager `gpt2bench.io/render`): per replicated job, what our pods share
-  (render/pods.py's pod template): labels, annotations, volumes and mounts, nodeSelector, tolerations,
-  securityContext. Patches cannot set env on `node` (webhook), ports, resources or priorityClassName.
-- metadata: the run's labels (and Kueue's queue label, which Kueue reads from the TrainJob); the
-  annotation naming the replicated job whose pod 0 holds the results (gpt2bench.jobkinds).
+  (render/pods.py's pod template): labels, annotations, volumes and mounts, nodeSelector, affinity (the
+  run's spread across nodes included), tolerations, imagePullSecrets, serviceAccountName, the security
+  contexts (a fabric's capabilities included). Patches cannot set env on `node` (webhook: it goes in
+  trainer.env), ports, resources, hostNetwork or priorityClassName (the spec refuses the last two with
+  backend trainjob); the patch's own metadata carries the Volcano queue (`scheduling.volcano.sh/queue-name`).
+- metadata: the user's job labels and annotations (spec.jobMetadata), the run's labels (and Kueue's queue
+  label, which Kueue reads from the TrainJob); the annotation naming the replicated job whose pod 0 holds
+  the results (gpt2bench.jobkinds), and `gpt2bench.io/gang-scheduling: required` when the spec asks for
+  gang scheduling, which the runtime's podGroupPolicy does (runtimes.scheduling_problems: the operator
+  refuses the run on a runtime without one).
 - `spec.activeDeadlineSeconds`: the run's deadline.
 
-What a TrainJob cannot carry is reported by `trainjob_caveats`, not silently dropped.
+What a TrainJob cannot carry and does not change what is measured is reported by `trainjob_caveats`, not
+silently dropped.
 """
 
 from __future__ import annotations
@@ -23,17 +30,24 @@ from typing import Any
 
 from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB, trainjob_pods
 from gpt2bench.plan import Run
-from gpt2bench.protocol import RESULT_REPLICATED_JOB_ANNOTATION, TRAINJOB_API, TRAINJOB_CONTAINER
+from gpt2bench.protocol import (
+    GANG_ANNOTATION,
+    RESULT_REPLICATED_JOB_ANNOTATION,
+    TRAINJOB_API,
+    TRAINJOB_CONTAINER,
+    VOLCANO_QUEUE_ANNOTATION,
+)
 from gpt2bench.render.mpijob import mpirun_command
 from gpt2bench.render.pods import RunPods, container_security_context, pod_security_context
 from gpt2bench.render.runtimes import (
+    MPI_GPU_RUNTIME,
     MPI_RUNTIME,
     RUNTIME_IMAGE_PULL_POLICY,
     RUNTIME_KIND,
     RUNTIME_METRICS_PORT,
-    TORCH_RUNTIME,
+    runtime_for,
 )
-from gpt2bench.spec.model import DEFAULT_IMAGE, Benchmark
+from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, Benchmark
 
 PATCH_MANAGER = "gpt2bench.io/render"  # a runtimePatch's manager must be a domain-prefixed path (webhook)
 # What a runtimePatch may set on a pod and on a container (the TrainJob CRD's PodSpecPatch/ContainerPatch).
@@ -53,11 +67,11 @@ def torchrun_command(run: Run) -> list[str]:
     return ["torchrun", "--no-python", "--", "gpt2bench", "train", *run.trainer_args()]
 
 
-def mpi_launcher_command(run: Run) -> list[str]:
+def mpi_launcher_command(run: Run, user_env: list[str] = ()) -> list[str]:
     """mpirun as in the MPIJob (render/mpijob.py), which reaches the non-root sshd on port 2222 with
     `-mca plm_rsh_args` on the command line: Open MPI ranks that above the MPI plugin's own
     OMPI_MCA_plm_rsh_args (`-o ConnectionAttempts=10`, kept in ours)."""
-    return mpirun_command(run)
+    return mpirun_command(run, user_env)
 
 
 def pod_patch(template: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -78,18 +92,18 @@ def pod_patch(template: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def runtime_patch(pods: RunPods) -> dict[str, Any]:
-    """The run's pod template, as a patch of each replicated job's pods (all alike: one pod template)."""
+    """The run's pod template, as a patch of each replicated job's pods (all alike: one pod template; with
+    runLauncherAsNode every pod of an MPI runtime trains)."""
     pod, _ = pod_patch(pods.template({"name": TRAINJOB_CONTAINER, "env": pods.env}))
     replicated_jobs = [{"name": name, "template": {"spec": {"template": copy.deepcopy(pod)}}}
                        for name in trainjob_pods(pods.run.strategy.name, pods.run.nodes)]
+    # onto the JobSet, and what the plugins read (TR trainingruntime.go L144-161)
+    metadata: dict[str, Any] = {"labels": pods.labels}
+    if queue := pods.benchmark.spec.scheduling.queue:
+        metadata["annotations"] = {VOLCANO_QUEUE_ANNOTATION: queue}  # Trainer's Volcano plugin (volcano.go L180)
     return {
         "manager": PATCH_MANAGER,
-        "trainingRuntimeSpec": {
-            "template": {
-                "metadata": {"labels": pods.labels},  # onto the JobSet (TR trainingruntime.go L144-161)
-                "spec": {"replicatedJobs": replicated_jobs},
-            }
-        },
+        "trainingRuntimeSpec": {"template": {"metadata": metadata, "spec": {"replicatedJobs": replicated_jobs}}},
     }
 
 
@@ -98,7 +112,7 @@ def render_trainjob(pods: RunPods) -> dict[str, Any]:
     horovod = run.strategy.name == "horovod"
     trainer: dict[str, Any] = {
         "image": pods.image,
-        "command": mpi_launcher_command(run) if horovod else torchrun_command(run),
+        "command": mpi_launcher_command(run, spec.pods.env_names) if horovod else torchrun_command(run),
         "env": copy.deepcopy([*pods.env, *pods.budget]),
         "numNodes": run.nodes,
         # torch: PET_NPROC_PER_NODE (never "auto": the CPU count of a request would be guessed);
@@ -106,16 +120,20 @@ def render_trainjob(pods: RunPods) -> dict[str, Any]:
         "numProcPerNode": run.procs_per_node,
         "resourcesPerNode": copy.deepcopy(pods.resources),
     }
+    annotations = {**pods.metadata.get("annotations", {}),
+                   RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if horovod else NODE_JOB}
+    if spec.scheduling.gang:
+        annotations[GANG_ANNOTATION] = "required"
     metadata = {
         **pods.metadata,
         "name": run.job_name,  # shorter than the run's name where JobSet's pod names need room
-        "annotations": {RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if horovod else NODE_JOB},
+        "annotations": annotations,
     }
     job_spec: dict[str, Any] = {
         "runtimeRef": {
             "apiGroup": TRAINJOB_API.split("/")[0],
             "kind": RUNTIME_KIND,
-            "name": MPI_RUNTIME if horovod else TORCH_RUNTIME,
+            "name": runtime_for(run.strategy.name, run.nodes, run.devices_per_node > 0),
         },
         "trainer": trainer,
         "runtimePatches": [runtime_patch(pods)],
@@ -126,9 +144,11 @@ def render_trainjob(pods: RunPods) -> dict[str, Any]:
 
 
 def trainjob_caveats(benchmark: Benchmark) -> list[str]:
-    """`field: why` for each spec setting a TrainJob on the project's runtimes does not apply. Runs still
-    go (none of these changes what is measured); `gpt2bench render` prints them, and the operator is
-    meant to show them on the resource."""
+    """`field: why` for each spec setting a TrainJob on the project's runtimes does not apply, or applies only
+    where the installed runtimes allow. Runs still go (none of these changes what is measured; a runtime
+    that cannot do what the spec asks fails the run, saying so: runtimes.runtime_problems); `gpt2bench
+    render` prints them. What a TrainJob cannot carry and would change the runs (hostNetwork,
+    priorityClassName) the spec refuses instead."""
     spec = benchmark.spec
     caveats = []
     if spec.run_policy.backoff_limit:
@@ -138,12 +158,9 @@ def trainjob_caveats(benchmark: Benchmark) -> list[str]:
         caveats.append("spec.runPolicy.ttlSecondsAfterFinished is not applied: a TrainJob has no TTL; finished "
                        "TrainJobs stay until their GPT2Benchmark (their owner) is deleted")
     if spec.scheduling.gang or spec.scheduling.queue:
-        caveats.append("spec.scheduling.gang/queue is not applied: Trainer v2 gang-schedules through a runtime's "
-                       "podGroupPolicy; with TrainJobs use Kueue (spec.scheduling.kueueQueue), which admits all "
-                       "of a job's pods at once")
-    if spec.scheduling.priority_class_name:
-        caveats.append("spec.scheduling.priorityClassName is not applied: a TrainJob cannot set its pods' "
-                       "priorityClassName (Kueue's kueue.x-k8s.io/priority-class label is the Trainer v2 way)")
+        caveats.append("spec.scheduling.gang/queue: a TrainJob is gang-scheduled by its runtime's podGroupPolicy "
+                       "(the chart's trainerRuntimes.podGroupPolicy: coscheduling, or volcano for a queue); a run "
+                       "whose installed runtime has none fails, saying so")
     if spec.metrics.port != RUNTIME_METRICS_PORT:
         caveats.append(f"spec.metrics.port: the trainers serve {spec.metrics.port} (the pods' prometheus.io/port "
                        f"says so), but the runtimes' container port `metrics`, which PodMonitors scrape, is "
@@ -151,10 +168,11 @@ def trainjob_caveats(benchmark: Benchmark) -> list[str]:
     if spec.image_pull_policy != RUNTIME_IMAGE_PULL_POLICY:
         caveats.append(f"spec.imagePullPolicy: {spec.image_pull_policy} is not applied: the runtimes set "
                        f"{RUNTIME_IMAGE_PULL_POLICY}")
-    horovod_images = {spec.trainer_image(gpus=scale.devices_per_node > 0) for scale in spec.sweep.scales
-                       if any(s.name == "horovod" for s in spec.sweep.strategies)} - {DEFAULT_IMAGE}
-    if horovod_images:
-        caveats.append(f"spec.image: horovod's ranks run in the {MPI_RUNTIME} runtime's sshd pods, whose image "
-                       f"is the runtime's, not {', '.join(sorted(horovod_images))}: install the runtime with "
-                       f"that image")
+    multi_node_horovod = any(s.name == "horovod" for s in spec.sweep.strategies)
+    foreign = {spec.trainer_image(gpus=scale.devices_per_node > 0) for scale in spec.sweep.scales
+               if multi_node_horovod and scale.nodes > 1} - {DEFAULT_IMAGE, DEFAULT_GPU_IMAGE}
+    if foreign:
+        caveats.append(f"spec.image: horovod's ranks on several nodes run in the {MPI_RUNTIME}/{MPI_GPU_RUNTIME} "
+                       f"runtimes' sshd pods, whose image is the runtime's, not {', '.join(sorted(foreign))}: "
+                       f"install the runtimes with that image (the chart's trainerImage values)")
     return caveats

@@ -18,6 +18,7 @@ from gpt2bench.report.table import (
     results_table_markdown,
 )
 from gpt2bench.status import Analysis, Recommendation, ResultsDocument
+from gpt2bench.status import fabric_warnings as run_fabric_warnings
 
 OBJECTIVE_ORDER = ("fastest", "leanest", "cheapest", "scalable", "efficient")
 VERDICTS = {"holds": "holds", "does-not-hold": "does not hold",
@@ -179,20 +180,34 @@ GB = 1e9
 
 def network_markdown(doc: ResultsDocument) -> str:
     """Per configuration with communication: the bus bandwidth its steps achieved on its main collective kind
-    beside what the collectives probe measured for the same messages on the same group, and the share."""
+    beside what the collectives probe measured for the same messages on the same group, and the share; and
+    what carried it (the transport NCCL used, the nodes the pods ran on: trainer/fabric.py), with a warning
+    for each run that did not measure the fabric its scale asks for (fabric_warnings)."""
     rows = []
     for config in configurations(doc.runs):
         achieved, probed, share = (config.stat(result(f)) for f in (
             "bus_bandwidth_achieved", "bus_bandwidth_probed", "bus_bandwidth_share"))
-        if achieved is None:
+        transports = sorted({run.results.transport for run in config.succeeded if run.results.transport})
+        if achieved is None and not transports:
             continue
         kinds = sorted({run.results.bus_kind for run in config.succeeded if run.results.bus_kind})
+        used = sorted({run.results.nodes_used for run in config.succeeded if run.results.nodes_used})
         rows.append([config.name, config.scale.label, ", ".join(kinds) or NO_VALUE, fmt_stat(achieved, ",.3f", 1 / GB),
-                     fmt_stat(probed, ",.3f", 1 / GB), fmt_stat(share, ".0%")])
+                     fmt_stat(probed, ",.3f", 1 / GB), fmt_stat(share, ".0%"), ", ".join(transports) or NO_VALUE,
+                     ", ".join(map(str, used)) or NO_VALUE])
+    warnings = "".join(f"- **{warning}**\n" for warning in fabric_warnings(doc))
     if not rows:
-        return "No run measured its communication (a strategy with collectives, 2+ workers, --breakdown).\n"
-    headers = ["configuration", "scale", "main kind", "achieved busbw (GB/s)", "probe busbw (GB/s)", "share"]
-    return markdown_table(headers, rows, {"configuration", "scale", "main kind"})
+        return ("No run measured its communication (a strategy with collectives, 2+ workers, --breakdown).\n"
+                + (f"\n{warnings}" if warnings else ""))
+    headers = ["configuration", "scale", "main kind", "achieved busbw (GB/s)", "probe busbw (GB/s)", "share",
+               "transport", "nodes used"]
+    table = markdown_table(headers, rows, {"configuration", "scale", "main kind", "transport", "nodes used"})
+    return table + (f"\n{warnings}" if warnings else "")
+
+
+def fabric_warnings(doc: ResultsDocument) -> list[str]:
+    """Runs whose figures do not measure what their scale says (gpt2bench.status.fabric_warnings)."""
+    return [warning for run in doc.runs for warning in run_fabric_warnings(run)]
 
 
 JOULES_PER_WH = 3600.0

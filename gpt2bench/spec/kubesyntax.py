@@ -43,6 +43,16 @@ QUANTITY_PATTERN = (
 IMAGE_PATTERN = r"^\S(.*\S)?$"
 # An image's content digest (OCI: algorithm sha256, 64 lower-case hex digits), as pinned references use it.
 DIGEST_PATTERN = r"^sha256:[a-f0-9]{64}$"
+# An environment variable's name as pods take it everywhere (validation.IsEnvVarName before the relaxed rule of
+# Kubernetes 1.32+): letters, digits, '_', '-' and '.', not starting with a digit.
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# A ConfigMap or Secret key (validation.IsConfigMapKey).
+CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+# A Linux capability as a container's securityContext names it (CAP_ prefix optional).
+CAPABILITY_PATTERN = r"^[A-Z][A-Z0-9_]*$"
+# An absolute path in a container without ':' (the pod validation refuses ':' in mount paths on Windows nodes
+# and a relative path would depend on the image's working directory).
+ABSOLUTE_PATH_PATTERN = r"^/[^:]*$"
 
 # What each pattern means, for messages (pydantic would only say "should match pattern ...").
 PATTERN_MEANINGS = {
@@ -54,6 +64,10 @@ PATTERN_MEANINGS = {
     QUANTITY_PATTERN: "a non-negative quantity (e.g. 4, 500m, 16Gi, 1.5e3)",
     IMAGE_PATTERN: "an image reference without leading or trailing whitespace",
     DIGEST_PATTERN: "an image digest: sha256: followed by 64 lower-case hexadecimal digits",
+    ENV_NAME_PATTERN: "an environment variable name (letters, digits, '_', '-' and '.', not starting with a digit)",
+    CONFIG_KEY_PATTERN: "a ConfigMap or Secret key (letters, digits, '-', '_' and '.')",
+    CAPABILITY_PATTERN: "a Linux capability name in capitals (IPC_LOCK, SYS_RESOURCE, ...)",
+    ABSOLUTE_PATH_PATTERN: "an absolute path without ':'",
 }
 
 

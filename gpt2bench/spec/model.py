@@ -40,6 +40,7 @@ from gpt2bench.spec.kubesyntax import (
     pinned_image,
     shown,
 )
+from gpt2bench.spec.pods import AffinitySpec, JobMetadataSpec, PodsSpec
 from gpt2bench.spec.values import Annotations, Labels, LabelValue, ResourceList, SpecModel, cel
 
 API_GROUP = "gpt2bench.io"
@@ -166,8 +167,14 @@ class TrainingSpec(SpecModel):
     compile: bool | None = Field(
         None, description="torch.compile every transformer block and the loss (compiled in warm-up). Default: on for "
                           "GPUs, off on CPU, where compiling takes longer than a short CPU run saves.")
-    tf32: bool = Field(False, description="fp32 runs: matmuls on TF32 tensor cores, MFU against the TF32 peak "
-                                          "(no effect on CPU).")
+    tf32: bool = Field(False, description="fp32 runs: matmuls on TF32 tensor cores and MFU against the TF32 "
+                                          "tensor-core peak; off: IEEE fp32 matmuls, MFU against the fp32 "
+                                          "(CUDA-core) peak, e.g. 67 TFLOP/s on an H100 SXM. No effect on CPU.")
+    timeout_seconds: int = Field(
+        300, ge=1, le=604_800,
+        description="Process-group timeout: a collective that waits this long for a dead or stuck peer ends the "
+                    "run. Raise it for large multi-node runs, whose first collectives (NCCL connection set-up) "
+                    "and compiled warm-up take longer.")
     allow_emulated_precision: bool = Field(
         False, description="Train bf16/fp16 runs even where the device has no native unit for them (a CPU without "
                            "AVX512_BF16/AMX or Arm BF16, a GPU below compute capability 8.0 for bf16). Off: such "
@@ -421,15 +428,22 @@ class Toleration(SpecModel):
 
 
 class SchedulingSpec(SpecModel):
-    """How the runs' jobs are scheduled: gang scheduling, queues, priority."""
+    """How the runs' jobs are scheduled: gang scheduling, queues, priority, spread over nodes."""
 
-    gang: bool = Field(False, description="Gang-schedule each job (runPolicy.schedulingPolicy.minAvailable).")
+    gang: bool = Field(False, description="Gang-schedule each job: runPolicy.schedulingPolicy.minAvailable "
+                                          "(PyTorchJob, MPIJob), the runtime's podGroupPolicy (TrainJob: a run "
+                                          "on a runtime without one fails, saying so).")
     queue: str | None = Field(None, min_length=1, max_length=253,
-                              description="runPolicy.schedulingPolicy.queue (Volcano / scheduler-plugins).")
+                              description="runPolicy.schedulingPolicy.queue (Volcano / scheduler-plugins); "
+                                          "TrainJob: scheduling.volcano.sh/queue-name, on a Volcano runtime.")
     kueue_queue: LabelValue | None = Field(None, min_length=1,
                                            description="Kueue LocalQueue: sets kueue.x-k8s.io/queue-name.")
     priority_class_name: str | None = Field(None, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN,
-                                            description="Pods' priorityClassName.")
+                                            description="Pods' priorityClassName (PyTorchJob, MPIJob; a TrainJob "
+                                                        "cannot set it: refused with backend trainjob).")
+    spread_across_nodes: bool = Field(
+        True, description="Runs of more than one node: each training pod on a node of its own (a required pod "
+                          "anti-affinity on kubernetes.io/hostname), so that an N-node run measures N machines.")
 
 
 # The operator reads a finished job's results within a second (it watches the jobs), or at its next poll
@@ -563,6 +577,18 @@ class NetworkPolicySpec(SpecModel):
                     "[]: none.", json_schema_extra={"x-kubernetes-list-type": "set"})
 
 
+# What a TrainJob cannot carry, refused where the backend is trainjob (the operator resolves `auto` first and
+# marks such a benchmark Invalid then): a runtimePatch (Trainer v2.3, TrainJob CRD's PodSpecPatch) has neither.
+TRAINJOB_HOST_NETWORK = ("a TrainJob cannot put its pods on the host network (Trainer v2.3's "
+                         "runtimePatches have no hostNetwork): use backend pytorchjob, or reach the fabric through "
+                         "a device plugin and pods.annotations (docs/clusters.md)")
+TRAINJOB_PRIORITY_CLASS = ("a TrainJob cannot set its pods' priorityClassName "
+                           "(Trainer v2.3's runtimePatches have none): use backend pytorchjob, or a Kueue "
+                           "WorkloadPriorityClass through jobMetadata.labels kueue.x-k8s.io/priority-class")
+HOST_NETWORK_CONCURRENCY = ("pods.hostNetwork needs concurrency 1: two runs' pods on one node would share its "
+                            "ports (rendezvous, metrics)")
+
+
 class GPT2BenchmarkSpec(SpecModel):
     """What to benchmark: model, data, training, and the sweep of strategies x precisions x scales."""
 
@@ -571,6 +597,12 @@ class GPT2BenchmarkSpec(SpecModel):
         f"? self.training.seqLen : {TrainingSpec.model_fields['seq_len'].default}) <= self.model.nPositions",
         "training.seqLen must not exceed model.nPositions"),
         ("!has(self.imageDigest) || has(self.image)", "imageDigest needs image: the repository the digest is of"),
+        ("!has(self.backend) || self.backend != 'trainjob' || !has(self.pods) || !has(self.pods.hostNetwork) || "
+         "!self.pods.hostNetwork", f"pods.hostNetwork: {TRAINJOB_HOST_NETWORK}"),
+        ("!has(self.backend) || self.backend != 'trainjob' || !has(self.scheduling) || "
+         "!has(self.scheduling.priorityClassName)", f"scheduling.priorityClassName: {TRAINJOB_PRIORITY_CLASS}"),
+        ("!has(self.pods) || !has(self.pods.hostNetwork) || !self.pods.hostNetwork || !has(self.concurrency) || "
+         "self.concurrency == 1", HOST_NETWORK_CONCURRENCY),
     ))
 
     model: ModelSpec = Field(default_factory=ModelSpec)
@@ -587,9 +619,16 @@ class GPT2BenchmarkSpec(SpecModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="imagePullPolicy of every run's containers.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    node_selector: Labels = Field(default_factory=dict, description="nodeSelector of every run's pods.")
+    node_selector: Labels = Field(default_factory=dict, description="nodeSelector of every run's training pods.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64,
-                                          description="Tolerations of every run's pods.")
+                                          description="Tolerations of every run's training pods.")
+    affinity: AffinitySpec | None = Field(None, description="The training pods' affinity (node labels, racks), "
+                                                            "passed through.")
+    pods: PodsSpec = Field(default_factory=PodsSpec,
+                           description="What every training pod gets: env, volumes, capabilities, networks, pull "
+                                       "secrets, service account, user (docs/clusters.md).")
+    job_metadata: JobMetadataSpec = Field(default_factory=JobMetadataSpec,
+                                          description="Labels and annotations of the job objects.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     concurrency: int = Field(1, ge=1, le=64, description="Runs at once; 1 (default) keeps timings undisturbed.")
@@ -660,6 +699,12 @@ def cross_field_errors(spec: GPT2BenchmarkSpec):
                                             f"-{spec.metrics.port + widest - 1}: past 65535")
     for key, problem in _label_key_problems(spec.node_selector):
         yield ("spec", "nodeSelector", key), problem
+    if spec.backend == "trainjob" and spec.pods.host_network:
+        yield ("spec", "pods", "hostNetwork"), TRAINJOB_HOST_NETWORK
+    if spec.backend == "trainjob" and spec.scheduling.priority_class_name:
+        yield ("spec", "scheduling", "priorityClassName"), TRAINJOB_PRIORITY_CLASS
+    if spec.pods.host_network and spec.concurrency > 1:
+        yield ("spec", "concurrency"), HOST_NETWORK_CONCURRENCY
 
 
 def seq_len_error(model: ModelSpec, training: TrainingSpec) -> str | None:

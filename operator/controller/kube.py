@@ -19,7 +19,7 @@ from gpt2bench import __version__
 from gpt2bench import jobkinds as kinds
 from gpt2bench.protocol import BENCHMARK_LABEL, TRAINJOB_API
 from gpt2bench.render import label_value
-from gpt2bench.render.runtimes import RUNTIME_KIND, RUNTIME_PLURAL
+from gpt2bench.render.runtimes import RUNTIME_KIND, RUNTIME_PLURAL, runtime_problems
 from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
 from . import apiclient, reconcile
@@ -156,9 +156,9 @@ def create_job(job: dict[str, Any], owner_uid: str | None) -> Created | Refused:
     refuses (403, 422, ...) are Refused with the reason. Transient errors raise (ApiException, urllib3)."""
     kind = JOB_KINDS[job["kind"]]
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    missing_runtime = _missing_runtime(job)
-    if missing_runtime:
-        return missing_runtime
+    unfit_runtime = _runtime_refusal(job)
+    if unfit_runtime:
+        return unfit_runtime
     try:
         _custom().create_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, job)
     except ApiException as exc:
@@ -173,16 +173,18 @@ def create_job(job: dict[str, Any], owner_uid: str | None) -> Created | Refused:
     return Created(new=True)
 
 
-def _missing_runtime(job: dict[str, Any]) -> Refused | None:
-    """A TrainJob whose ClusterTrainingRuntime is missing, refused saying what to install (None when it is
-    there, or for other kinds): Trainer's webhook would refuse it with less to go on. Without Trainer v2 at
-    all, the kind is what is missing."""
+def _runtime_refusal(job: dict[str, Any]) -> Refused | None:
+    """A TrainJob whose ClusterTrainingRuntime is missing, refused saying what to install, or one the installed
+    runtime cannot run as asked (runtime_problems: its sshd pods' image is not the run's, it does not
+    gang-schedule a run that asks for it), refused saying why; None when it fits, or for other kinds. Trainer's
+    webhook would refuse some with less to go on, and would let the others start half-right. Without Trainer v2
+    at all, the kind is what is missing."""
     ref = kinds.runtime_ref(job)
     if not ref or ref.get("kind", RUNTIME_KIND) != RUNTIME_KIND:
         return None
     group, version = TRAINJOB_API.split("/")
     try:
-        _custom().get_cluster_custom_object(group, version, RUNTIME_PLURAL, ref["name"])
+        runtime = _custom().get_cluster_custom_object(group, version, RUNTIME_PLURAL, ref["name"])
     except ApiException as exc:
         if exc.status != 404:
             raise
@@ -190,7 +192,8 @@ def _missing_runtime(job: dict[str, Any]) -> Refused | None:
         if kind.version not in served_versions(kind.group, kind.plural):
             return Refused(missing_reason(kind), kind_missing=True)
         return Refused(missing_runtime_reason(RUNTIME_KIND, ref["name"]))
-    return None
+    problems = runtime_problems(job, runtime)
+    return Refused("; ".join(problems)) if problems else None
 
 
 def _existing(kind: FollowedKind, namespace: str, name: str, owner_uid: str | None) -> Created | Refused:

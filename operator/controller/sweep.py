@@ -43,7 +43,7 @@ from gpt2bench.protocol import (
 from gpt2bench.render import label_value, render_run
 from gpt2bench.spec.model import API_GROUP, KIND, Benchmark
 from gpt2bench.spec.validation import SpecError, validate_spec
-from gpt2bench.status import BenchmarkStatus, RunStatus
+from gpt2bench.status import BenchmarkStatus, RunStatus, fabric_warnings
 
 from . import kube, liveness, metrics, pods
 from . import reconcile as rc
@@ -225,7 +225,12 @@ def _commit_start(fresh: dict[str, Any], logger: logging.Logger) -> tuple[Benchm
         _reject(fresh, error)
         return None
     spec = with_resolved_backend(spec)  # after validation: an invalid spec asks the API nothing
-    benchmark = benchmark_of(fresh, spec)
+    try:
+        benchmark = benchmark_of(fresh, spec)
+    except SpecError as error:  # what the backend `auto` resolved to cannot run (a TrainJob has no hostNetwork)
+        _reject(fresh, SpecError([(path, f"{message} (spec.backend auto resolved to {spec['backend']} on this "
+                                         "cluster)") for path, message in error.errors]))
+        return None
     runs = plan_runs(benchmark)
     status = rc.initial_status(runs, metadata.get("generation"), rc.now_rfc3339())
     kube.annotate_benchmark(namespace, name, {
@@ -531,6 +536,8 @@ def _post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs:
             metrics.RUNS_SUCCEEDED.labels(namespace).inc()
             tps = entry.results.tokens_per_second if entry.results else None
             _event(body, "Normal", "RunSucceeded", f"{entry.name}: {tps} tokens/s")
+            for warning in fabric_warnings(entry):  # its figure is not what its scale says (docs/clusters.md)
+                _event(body, "Warning", "RunOffItsFabric", warning)
         elif entry.phase == rc.FAILED:
             metrics.RUNS_FAILED.labels(namespace).inc()
             if len(failures[entry.reason or ""]) < GROUPED_EVENTS_FROM:

@@ -107,7 +107,7 @@ class Parallelism:
         """Create process groups, pick the device. Called once before anything else.
 
         Distributed strategies call `self.init_process_group(backend)`, which honours
-        `config.process.timeout_seconds` so that a crashed peer ends the job instead of hanging it.
+        `config.training.timeout_seconds` so that a crashed peer ends the job instead of hanging it.
         """
 
     def serve(self, model_factory: Callable[[], torch.nn.Module]) -> dict[str, Any] | None:
@@ -247,8 +247,14 @@ class Parallelism:
         want = self.config.process.device
         if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
             return False
+        if not torch.cuda.is_available() and torch.version.cuda is None:
+            # the CPU image started for a GPU run (e.g. an MPI runtime's sshd pods on the CPU image)
+            raise RuntimeError(f"--device cuda: torch {torch.__version__} in this image is a CPU-only build: a GPU run "
+                               "needs the CUDA trainer image (spec.images.gpu; for Horovod TrainJobs the "
+                               "gpt2bench-mpi-cuda runtime's image, the chart's trainerImage)")
         if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: no CUDA device is available")
+            raise RuntimeError("--device cuda: no CUDA device is visible to this process (the pod got no "
+                               "nvidia.com/gpu, or the node's driver is older than the image's CUDA)")
         return True
 
     def _local_device_index(self, local_worker: int, workers_on_node: int) -> int:
@@ -273,7 +279,7 @@ class Parallelism:
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 init_method=self.env.init_method,
-                timeout=datetime.timedelta(seconds=self.config.process.timeout_seconds),
+                timeout=datetime.timedelta(seconds=self.config.training.timeout_seconds),
                 **kwargs,
             )
 

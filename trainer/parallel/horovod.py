@@ -54,7 +54,7 @@ class HorovodParallelism(Parallelism):
 
     def setup(self) -> None:
         hvd.init()
-        self.watchdog = Watchdog(self.config.process.timeout_seconds, self._give_up)
+        self.watchdog = Watchdog(self.config.training.timeout_seconds, self._give_up)
         self.rank, self.world_size = hvd.rank(), hvd.size()
         if (self.rank, self.world_size) != (self.env.rank, self.env.world_size):
             raise RuntimeError(

@@ -144,7 +144,7 @@ class ParameterServerParallelism(Parallelism):
         self.init_process_group("gloo")
         # new_group is collective: every process creates both groups, in the same order
         # (new_group's own default timeout is 30 min: pass the job's, so a hung peer fails these too)
-        timeout = datetime.timedelta(seconds=self.config.process.timeout_seconds)
+        timeout = datetime.timedelta(seconds=self.config.training.timeout_seconds)
         self.servers_group = dist.new_group(self.servers, timeout=timeout)
         self.workers_group = dist.new_group(self.workers, timeout=timeout)
 

@@ -1,0 +1,168 @@
+"""Where a run really ran: the node of each rank, and the transport NCCL used between them.
+
+Two answers a multi-node figure is worth nothing without (docs/clusters.md):
+
+- **Nodes.** Each pod gets its node's name from the downward API (`GPT2BENCH_NODE_NAME`, render/pods.py;
+  MPI ranks started over ssh from their pod's sshd); every rank puts it in its payload, and the summary
+  says how many distinct nodes the run used (`nodes_used`), so a "2-node" run whose pods shared one machine
+  is reported as such.
+- **Transport.** On GPUs the trainer asks NCCL for its INFO log of the INIT and NET subsystems, one file per
+  rank (`NCCL_DEBUG_FILE`, in the run's output folder), and reads it at the end: the network plugin NCCL
+  picked (`Using network IB`), and how each channel connects to its peers (`via NET/IB/0/GDRDMA`,
+  `via NET/Socket/1`, `via P2P/IPC`, `via SHM/direct/direct`). A run whose channels went through the network
+  used that net (`NET/IB`, `NET/OFI` for libfabric/EFA, `NET/Socket`, or the plugin's name); one whose
+  channels all stayed inside a node used P2P/SHM only.
+
+The parser is tested on NCCL log lines published in NCCL's, nccl-tests' and aws-ofi-nccl's issue trackers
+(tests/test_fabric.py); no GPU has run it here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpt2bench.protocol import NODE_NAME_ENV
+
+NCCL_LOG_FOLDER = "nccl"
+# The net plugins NCCL and its plugins name, and the transport family each is (the names NCCL prints after
+# "Using network" and in "via NET/<name>/<device>").
+NET_FAMILIES = {
+    "IB": "NET/IB",  # NCCL's own verbs transport: InfiniBand and RoCE
+    "IBext": "NET/IB",  # NVIDIA's nccl-rdma-sharp-plugins (HPC-X), the same verbs
+    "Socket": "NET/Socket",  # TCP over the pod network (or the host's, with hostNetwork)
+    "Libfabric": "NET/OFI",  # aws-ofi-nccl (EFA), newer releases
+    "AWS Libfabric": "NET/OFI",  # aws-ofi-nccl, older releases
+    "OFI": "NET/OFI",
+}
+_USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$")
+_VIA = re.compile(r"NCCL INFO (?:Channel|Ring) \d+(?:/\d+)? : .*? via (?P<via>.+?)\s*$")
+_OFI_PROVIDER = re.compile(r"NCCL INFO NET/OFI Selected Provider is (?P<provider>\S+)")
+
+
+def net_family(name: str) -> str:
+    """`IB` -> `NET/IB`; versioned plugin names (`IBext_v8`) by their base; an unknown plugin as `NET/<name>`."""
+    base = re.sub(r"_v\d+$", "", name.strip())
+    return NET_FAMILIES.get(base, f"NET/{base}")
+
+
+@dataclass
+class NcclTransport:
+    """What one rank's NCCL log says."""
+
+    network: str | None = None  # the net plugin NCCL loaded ("IB", "Socket", "Libfabric", ...)
+    inter_node: set[str] = field(default_factory=set)  # families of the channels through the network
+    intra_node: set[str] = field(default_factory=set)  # P2P, SHM, ... of the channels inside a node
+    gpudirect_rdma: bool = False  # a network channel reads/writes GPU memory directly (GDRDMA)
+    provider: str | None = None  # libfabric's provider (efa) under aws-ofi-nccl
+
+    @property
+    def transport(self) -> str | None:
+        """The run's transport as this rank saw it: the network's family when a channel crossed nodes (several
+        joined with '+'), else the intra-node transports, else None (no channel was set up)."""
+        if self.inter_node:
+            return "+".join(sorted(self.inter_node))
+        if self.intra_node:
+            return "+".join(sorted(self.intra_node))
+        return None
+
+    def payload(self) -> dict[str, Any]:
+        return {"transport": self.transport, "nccl_network": self.network, "crossed_nodes": bool(self.inter_node),
+                "gpudirect_rdma": self.gpudirect_rdma if self.inter_node else None, "ofi_provider": self.provider}
+
+
+def parse_nccl_log(text: str) -> NcclTransport:
+    """Read an NCCL INFO log (any subsystems; lines of other levels are ignored)."""
+    found = NcclTransport()
+    for line in text.splitlines():
+        if "NCCL INFO" not in line:
+            continue
+        if match := _USING_NETWORK.search(line):
+            found.network = match["name"]
+        elif match := _OFI_PROVIDER.search(line):
+            found.provider = match["provider"]
+        elif match := _VIA.search(line):
+            via = match["via"]
+            if via.startswith("NET/"):
+                name = via[len("NET/"):].split("/")[0]
+                found.inter_node.add(net_family(name))
+                found.gpudirect_rdma |= "/GDRDMA" in via
+            else:
+                found.intra_node.add(via.split("/")[0])
+    return found
+
+
+def nccl_log_path(output: str, rank: int) -> Path:
+    return Path(output) / NCCL_LOG_FOLDER / f"rank{rank}.log"
+
+
+def ask_nccl_for_its_log(output: str, rank: int, environ: dict[str, str] | None = None) -> Path | None:
+    """Before any process group exists: NCCL_DEBUG=INFO for its INIT and NET subsystems, into this rank's own
+    file. A user's NCCL_DEBUG/NCCL_DEBUG_SUBSYS are kept (a quieter level hides the transport: the summary then
+    says why it has none). Returns the file, None where NCCL would not write one."""
+    environ = os.environ if environ is None else environ
+    environ.setdefault("NCCL_DEBUG", "INFO")
+    if environ["NCCL_DEBUG"].upper() not in ("INFO", "TRACE"):
+        return None
+    environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    path = nccl_log_path(output, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    environ["NCCL_DEBUG_FILE"] = str(path)
+    return path
+
+
+def node_name(environ: dict[str, str] | None = None) -> str | None:
+    """This pod's node (downward API); None outside a pod, or where the kubelet left `$(VAR)` unexpanded."""
+    value = (os.environ if environ is None else environ).get(NODE_NAME_ENV, "").strip()
+    return value if value and not value.startswith("$(") else None
+
+
+def rank_payload(nccl_log: Path | None, uses_nccl: bool) -> dict[str, Any]:
+    """This rank's node and, on NCCL, what its log says (or why there is nothing to read)."""
+    payload: dict[str, Any] = {"node_name": node_name()}
+    if not uses_nccl:
+        return payload
+    if nccl_log is None:
+        payload["transport_reason"] = (f"NCCL_DEBUG={os.environ.get('NCCL_DEBUG')} is set: NCCL logs its "
+                                       "transport at INFO only")
+        return payload
+    try:
+        text = nccl_log.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        payload["transport_reason"] = f"no NCCL log at {nccl_log}: {exc.strerror or exc}"
+        return payload
+    payload.update(parse_nccl_log(text).payload())
+    return payload
+
+
+def fabric_summary(payloads: list[dict[str, Any]], nodes_asked: int, on_gpu: bool) -> tuple[dict[str, Any], list[str]]:
+    """The run's nodes and transport from every rank's payload, and the notes they call for: a run of N nodes
+    that used fewer, and a multi-node run whose NCCL traffic went over sockets."""
+    ranked = sorted(payloads, key=lambda p: p.get("job_rank", 0))
+    names = [p.get("node_name") for p in ranked]
+    known = {name for name in names if name}
+    nodes_used = len(known) if known and all(names) else None
+    transports = sorted({p["transport"] for p in ranked if p.get("transport")})
+    crossed = any(p.get("crossed_nodes") for p in ranked)
+    summary = {
+        "node_names": names if known else None,
+        "nodes_used": nodes_used,
+        "transport": "+".join(transports) if transports else None,
+        "nccl_network": next((p["nccl_network"] for p in ranked if p.get("nccl_network")), None),
+        "gpudirect_rdma": any(p.get("gpudirect_rdma") for p in ranked) if crossed else None,
+        "ofi_provider": next((p["ofi_provider"] for p in ranked if p.get("ofi_provider")), None),
+        "transport_reason": next((p["transport_reason"] for p in ranked if p.get("transport_reason")), None)
+                            if on_gpu and not transports else None,
+    }
+    notes = []
+    if nodes_used is not None and nodes_used < nodes_asked:
+        notes.append(f"ran on {nodes_used} node(s), not the {nodes_asked} its scale asks for: its pods shared a "
+                     "machine, so it measures fewer network hops than its scale says (spec.scheduling."
+                     "spreadAcrossNodes)")
+    if (nodes_asked > 1 or (nodes_used or 0) > 1) and "NET/Socket" in transports:
+        notes.append("NCCL's traffic between nodes went over sockets (NET/Socket), not the cluster's fabric: "
+                     "its figures measure the pod network (docs/clusters.md says what a fabric needs)")
+    return summary, notes
