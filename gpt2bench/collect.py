@@ -172,21 +172,28 @@ def collect_run(
     job_succeeded: bool,
     termination_message: str | None,
     job_reason: str | None = None,
+    cause: str | None = None,
     **times: str | None,
 ) -> RunStatus:
     """The entry of a finished job from its result pod's termination message.
 
-    A job that failed stays Failed whatever the message says; the trainer's reason is preferred to the
-    job's condition message because it says what went wrong inside the training.
+    A job that failed stays Failed whatever the message says. Its reason: the trainer's reason, which says
+    what went wrong inside the training, when the first pod that failed (`cause`: gpt2bench.diagnosis) said
+    just that, or none did; else `job_reason` (the cause and the job controller's words: the result pod's
+    trainer may only have seen a peer go); else the job's condition message.
     """
     try:
         summary = parse_termination_message(termination_message)
     except CollectError as exc:
         if job_succeeded:
             return run_entry(run, phase=FAILED, reason=f"job succeeded but {exc}", **times)
-        return run_entry(run, phase=FAILED, reason=job_reason or str(exc), **times)
+        return run_entry(run, phase=FAILED, reason=job_reason or cause or str(exc), **times)
     if not job_succeeded:
-        reason = summary_failure(summary) or job_reason or "job failed after the trainer finished"
+        trainer_said = summary_failure(summary)
+        if cause and not (trainer_said and trainer_said in cause):  # another pod failed first
+            reason = job_reason or cause
+        else:  # the trainer's own reason is the whole story (the pod that failed first only said it)
+            reason = trainer_said or job_reason or "job failed after the trainer finished"
         return run_entry(run, phase=FAILED, reason=reason, **times)
     return entry_from_summary(run, summary, **times)
 

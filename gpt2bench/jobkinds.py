@@ -258,6 +258,28 @@ def result_pod(job: dict[str, Any], pods: Iterable[dict[str, Any]]) -> dict[str,
     return max(candidates, key=age, default=None)
 
 
+def job_pod_selector(job: dict[str, Any]) -> str:
+    """A label selector for every pod of a job, all replicas (the controllers' job-name labels)."""
+    if job["kind"] == "TrainJob":
+        return f"{JOBSET_NAME_LABEL}={job['metadata']['name']}"
+    return f"{V1_JOB_NAME_LABEL}={job['metadata']['name']}"
+
+
+def expected_pods(job: dict[str, Any]) -> int | None:
+    """How many pods a job runs: a v1 job's replica specs' replicas; a TrainJob rendered for the project's
+    runtimes (its result replicated job annotated), `trainjob_pods` of its numNodes (the MPI runtime's
+    launcher and sshd `node`s, torch's `node`s); None for another TrainJob (its runtime decides)."""
+    specs = replica_specs(job)
+    if specs:
+        return sum(int(spec.get("replicas", 1)) for spec in specs.values())
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    nodes = _at(job, ("spec", "trainer", "numNodes"))
+    if job.get("kind") != "TrainJob" or RESULT_REPLICATED_JOB_ANNOTATION not in annotations or nodes is None:
+        return None
+    strategy = "horovod" if annotations[RESULT_REPLICATED_JOB_ANNOTATION] == LAUNCHER_JOB else "ddp"
+    return sum(trainjob_pods(strategy, int(nodes)).values())
+
+
 def result_container(job: dict[str, Any]) -> str:
     return JOB_KINDS[job["kind"]].result_container
 

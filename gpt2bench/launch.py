@@ -4,8 +4,9 @@ The trainer writes its summary to the termination-message file of the pod it run
 MPIJob it runs in the Worker pods while the operator reads the Launcher's. So the launcher wraps
 mpirun: it streams mpirun's output unchanged, remembers the last `GPT2BENCH_SUMMARY {json}` line,
 writes that JSON to the launcher's termination-message file, and exits with mpirun's exit code.
-When the command prints no summary line, a failed summary with the tail of its output is written
-instead, so that the operator always learns why.
+When the command prints no summary line, a failed summary saying how it ended (its exit code, or the signal
+that killed it) and the last meaningful line of its output is written instead, so that the operator always
+learns why; the trainer's config dump and the launchers' banners are not such lines (gpt2bench.diagnosis).
 """
 
 from __future__ import annotations
@@ -18,14 +19,23 @@ import subprocess
 import sys
 
 from gpt2bench.collect import summary_json
+from gpt2bench.diagnosis import executable_not_found, exit_how, last_meaningful_line
 from gpt2bench.files import DEFAULT_TERMINATION_LOG, termination_log_path, write_termination_message
 from gpt2bench.protocol import MAX_TERMINATION_MESSAGE, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 
 
 def failure_summary(reason: str, tail: list[str]) -> str:
-    """A compact failed summary that still fits a termination message with some output in it."""
-    reason = reason + (": " + " | ".join(line.strip() for line in tail if line.strip()) if tail else "")
-    return json.dumps({"status": "failed", "reason": reason[-(MAX_TERMINATION_MESSAGE - 64) :]}, separators=(",", ":"))
+    """A compact failed summary: `reason`, then the last meaningful line of the output's tail, if any."""
+    said = last_meaningful_line("\n".join(tail))
+    reason = reason + (f": {said}" if said else "")
+    return json.dumps({"status": "failed", "reason": reason[: MAX_TERMINATION_MESSAGE - 64]}, separators=(",", ":"))
+
+
+def no_summary_reason(program: str, code: int) -> str:
+    """How the command ended without the trainer's summary: `mpirun was killed by SIGTERM (exit code 143)` (the
+    launcher pod deleted, the node drained ...), `mpirun exited with code 1`."""
+    how = exit_how(code)
+    return f"{program} {'was ' + how if how.startswith('killed') else how} without a {SUMMARY_PREFIX.strip()} line"
 
 
 def run(command: list[str], out=None) -> tuple[int, str | None, list[str]]:
@@ -40,7 +50,7 @@ def run(command: list[str], out=None) -> tuple[int, str | None, list[str]]:
     for signum in (signal.SIGTERM, signal.SIGINT):
         forwarded[signum] = signal.signal(signum, forward)
     summary: str | None = None
-    tail: collections.deque[str] = collections.deque(maxlen=5)
+    tail: collections.deque[str] = collections.deque(maxlen=100)
     try:
         assert process.stdout is not None
         for raw in process.stdout:
@@ -73,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     path = termination_log_path()
     try:
         code, summary, tail = run(command)
-    except OSError as exc:  # command not found / not executable
-        print(f"gpt2bench launch: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        code, summary, tail = 127, None, [f"cannot run {command[0]}: {exc.strerror or exc}"]
+    except OSError as exc:  # not found / not executable: in the words runc uses for a container's own command
+        why = executable_not_found(command[0]) if isinstance(exc, FileNotFoundError) else \
+            f'exec: "{command[0]}": {exc.strerror or exc}'
+        print(f"gpt2bench launch: cannot run {command[0]!r}: {why}", file=sys.stderr)
+        code, tail = (127 if isinstance(exc, FileNotFoundError) else 126), []  # as a shell exits
+        summary = json.dumps({"status": "failed", "reason": why}, separators=(",", ":"))
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
     if summary is None:
-        message = failure_summary(f"{command[0]} exited {code} without a {SUMMARY_PREFIX.strip()} line", tail)
+        message = failure_summary(no_summary_reason(command[0], code), tail)
     else:
         message = summary
     if path is not None:

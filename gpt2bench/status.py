@@ -179,6 +179,12 @@ class RunStatus(StatusModel):
     completion_time: str | None = Field(None, description="When the run finished, succeeded or not.",
                                         json_schema_extra=DATE_TIME)
     reason: str | None = Field(None, description="Why the run failed or was skipped.")
+    waiting: str | None = Field(
+        None, description="While its job is queued or its pods start: what it waits for (the pod, and the "
+                          "scheduler's or the kubelet's reason and message).")
+    pods_started_time: str | None = Field(
+        None, description="When every pod of its job had started (runPolicy.startupSeconds no longer applies).",
+        json_schema_extra=DATE_TIME)
     results: RunResults | None = Field(None, description="The trainer's summary figures (docs/metrics.md).")
 
 
@@ -407,6 +413,9 @@ class BenchmarkStatus(StatusModel):
     rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
     stop_reason: str | None = Field(None, description="Why the sweep added no more rounds: decided, budget spent, "
                                                       "max rounds.")
+    waiting: str | None = Field(
+        None, description="What its running runs wait for while their jobs are queued or their pods start "
+                          "(empty when nothing waits): shown by `kubectl get`.")
     best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
     analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")

@@ -250,3 +250,10 @@ def benchmarks(client):
     from kube.fixtures import Benchmarks
 
     return Benchmarks(client)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The fault suite's figures, whichever test files measured them (tests/fault_figures.py)."""
+    import fault_figures
+
+    fault_figures.write()

@@ -74,7 +74,7 @@ def test_trainjob_gpus_and_deadline(tmp_path):
     replicas = job_replicas(job, tmp_path)
     assert [r.gpus for r in replicas] == [2, 2]  # resourcesPerNode on every node pod
     outcome = execute_job(job, tmp_path / "small", gpus=["0", "1", "2"])
-    assert outcome.phase == "Failed" and outcome.reason.startswith("Unschedulable: the job asks for 4 nvidia.com/gpu")
+    assert outcome.phase == "Failed" and "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu." in outcome.reason
     mpi = trainjob("horovod", 2, 2, [sys.executable, "-c", "pass"], sweep={
         "strategies": [{"name": "horovod"}], "scales": [{"nodes": 2, "devicesPerNode": 2}]})
     (launcher,) = job_replicas(mpi, tmp_path / "mpi")

@@ -3,13 +3,13 @@ emulator, the test playing the Kubeflow training operator (tests/kube/training.p
 
 One emulator and one operator process for the module (the SIGKILL test kills and restarts that process);
 every fault is drawn from a fixed seed. Each test adds its figures to one JSON document, written at the end
-to $GPT2BENCH_FAULTS_JSON when set (docs/reliability.md's table comes from it) and printed.
+of the session to $GPT2BENCH_FAULTS_JSON when set (docs/reliability.md's table comes from it) and printed
+(tests/fault_figures.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 import time
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fault_figures
 import kubernetes
 import psutil
 import pytest
@@ -51,7 +52,7 @@ POLL_SECONDS = 0.5
 SIX_RUNS = {"strategies": [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}],
             "precisions": ["fp32", "bf16"], "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}
 REPO = Path(__file__).resolve().parents[1]
-FIGURES: dict[str, dict[str, Any]] = {}
+FIGURES = fault_figures.FIGURES  # written at the end of the session (tests/conftest.py)
 
 
 @dataclass
@@ -73,10 +74,6 @@ def env(tmp_path_factory):
             yield Env(cluster, Benchmarks(client), TrainingOperator(client, cluster=cluster), operator)
         finally:
             code = operator.stop()
-            text = json.dumps(FIGURES, indent=2, sort_keys=True)
-            print("\nfault-injection figures:\n" + text)
-            if os.environ.get("GPT2BENCH_FAULTS_JSON"):
-                Path(os.environ["GPT2BENCH_FAULTS_JSON"]).write_text(text + "\n")
         assert code == 0, operator.log.read_text()[-3000:]
 
 

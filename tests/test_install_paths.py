@@ -250,10 +250,14 @@ def test_the_kind_e2e_example_completes_with_the_operator_its_helm_install_makes
     objects = helm_template(install)
     values = dict(arg.split("=", 1) for flag, arg in zip(install, install[1:]) if flag == "--set")
     trainer_image = f"{values['trainerImage.repository']}:{values['trainerImage.tag']}"
-    runtime_images = set(re.findall(r"\bimage: (\S+)", yaml.safe_dump_all(
-        [d for d in objects if d["kind"] == "ClusterTrainingRuntime"])))
-    assert runtime_images == ({trainer_image} if backend == "trainjob" else set()), \
-        "with Trainer v2 the chart's runtimes run the loaded trainer image (the MPI runtime's sshd pods)"
+    runtimes = [d for d in objects if d["kind"] == "ClusterTrainingRuntime"]
+    # the CPU runtimes (label gpt2bench.io/trainer-image: cpu) run the loaded trainer image (the MPI runtime's sshd pods); the CUDA MPI runtime names the
+    # GPU tag, which the CPU example never uses
+    cpu_images = set(re.findall(r"^\s*(?:- )?image: (\S+)", yaml.safe_dump_all(
+        [d for d in runtimes if d["metadata"].get("labels", {}).get("gpt2bench.io/trainer-image") != "gpu"]),
+        re.M))
+    assert cpu_images == ({trainer_image} if backend == "trainjob" else set()), \
+        "with Trainer v2 the chart's CPU runtimes run the loaded trainer image (the MPI runtime's sshd pods)"
     with EmulatedCluster(tmp_path / "kube") as cluster:
         backend_cluster(cluster, backend, objects)
         create_namespace(cluster, bench_namespace())  # the script's `up` creates it, then installs the chart

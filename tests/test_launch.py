@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fault_figures import FIGURES
 
 from gpt2bench import files, launch
 from gpt2bench.collect import parse_termination_message
@@ -98,15 +99,31 @@ def test_no_summary_writes_a_failure_with_the_output_tail(tmp_path):
     assert done.returncode == 1
     summary = parse_termination_message((tmp_path / "termination-log").read_text())
     assert summary["status"] == "failed"
-    assert "sh exited 1 without a GPT2BENCH_SUMMARY line" in summary["reason"]
-    assert "unable to reach daemon" in summary["reason"]
+    assert summary["reason"] == ("sh exited with code 1 without a GPT2BENCH_SUMMARY line: ORTE was unable to reach "
+                                 "daemon on node worker-1")
+
+
+@pytest.mark.faults
+def test_a_launcher_killed_before_the_summary_says_so_without_dumping_the_config(tmp_path):
+    """mpirun killed (the launcher pod deleted, a node drained): the reason says by what, and the last line
+    that means something, not the trainer's config JSON that happened to be the last line printed."""
+    config = '[1,0]<stderr>:2026-11-26 10:00:00,000 rank0 INFO config {"data": {"source": "sotu"}, "model": {}}'
+    done = run_launch(["sh", "-c", f"echo 'rank0 WARNING slow start'; echo '{config}'; kill -TERM $$"], tmp_path)
+    assert done.returncode == 143
+    summary = parse_termination_message((tmp_path / "termination-log").read_text())
+    assert summary["reason"] == ("sh was killed by SIGTERM (exit code 143) without a GPT2BENCH_SUMMARY line: "
+                                 "rank0 WARNING slow start")
+    FIGURES["launcher-killed-before-summary"] = {"injected": 1, "exit_code": done.returncode, "runs_lost": 0,
+                                                 "reason": summary["reason"]}
 
 
 def test_missing_command_exits_127_with_a_reason(tmp_path):
     done = run_launch(["no-such-mpirun-here"], tmp_path)
     assert done.returncode == 127
     assert "cannot run 'no-such-mpirun-here'" in done.stderr
-    assert "no-such-mpirun-here" in json.loads((tmp_path / "termination-log").read_text())["reason"]
+    # runc's words for a container's own command (and the local runner's): the same fault reads the same
+    assert json.loads((tmp_path / "termination-log").read_text())["reason"] == \
+        'exec: "no-such-mpirun-here": executable file not found in $PATH'
 
 
 def test_sigterm_is_forwarded_and_reported(tmp_path):
@@ -119,7 +136,7 @@ def test_sigterm_is_forwarded_and_reported(tmp_path):
     process.wait(timeout=20)
     assert time.monotonic() - started < 15
     assert process.returncode == 128 + signal.SIGTERM
-    assert "exited 143" in json.loads((tmp_path / "termination-log").read_text())["reason"]
+    assert "was killed by SIGTERM (exit code 143)" in json.loads((tmp_path / "termination-log").read_text())["reason"]
 
 
 def test_without_a_termination_log_nothing_is_written(tmp_path, monkeypatch, capsysbinary):
@@ -164,4 +181,4 @@ def test_the_rendered_launcher_command_runs_through_the_console_script(tmp_path)
                             env={**os.environ, "GPT2BENCH_TERMINATION_LOG": str(log)}, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     written = json.loads(log.read_text())
-    assert written["status"] == "failed" and "true exited 0 without a GPT2BENCH_SUMMARY line" in written["reason"]
+    assert written["status"] == "failed" and "true exited with code 0 without a GPT2BENCH_SUMMARY line" in written["reason"]

@@ -91,6 +91,7 @@ STAGES = [
     ("gpt2bench.plan",),
     ("gpt2bench.render",),
     ("gpt2bench.collect",),
+    ("gpt2bench.diagnosis",),
     ("gpt2bench.launch",),
     ("gpt2bench.report",),
     ("gpt2bench.local", "gpt2bench.controller"),

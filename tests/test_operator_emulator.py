@@ -138,5 +138,5 @@ def test_kubectl_get_wait_and_namespaces(cluster, api):
     assert waiter.returncode == 0, err
     assert "condition met" in out
     assert "default" in cluster.kubectl("get", "namespaces").stdout
-    table = cluster.kubectl("get", "g2b", "waited").stdout.split()
-    assert table[:2] == ["NAME", "PHASE"] and table[7:9] == ["waited", "Succeeded"]
+    header, row = (line.split() for line in cluster.kubectl("get", "g2b", "waited").stdout.splitlines())
+    assert header[:2] == ["NAME", "PHASE"] and row[:2] == ["waited", "Succeeded"]

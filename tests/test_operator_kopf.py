@@ -69,10 +69,10 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
 
     table = cluster.kubectl("get", "gpt2benchmark", "cpu-sweep").stdout.split()
-    assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION"]
+    assert table[:8] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION", "AGE", "WAITING"]
     # tokens/s grew by 10 per run, so a later repeat is faster than an earlier one: the sweep's own noise
     # (the two repeats of a configuration differ by 10 configurations' worth) hides every margin
-    assert table[7:12] == ["cpu-sweep", "Succeeded", "36", "36", "no-clear-winner"]  # RECOMMENDED: empty
+    assert table[8:13] == ["cpu-sweep", "Succeeded", "36", "36", "no-clear-winner"]  # RECOMMENDED: empty
     as_yaml = yaml.safe_load(cluster.kubectl("get", "g2b", "cpu-sweep", "-o", "yaml").stdout)
     assert as_yaml["status"]["runs"] == runs
 
@@ -145,11 +145,11 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
     assert "final loss: no per-step records" in converge["measured"]
 
     table = cluster.kubectl("get", "gpt2benchmark", "scales").stdout.split()
-    assert table[:6] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION"]
-    assert table[7:13] == ["scales", "Succeeded", "8", "8", "scales-ddp-fp32-1x2", "clear"]
+    assert table[:8] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION", "AGE", "WAITING"]
+    assert table[8:14] == ["scales", "Succeeded", "8", "8", "scales-ddp-fp32-1x2", "clear"]
     header, row = (line.split() for line in
                    cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout.splitlines())
-    wide = dict(zip(header, row, strict=True))
+    wide = dict(zip(header, row, strict=False))  # WAITING, the last column, is empty
     assert (wide["BACKEND"], wide["BEST"], wide["TOKENS/S"]) == ("pytorchjob", "ddp", "2009.9")  # 1990 x 1.01
 
     from gpt2bench.controller.metrics import REGISTRY
@@ -214,9 +214,10 @@ def test_a_killed_pod_without_message_fails_with_the_container_reason(benchmarks
     benchmarks.create(benchmark("oom", [{"name": "ddp"}]))
     play(trainer, "oom", 1, lambda t, job, i: t.finish(job, succeeded=False, message=None, exit_code=137))
     status = wait_for(lambda: (s := benchmarks.status("oom")).get("phase") == "Failed" and s, what="Failed")
-    # the container's end first, then the training operator's own words
-    assert status["runs"][0]["reason"] == ("OOMKilled (exit code 137); PyTorchJobFailed: PyTorchJob oom-ddp-fp32-1x2 "
-                                           "is failed because 1 Master replica(s) failed.")
+    # the pod and how its container ended first, then the training operator's own words
+    assert status["runs"][0]["reason"] == ("pod oom-ddp-fp32-1x2-master-0 (container pytorch) OOMKilled (exit code 137); "
+                                           "PyTorchJobFailed: PyTorchJob oom-ddp-fp32-1x2 is failed because 1 Master "
+                                           "replica(s) failed.")
     assert status.get("best") is None
 
 

@@ -86,7 +86,9 @@ def test_rbac_is_split_into_framework_and_application_rules_and_least_privilege(
     assert allowed(rules, "gpt2bench.io", "gpt2benchmarks/finalizers", "update"), "blockOwnerDeletion needs it"
     for group, resource in (("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "mpijobs"),
                             ("trainer.kubeflow.org", "trainjobs")):
-        assert allowed(rules, group, resource, "watch") and not allowed(rules, group, resource, "delete")
+        # deleted when its pods never start (runPolicy.startupSeconds/queueSeconds), never changed
+        assert allowed(rules, group, resource, "watch") and allowed(rules, group, resource, "delete")
+        assert not any(allowed(rules, group, resource, verb) for verb in ("patch", "update", "deletecollection"))
     # the runtimes are read, never written; JobSets, Jobs are the Trainer's and never touched
     assert allowed(rules, "trainer.kubeflow.org", "clustertrainingruntimes", "get")
     assert not any(allowed(rules, "trainer.kubeflow.org", "clustertrainingruntimes", verb)

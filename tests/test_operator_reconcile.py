@@ -272,24 +272,6 @@ def test_termination_message_prefers_the_named_container_and_falls_back_to_last_
     ]}}
     assert kube.termination_message(pod, container="pytorch") == '{"a": 1}'
     assert kube.termination_message(None) is None
-    assert kube.termination_reason({"status": {"containerStatuses": [
-        {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}) == "OOMKilled (exit code 137)"
-    assert kube.termination_reason({"status": {"containerStatuses": [
-        {"state": {"terminated": {"reason": "Completed", "exitCode": 0}}}]}}) is None  # it did not fail
-
-
-def test_termination_reason_says_what_happened_to_the_pod_itself():
-    evicted = {"metadata": {"name": "p"}, "status": {
-        "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory.",
-        "containerStatuses": [{"state": {"terminated": {"reason": "Error", "exitCode": 137}}}]}}
-    assert kube.termination_reason(evicted) == ("Error (exit code 137); pod p Evicted: The node was low on "
-                                                "resource: memory.")
-    stranded = {"metadata": {"name": "p", "deletionTimestamp": "2026-11-25T10:00:00Z"},
-                "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
-    assert kube.termination_reason(stranded) == ("pod p stuck Terminating since 2026-11-25T10:00:00Z (is its node "
-                                                 "gone? `kubectl get node n1`)")
-    finished = {"metadata": {"name": "p", "deletionTimestamp": "2026-11-25T10:00:00Z"}, "status": {"phase": "Succeeded"}}
-    assert kube.termination_reason(finished) is None  # being deleted after it ended: nothing went wrong
 
 
 def test_only_job_events_that_can_change_a_sweep_wake_it():

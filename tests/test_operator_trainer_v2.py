@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
+from fault_figures import FIGURES, seconds_since
 from kube import EmulatedCluster
 from kube.fixtures import (
     CRD,
@@ -119,8 +122,9 @@ def test_a_trainjob_failing_without_a_summary_keeps_the_containers_and_jobsets_r
          lambda t, tj: t.finish(tj["metadata"]["name"], succeeded=False, message=None, exit_code=137))
     status = wait_for(lambda: (s := benchmarks.status("tv2oom")).get("phase") == "Failed" and s, what="Failed")
     (run,) = status["runs"]
-    assert run["reason"] == ("OOMKilled (exit code 137); FailedJobs: jobset failed due to one or more job failures "
-                             f"(first failed job: {run['jobName']}-node-0)")
+    assert re.fullmatch(rf"pod {run['jobName']}-node-0-0-\w{{5}} \(container node\) OOMKilled \(exit code 137\); "
+                        rf"FailedJobs: jobset failed due to one or more job failures \(first failed job: "
+                        rf"{run['jobName']}-node-0\)", run["reason"]), run["reason"]
 
 
 def test_a_queued_trainjob_queues_its_run_until_admitted(client, benchmarks, trainer):
@@ -251,6 +255,122 @@ def test_per_step_curves_of_trainjob_runs_outlive_the_pods_and_the_cluster_repor
     assert report.returncode == 0, report.stderr
     assert (out / "loss.png").stat().st_size > 1000
 
+
+
+# --- TrainJobs whose pods never start: JobSet's Jobs' pods, played by the scheduler and the kubelet ---------
+
+# runPolicy.startupSeconds here (the operator polls every 0.3 s): the clock starts when the TrainJob is created,
+# and building its JobSet, Jobs and pods takes the emulated Trainer a second or two on a loaded machine
+STARTUP = 5
+TWO_NODES = [{"nodes": 2, "devicesPerNode": 0, "processesPerNode": 1}]
+
+
+def starting(benchmarks, name: str, strategies: list[str]) -> None:
+    benchmarks.create(benchmark(name, [{"name": s} for s in strategies], runPolicy={"startupSeconds": STARTUP},
+                                sweep={"strategies": [{"name": s} for s in strategies], "precisions": ["fp32"],
+                                       "scales": TWO_NODES}))
+
+
+def first_run(benchmarks, name: str) -> dict:
+    return (benchmarks.status(name).get("runs") or [{}])[0]
+
+
+@pytest.mark.faults
+def test_a_trainjob_whose_worker_cannot_pull_its_image_fails_at_the_startup_limit_and_the_sweep_goes_on(
+        cluster, client, benchmarks):
+    """JobSet's Job creates both `node` pods; node 1's image cannot be pulled (the kubelet's ImagePullBackOff).
+    The run says so while it waits, fails at startupSeconds naming that pod, its TrainJob goes (its JobSet,
+    Jobs and pods with it), and the next run starts and succeeds."""
+    name = "tv2pull"
+    trainer = TrainerV2(client, cluster=cluster, start_pods=False)
+    starting(benchmarks, name, ["ddp", "fsdp"])
+    (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the first TrainJob")
+    seen = time.monotonic()
+    job_name = trainjob["metadata"]["name"]
+    assert trainer.reconcile(job_name) is not None
+    node0, node1 = trainer.pod_names(job_name)
+    trainer.running(node0)
+    image = trainjob["spec"]["trainer"]["image"]
+    injected = time.monotonic()
+    trainer.waiting(node1, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+    said = f'pod {node1} (container node) ImagePullBackOff: Back-off pulling image "{image}"'
+    wait_for(lambda: first_run(benchmarks, name).get("waiting") == said, 10, what=said)
+    shown = seconds_since(injected)
+    assert said in cluster.kubectl("get", "gpt2benchmark", name).stdout, "kubectl get's Waiting column"
+    failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 20, what="Failed")
+    failed_after = seconds_since(seen)
+    assert failed["reason"] == f"not started within runPolicy.startupSeconds ({STARTUP} s): {said}"
+    wait_for(lambda: any(e["reason"] == "RunFailed" and said in e["message"] for e in benchmarks.events(name)), 10,
+             what="its RunFailed Event")  # kopf posts Events from a queue of its own
+    wait_for(lambda: job_name not in [t["metadata"]["name"] for t in trainjobs(client, name)], 10,
+             what="its TrainJob deleted")
+    assert trainer.pods(f"jobset.sigs.k8s.io/jobset-name={job_name}") == [], "its pods went with it"
+    (second,) = wait_for(lambda: trainjobs(client, name), 10, what="the next run's TrainJob")  # the sweep went on
+    trainer.start_pods = True
+    trainer.reconcile(second["metadata"]["name"])
+    run = second["metadata"]["labels"]["gpt2bench.io/run"]
+    wait_for(lambda: benchmarks.status(name)["runs"][1].get("podsStartedTime"), 10, what="its pods started")
+    trainer.finish(second["metadata"]["name"], succeeded=True, message=json.dumps(trainer_summary(run, 12.0)))
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") not in (None, "Running") and s,
+                      what="the end")
+    assert status["phase"] == "PartiallySucceeded" and not status.get("waiting")
+    FIGURES["trainjob-image-pull-backoff"] = {
+        "injected": 1, "startupSeconds": STARTUP, "waiting_shown_after_s": shown, "failed_after_trainjob_seen_s":
+        failed_after, "trainjob_deleted": True, "next_run": status["runs"][1]["phase"], "runs_lost": 0,
+        "reason": failed["reason"]}
+
+
+@pytest.mark.faults
+def test_a_horovod_trainjob_waits_for_its_launcher_pod_not_only_the_pods_that_exist(cluster, client, benchmarks):
+    """The MPI runtime's launcher Job dependsOn its sshd `node` pods being Ready (JobSet). An sshd that never
+    gets Ready means no launcher pod at all: the pods that exist have all started, but the run has not; it
+    counts the TrainJob's pods (numNodes on the project's runtime: 1 sshd + the launcher), says what it waits
+    for and fails at the startup limit instead of running until its deadline."""
+    name = "tv2sshd"
+    trainer = TrainerV2(client, cluster=cluster, start_pods=False)
+    starting(benchmarks, name, ["horovod"])
+    (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the TrainJob")
+    seen = time.monotonic()
+    job_name = trainjob["metadata"]["name"]
+    trainer.reconcile(job_name)
+    (sshd,) = trainer.pod_names(job_name)
+    trainer.running(sshd, ready=False)  # its readiness probe (sshd's port) never passes
+    assert trainer.pod_names(job_name, "launcher") == [], "JobSet creates no launcher Job yet"
+    said = (f"1 of 2 pods created; pod {sshd} is not Ready (ContainersNotReady: containers with unready status: "
+            f"[node]), and the job's controller may create the others only once it is")
+    wait_for(lambda: first_run(benchmarks, name).get("waiting") == said, 10, what=said)
+    failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 20, what="Failed")
+    failed_after = seconds_since(seen)
+    assert failed["reason"] == f"not started within runPolicy.startupSeconds ({STARTUP} s): {said}"
+    assert not failed.get("podsStartedTime")
+    wait_for(lambda: trainjobs(client, name) == [], 10, what="its TrainJob deleted")
+    FIGURES["trainjob-launcher-never-created"] = {
+        "injected": 1, "startupSeconds": STARTUP, "failed_after_trainjob_seen_s": failed_after,
+        "trainjob_deleted": True, "runs_lost": 0, "reason": failed["reason"]}
+
+
+@pytest.mark.faults
+def test_a_trainjob_whose_image_lacks_its_command_fails_naming_the_pod_in_runcs_words(cluster, client, benchmarks):
+    """containerd cannot start `node`'s command (StartError); under the runtime's restartPolicy Never the pod
+    fails, its Job at once (backoffLimit 0), the JobSet and the TrainJob with it. The run names the pod and the
+    command in the words the PyTorchJob path and the local runner use (tests/test_operator_pods.py)."""
+    name = "tv2nocmd"
+    trainer = TrainerV2(client, cluster=cluster, start_pods=False)
+    benchmarks.create(benchmark(name, [{"name": "single"}]))
+    (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the TrainJob")
+    job_name = trainjob["metadata"]["name"]
+    trainer.reconcile(job_name)
+    (pod,) = trainer.pod_names(job_name)
+    injected = time.monotonic()
+    trainer.start_error(pod)
+    assert trainer.trainjob(job_name)["status"]["conditions"][-1]["reason"] == "FailedJobs"
+    failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 20, what="Failed")
+    program = trainjob["spec"]["trainer"]["command"][0]
+    assert failed["reason"] == (f'pod {pod} (container node) StartError: exec: "{program}": executable file not found '
+                                f"in $PATH; FailedJobs: jobset failed due to one or more job failures (first failed "
+                                f"job: {job_name}-node-0)")
+    FIGURES["trainjob-command-missing"] = {"injected": 1, "failed_after_injection_s": seconds_since(injected),
+                                           "runs_lost": 0, "reason": failed["reason"]}
 
 
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):

@@ -12,9 +12,11 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import gpt2bench_executable
+from fault_figures import FIGURES
 
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
@@ -106,3 +108,26 @@ def test_compiled_horovod_trains_what_eager_horovod_trains(run_trainer):
     assert compiled.summary["compiled"] is True and compiled.summary["compile_seconds"] > 0
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-4)
     assert compiled.grad_norms == pytest.approx(eager.grad_norms, rel=1e-3)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_a_hung_rank_ends_a_horovod_job_within_its_timeout(run_trainer, launcher):
+    """--timeout-seconds bounds Horovod's waits as it bounds the other strategies' process groups: rank 0 stops
+    making progress at step 2 (alive, as a deadlocked rank is); rank 1, waiting for its gradients' all-reduce,
+    gives up after the timeout and says why, and the launcher ends the job. Without the bound it ran until
+    killed (docs/reliability.md)."""
+    timeout = 4
+    prefix = horovodrun() if launcher == "horovodrun" else mpirun()
+    started = time.monotonic()
+    run = run_trainer(["--strategy", "horovod", "--steps", "400", "--hang-at-step", "2",
+                       "--timeout-seconds", str(timeout)], launcher=prefix, expect_rc=None, timeout=150)
+    took = time.monotonic() - started
+    assert run.returncode != 0, run.describe()
+    said = "horovod: the all-reduce of the gradients waited more than 4 s (--timeout-seconds) for the other ranks"
+    assert said in run.stdout + run.stderr, run.describe()
+    assert len(run.steps) < 10, "it stopped where the rank hung"
+    assert took < timeout + 60, f"{took:.1f} s (start-up included)"
+    FIGURES[f"horovod-rank-hangs-{launcher}"] = {
+        "injected": 1, "timeout_seconds": timeout, "job_ended_after_s": round(took, 1), "steps_recorded": len(run.steps),
+        "exit_code": run.returncode, "reason": said}

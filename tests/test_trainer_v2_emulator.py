@@ -24,6 +24,7 @@ from trainer_v2_rules import restricted_problems
 from gpt2bench import collect
 from gpt2bench.controller.kube import termination_message
 from gpt2bench.jobkinds import (
+    expected_pods,
     job_state,
     resolve_backend,
     result_container,
@@ -127,6 +128,8 @@ def test_a_sweep_of_trainjobs_runs_to_results_with_a_failure_and_horovod(cluster
         # a pod per node, whatever the runtime: torch's `node`s; MPI on 2+ nodes nodes - 1 sshd pods and the
         # launcher (runLauncherAsNode), on one node the launcher alone
         assert len(pods) == run.nodes
+        # what the operator waits for before a run has started: every pod the runtime makes of the TrainJob
+        assert expected_pods(trainer.trainjob(name)) == len(pods)
         for pod in pods:
             assert restricted_problems(pod["spec"]) == [], pod["metadata"]["name"]
             assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}

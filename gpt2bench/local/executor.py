@@ -27,9 +27,7 @@ not reproduced: a failed run is reported, not retried.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -38,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpt2bench import diagnosis
 from gpt2bench import jobkinds as kinds
 from gpt2bench.local.processes import die_with_parent, kill_tree, private_tmpdir
 from gpt2bench.local.replicas import (
@@ -50,7 +49,7 @@ from gpt2bench.local.replicas import (
     share_machine,
 )
 from gpt2bench.local.trainjob import trainjob_replicas
-from gpt2bench.protocol import SUMMARY_PREFIX
+from gpt2bench.protocol import TRAINJOB_CONTAINER
 
 KILL_GRACE_SECONDS = 5.0
 
@@ -74,6 +73,7 @@ class JobOutcome:
     completion_time: datetime
     primary: Replica  # the replica whose output dir holds steps.jsonl (Master-0 / Launcher-0)
     exit_codes: dict[str, int | None]
+    cause: str | None = None  # the first replica that failed, how and what it said (gpt2bench.diagnosis)
 
 
 def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, dict] | None = None) -> list[Replica]:
@@ -192,34 +192,49 @@ def visible_gpus() -> list[str]:
 
 def assign_gpus(replicas: list[Replica], available: list[str]) -> str | None:
     """Give each replica its own GPUs; return why the job cannot start (like an unschedulable pod)."""
-    wanted = [r.gpus for r in replicas]
-    if sum(wanted) > len(available):
-        return (
-            f"Unschedulable: the job asks for {sum(wanted)} nvidia.com/gpu "
-            f"({', '.join(f'{r.name}: {w}' for r, w in zip(replicas, wanted))}); "
-            f"this machine offers {len(available)}"
-        )
+    blocked = unschedulable(replicas, available, "")
+    return blocked.describe() if blocked else None
+
+
+def unschedulable(replicas: list[Replica], available: list[str], job_name: str) -> diagnosis.PodWait | None:
+    """Give each replica its own GPUs, in order; the first replica that finds too few left is Unschedulable,
+    worded as the scheduler words it for a one-node cluster (this machine is that node)."""
     start = 0
-    for replica, count in zip(replicas, wanted):
-        if count:
-            replica.env["CUDA_VISIBLE_DEVICES"] = ",".join(available[start : start + count])
-            start += count
+    for replica in replicas:
+        if replica.gpus > len(available) - start:
+            return diagnosis.PodWait(pod_name(job_name, replica), "Unschedulable",
+                                     "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+        if replica.gpus:
+            replica.env["CUDA_VISIBLE_DEVICES"] = ",".join(available[start : start + replica.gpus])
+            start += replica.gpus
     return None
+
+
+def pod_name(job_name: str, replica: Replica) -> str:
+    """The name of the pod a replica stands for (the training operator's `<job>-<replica type>-<index>`)."""
+    return f"{job_name}-{replica.name}" if job_name else replica.name
+
+
+def container_of(job: dict[str, Any], replica: Replica) -> str:
+    """The name of the container a replica runs (the kind's container for its replica type)."""
+    if job.get("kind") == "TrainJob":
+        return TRAINJOB_CONTAINER
+    return kinds.replica_container(job, replica.role) if replica.role in kinds.replica_types(job) else replica.role
 
 
 # ---------------------------------------------------------------- processes
 
 
-def missing_tool(replica: Replica, path: str | None) -> str | None:
-    """Why the replica's program cannot start: its executable is not on PATH, or the one a wrapper
-    (`gpt2bench launch -- mpirun ...`, `torchrun --no-python -- gpt2bench ...`) runs after `--`."""
+def missing_tool(replica: Replica, path: str | None) -> tuple[str, str] | None:
+    """(program, what to install) when the replica's program cannot start: its executable is not on PATH, or
+    the one a wrapper (`gpt2bench launch -- mpirun ...`, `torchrun --no-python -- gpt2bench ...`) runs after
+    `--`."""
     programs = [replica.argv[0]]
     if Path(replica.argv[0]).name in _WRAPPERS and "--" in replica.argv[:-1]:
         programs.append(replica.argv[replica.argv.index("--") + 1])
     for program in programs:
         if shutil.which(program, path=path) is None:
-            hint = _INSTALL_HINTS.get(Path(program).name, "install it or fix the job's command")
-            return f"{program} is not installed (not found on PATH): {hint}"
+            return program, _INSTALL_HINTS.get(Path(program).name, "install it or fix the job's command")
     return None
 
 
@@ -267,51 +282,20 @@ def termination_message(replica: Replica) -> str:
     return "\n".join(tail.splitlines()[-80:])
 
 
-_ERROR_LINE = re.compile(r"(Error|Exception|error:|not found|No module named|Killed|Aborted|terminate called)")
-# torchrun's and Python's own frames around a child's failure say nothing about its cause
-_NOISE = re.compile(
-    r"^(File |Traceback|raise |torch\.distributed\.elastic|\^)|ChildFailedError|elastic/multiprocessing"
-)
-_ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?"
-    r"(\((SIG\w+)\))?\n",
-    re.DOTALL,
-)
-
-
-def log_reason(replica: Replica, limit: int = 300) -> str:
-    """The most telling part of a failed replica's output: torchrun's root cause (which rank, which
-    exit code or signal) and the last error-looking line that is not a launcher's own traceback."""
+def log_tail(replica: Replica, lines: int = 300) -> str:
+    """The last lines a replica printed (what the operator reads of a pod's log)."""
     try:
         with open(replica.log_path, encoding="utf-8", errors="replace") as f:
-            text = "".join(f.readlines()[-300:])
+            return "".join(f.readlines()[-lines:])
     except OSError:
         return ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    parts = []
-    root = _ROOT_CAUSE.search(text)
-    if root:
-        rank, code, signame = root.group(1), root.group(2), root.group(4)
-        parts.append(f"rank {rank} " + (f"killed by {signame}" if signame else f"exited with code {code}"))
-    errors = [
-        line
-        for line in lines
-        if _ERROR_LINE.search(line) and not _NOISE.search(line) and not line.startswith(SUMMARY_PREFIX)
-    ]
-    if errors:
-        parts.append(errors[-1])
-    elif not parts and lines:
-        parts.append(lines[-1])
-    return "; ".join(parts)[:limit]
 
 
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
+def replica_end(job: dict[str, Any], replica: Replica) -> diagnosis.PodEnd:
+    """How a failed replica ended, in the words the operator uses for a failed pod."""
+    said = diagnosis.container_said(termination_message(replica), log_tail(replica))
+    return diagnosis.PodEnd(pod_name(job["metadata"]["name"], replica), diagnosis.exit_how(replica.process.returncode),
+                            container=container_of(job, replica), line=said)
 
 
 def _now() -> datetime:
@@ -341,17 +325,23 @@ def execute_job(
     primary = replicas[0]
     base_env = dict(os.environ if base_env is None else base_env)
 
-    def finished(phase: str, reason: str | None) -> JobOutcome:
+    def finished(phase: str, reason: str | None, cause: str | None = None) -> JobOutcome:
         codes = {r.name: (r.process.returncode if r.process else None) for r in replicas}
-        return JobOutcome(phase, reason, termination_message(primary), started, _now(), primary, codes)
+        return JobOutcome(phase, reason, termination_message(primary), started, _now(), primary, codes, cause)
 
-    blocked = assign_gpus(replicas, visible_gpus() if gpus is None else gpus)
+    available = visible_gpus() if gpus is None else gpus
+    blocked = unschedulable(replicas, available, job["metadata"]["name"])
     if blocked:
-        return finished("Failed", blocked)
+        asked = sum(r.gpus for r in replicas)
+        return finished("Failed", diagnosis.cannot_start_here(
+            blocked, f"the job asks for {asked} nvidia.com/gpu, this machine offers {len(available)}"))
     for replica in replicas:
-        why = missing_tool(replica, {**base_env, **replica.env}.get("PATH"))
-        if why:
-            return finished("Failed", f"{replica.name}: {why}")
+        missing = missing_tool(replica, {**base_env, **replica.env}.get("PATH"))
+        if missing:  # what containerd reports of a command not in the image (StartError), and what to install
+            program, hint = missing
+            wait = diagnosis.PodWait(pod_name(job["metadata"]["name"], replica), diagnosis.START_FAILURES[0],
+                                     diagnosis.executable_not_found(program), container_of(job, replica))
+            return finished("Failed", diagnosis.cannot_start_here(wait, hint))
 
     deadline_s = kinds.active_deadline(job)
     t0 = time.monotonic()
@@ -363,11 +353,10 @@ def execute_job(
         while True:
             codes = [r.process.poll() for r in replicas]
             failed = next((r for r, c in zip(replicas, codes) if c not in (None, 0)), None)
-            if failed is not None:
-                detail = log_reason(failed)
-                reason = f"{failed.name} {_exit_text(failed.process.returncode)}" + (f": {detail}" if detail else "")
+            if failed is not None:  # the first to fail (its peers, stopped now, would fail because of it)
                 _stop_all(replicas, grace_seconds)
-                return finished("Failed", reason)
+                cause = replica_end(job, failed).describe()
+                return finished("Failed", cause, cause)
             if all(c == 0 for c in codes):
                 return finished("Succeeded", None)
             elapsed = time.monotonic() - t0

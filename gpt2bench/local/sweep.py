@@ -173,6 +173,7 @@ def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display,
             job_succeeded=outcome.phase == "Succeeded",
             termination_message=outcome.termination_message,
             job_reason=outcome.reason,
+            cause=outcome.cause,
             start_time=started,
             completion_time=rfc3339(outcome.completion_time),
         )

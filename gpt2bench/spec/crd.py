@@ -142,6 +142,7 @@ def build_crd() -> dict[str, Any]:
         ("Best", "string", ".status.best.strategy", 1),  # highest tokens/s, any scale, no noise rule
         ("Tokens/s", "number", ".status.best.tokensPerSecond", 1),
         ("Age", "date", ".metadata.creationTimestamp", 0),
+        ("Waiting", "string", ".status.waiting", 0),  # a run's pod not scheduled, its image not pulled ... (last: long)
     ]
     schema = {
         "type": "object",

@@ -531,6 +531,13 @@ class RunPolicySpec(SpecModel):
                                                     description="Kill a run after this long; null: never.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=2**31 - 1,
                                                        description="Delete finished jobs after this long.")
+    startup_seconds: int = Field(
+        600, ge=1, le=2**31 - 1,
+        description="Fail a run whose pods have not all started (scheduled, images pulled, containers running) "
+                    "this long after its job was created or admitted; its reason names the pod and what it waits for.")
+    queue_seconds: int = Field(
+        3600, ge=1, le=2**31 - 1,
+        description="Fail a run whose job its queue (Kueue) has not admitted this long after it was queued.")
 
     @model_validator(mode="after")
     def _ttl_leaves_time_to_read_results(self) -> RunPolicySpec:

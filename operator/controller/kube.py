@@ -288,11 +288,32 @@ def result_pod(job: dict[str, Any]) -> dict[str, Any] | None:
     return kinds.result_pod(job, json.loads(response.data).get("items", []))
 
 
-def pod_log_tail(namespace: str, pod: str, container: str, lines: int, limit_bytes: int) -> str | None:
-    """The last `lines` lines of a container's log (at most `limit_bytes`), or None when it cannot be read."""
+def job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pod of a job, all replicas (workers too), as the API returns them."""
+    response = _core().list_namespaced_pod(job["metadata"]["namespace"], label_selector=kinds.job_pod_selector(job),
+                                           _preload_content=False)
+    return json.loads(response.data).get("items", [])
+
+
+def delete_job(job: dict[str, Any]) -> None:
+    """Delete a job and, through the garbage collector, its pods (a 404 is done already)."""
+    kind = JOB_KINDS[job["kind"]]
+    try:
+        _custom().delete_namespaced_custom_object(kind.group, kind.version, job["metadata"]["namespace"], kind.plural,
+                                                  job["metadata"]["name"], propagation_policy="Background")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def pod_log_tail(namespace: str, pod: str, container: str, lines: int, limit_bytes: int,
+                 previous: bool = False) -> str | None:
+    """The last `lines` lines of a container's log (at most `limit_bytes`; `previous`: of the container before its
+    last restart), or None when it cannot be read."""
     try:
         response = _core().read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines,
-                                                   limit_bytes=limit_bytes, _preload_content=False)
+                                                   limit_bytes=limit_bytes, previous=previous or None,
+                                                   _preload_content=False)
     except ApiException:
         return None
     return response.data.decode("utf-8", errors="replace")
@@ -309,30 +330,6 @@ def termination_message(pod: dict[str, Any] | None, container: str | None = None
             terminated = (status.get(state) or {}).get("terminated") or {}
             if terminated.get("message"):
                 return terminated["message"]
-    return None
-
-
-def termination_reason(pod: dict[str, Any] | None) -> str | None:
-    """`OOMKilled (exit code 137)`, `Error (exit code 1)`...: how a container of the pod failed, if one did;
-    then what happened to the pod itself: evicted by the kubelet (`Evicted: The node was low on resource:
-    memory...`), or stuck Terminating (its node gone: nobody confirms that the containers stopped)."""
-    container = None
-    for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-        terminated = (status.get("state") or {}).get("terminated") or {}
-        if terminated and terminated.get("exitCode") != 0:
-            container = f"{terminated.get('reason') or 'terminated'} (exit code {terminated.get('exitCode')})"
-            break
-    return "; ".join(filter(None, [container, _pod_fate(pod)])) or None
-
-
-def _pod_fate(pod: dict[str, Any] | None) -> str | None:
-    status, metadata = (pod or {}).get("status") or {}, (pod or {}).get("metadata") or {}
-    name = metadata.get("name", "")
-    if status.get("reason"):  # the pod's own end: Evicted, NodeLost, DeadlineExceeded, Shutdown...
-        return f"pod {name} {status['reason']}" + (f": {status['message']}" if status.get("message") else "")
-    if metadata.get("deletionTimestamp") and status.get("phase") not in ("Succeeded", "Failed"):
-        return (f"pod {name} stuck Terminating since {metadata['deletionTimestamp']} (is its node gone? "
-                f"`kubectl get node {(pod or {}).get('spec', {}).get('nodeName') or '<node>'}`)")
     return None
 
 

@@ -288,13 +288,15 @@ def mark_queued(entry: RunStatus, now: str) -> RunStatus:
 
 
 def finish_entry(run: Run, entry: RunStatus, finished: Finished, termination_message: str | None,
-                 now: str) -> RunStatus:
-    """The results entry of a finished run (collect decides Succeeded/Failed and the reason)."""
+                 now: str, cause: str | None = None) -> RunStatus:
+    """The results entry of a finished run (collect decides Succeeded/Failed and the reason; `cause`: the first
+    pod that failed, when one did)."""
     return compact(collect.collect_run(
         run,
         job_succeeded=finished.job_succeeded,
         termination_message=termination_message,
         job_reason=finished.job_message or ("job failed" if not finished.job_succeeded else None),
+        cause=cause,
         start_time=entry.start_time or now,
         completion_time=now,
     ))
@@ -327,8 +329,10 @@ def foreign_reason(job_name: str, kind: str, namespace: str, owner: str, uid: st
 def compact(entry: RunStatus) -> RunStatus:
     """A run entry as status keeps it: a reason of at most STATUS_REASON_LIMIT characters, figures to
     STATUS_DIGITS significant digits (a benchmark's noise is in the second or third)."""
-    if entry.reason and len(entry.reason) > STATUS_REASON_LIMIT:
-        entry = entry.model_copy(update={"reason": entry.reason[: STATUS_REASON_LIMIT - 3] + "..."})
+    for text in ("reason", "waiting"):
+        value = getattr(entry, text)
+        if value and len(value) > STATUS_REASON_LIMIT:
+            entry = entry.model_copy(update={text: value[: STATUS_REASON_LIMIT - 3] + "..."})
     if entry.results is not None:
         rounded = {name: float(f"{value:.{STATUS_DIGITS}g}")
                    for name, value in entry.results.model_dump().items() if isinstance(value, float)}
@@ -362,10 +366,17 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
         runs_failed=sum(r.phase == FAILED for r in runs),
         runs_skipped=sum(r.phase == SKIPPED for r in runs),
         best=best_run(runs),
+        waiting=waiting_message(runs),
         analysis=None if phase == RUNNING else _analyze(runs, spec),
         conditions=sweep_conditions(status.conditions or [], phase, message, runs, generation, now),
         completion_time=now if phase != RUNNING and not status.completion_time else None,
     )
+
+
+def waiting_message(runs: list[RunStatus]) -> str:
+    """What the active runs wait for, `run: what` each ("" when none waits: a merge patch then clears it)."""
+    text = "; ".join(f"{r.name}: {r.waiting}" for r in runs if r.waiting and r.phase in (RUNNING, QUEUED))
+    return text if len(text) <= STATUS_REASON_LIMIT else text[: STATUS_REASON_LIMIT - 3] + "..."
 
 
 def _analyze(runs: list[RunStatus], spec: GPT2BenchmarkSpec | None) -> Any:

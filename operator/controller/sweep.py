@@ -45,7 +45,7 @@ from gpt2bench.spec.model import API_GROUP, KIND, Benchmark
 from gpt2bench.spec.validation import SpecError, validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus, fabric_warnings
 
-from . import kube, liveness, metrics
+from . import kube, liveness, metrics, pods
 from . import reconcile as rc
 
 # The spec a sweep started with: later spec edits do not change a running sweep (docs/operator.md).
@@ -357,15 +357,21 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
         job = jobs[entry.job_name]
         pod = kube.result_pod(job)
         message = kube.termination_message(pod, container=kinds.result_container(job))
-        if not finished.job_succeeded:  # the container's end first (OOMKilled ...), then the controller's word
-            why = "; ".join(filter(None, [kube.termination_reason(pod), finished.job_message])) or "job failed"
-            finished = rc.Finished(finished.name, False, why)
-        entries[finished.name] = rc.finish_entry(run, entry, finished, message, now)
+        cause = None
+        if not finished.job_succeeded:  # the first pod that failed (OOMKilled ...), then the controller's word
+            cause, why = pods.failure(job, finished.job_message, now)
+            finished = rc.Finished(finished.name, False, why or "job failed")
+        entries[finished.name] = rc.finish_entry(run, entry, finished, message, now, cause)
         if pod:
             collected.append((run, job, pod))
     for name in seen.vanished:
         ttl = benchmark.spec.run_policy.ttl_seconds_after_finished
         entries[name] = rc.vanished_entry(by_name[name], entries[name], now, ttl)
+    done = {finished.name for finished in seen.finished}
+    for entry in list(entries.values()):  # queued or starting: what it waits for, and for how long
+        if entry.phase in (rc.RUNNING, rc.QUEUED) and entry.job_name in jobs and entry.name not in done:
+            entries[entry.name] = pods.follow_start(by_name[entry.name], entry, jobs[entry.job_name], benchmark.spec,
+                                                    now)
     current = [entries[entry.name] for entry in old_runs]
     current, runs, rounds = _add_round(fresh, benchmark, status, current, runs, now)
     current = _start_runs(fresh, benchmark, runs, current, jobs, now, logger)

@@ -17,7 +17,7 @@ Added here, as a real API server does it:
   `fieldValidation=Strict`, rejected for unknown fields, and validated against `openAPIV3Schema`;
 - every object's labels validated as ObjectMeta (422 naming the value, as the API server answers);
 - `GET /api/v1/namespaces` (kmock's URL parser fails on it), `Table` output for `kubectl get`;
-- pod logs (`pods/NAME/log`, `tailLines`, `limitBytes`), from what the test double says a container printed;
+- pod logs (`pods/NAME/log`, `tailLines`, `limitBytes`, `previous`), from what the test double says a container printed;
 - mutating admission: functions in `admission` may change an object before it is validated and stored
   (the test plays Kueue's webhook with one);
 - fault injection (tests/kube/faults.py): functions in `faults` may answer a request with an error before
@@ -405,7 +405,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if container not in containers:
             raise ApiError(400, "BadRequest", f"a container name must be specified for pod {name}, "
                                               f"choose one of: {containers}")
-        text = self.pod_logs.get((namespace, name, container), "")
+        previous = query.get("previous") == "true"  # the container before its last restart (kept by the kubelet)
+        text = self.pod_logs.get((namespace, name, container, "previous") if previous else (namespace, name, container),
+                                 "")
         if query.get("tailLines"):
             lines = text.splitlines(keepends=True)
             text = "".join(lines[-int(query["tailLines"]):]) if int(query["tailLines"]) else ""

@@ -8,11 +8,15 @@ the Job controller):
   mpi.go); the JobSet `<tj>` (`build_jobset`: runtime patched by runtimePatches, the trainer applied, the
   plugin's env/volumes, JobSet's webhook defaults), rejected as JobSet's webhook would (a Warning Event
   `TrainJobResourcesCreationFailed`, no condition: TR trainjob_controller.go L107-120); the headless
-  Service `<tj>`; one Job `<tj>-<rjob>-<i>` per replica and, unless suspended, its Indexed pods
+  Service `<tj>`; one Job `<tj>-<rjob>-<i>` per replica (a replicated job with `dependsOn` only once the one
+  it depends on is Ready: the MPI launcher after its sshd `node` pods) and, unless suspended, its Indexed pods
   `<job>-<index>-<5 random>` with hostname `<job>-<index>`, subdomain `<tj>`, JobSet's labels and
   annotations (JS jobset_controller.go L1014-1078) and the Job controller's completion-index annotation.
-  Pods are Running and Ready. The TrainJob gets `jobsStatus` (sorted by name descending, JS L446-456)
-  and, when `spec.suspend`, Suspended=True/Suspended "TrainJob is suspended" (TR L213-234).
+  Pods are Running and Ready as they are created; with `start_pods=False` they stay Pending and the test
+  plays the scheduler and the kubelet on them (tests/kube/kubelet.py: Unschedulable, ImagePullBackOff, not
+  Ready ...), `sync` recounting them as the Job controller and JobSet do. The TrainJob gets `jobsStatus`
+  (JobSet's replicatedJobsStatus, sorted by name descending) and, when `spec.suspend`,
+  Suspended=True/Suspended "TrainJob is suspended" (TR L213-234).
 - `finish(name, succeeded=..., message=..., log=...)`: the result pod (torch `node` index 0, MPI `launcher`)
   terminates with `message` as its termination message (and, given the EmulatedCluster, `log` as what
   its container `node` printed), the Jobs and the JobSet get their conditions
@@ -24,7 +28,8 @@ the Job controller):
 - `resume(name)`: after `spec.suspend: false`, Suspended=False/Resumed "TrainJob is resumed".
 
 Not played: admission webhooks (a TrainJob naming a missing runtime is created anyway; `reconcile`
-then records the Event), Kueue, real scheduling and restarts.
+then records the Event), Kueue, the Job controller's restarts of failed pods (the runtimes' Jobs have
+backoffLimit 0 and restartPolicy Never).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from typing import Any
 
 import kmock
 import kubernetes
+
+from .kubelet import Kubelet
 
 TRAINER = ("trainer.kubeflow.org", "v1alpha1")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2")
@@ -246,14 +253,18 @@ def jobset_keys(jobset: dict[str, Any], rjob: dict[str, Any], index: int) -> dic
 # ------------------------------------------------------------------ the controllers, through the client
 
 
-class TrainerV2:
-    """Plays Trainer v2 + JobSet + the Job controller for TrainJobs in `namespace`."""
+class TrainerV2(Kubelet):
+    """Plays Trainer v2 + JobSet + the Job controller for TrainJobs in `namespace`; the scheduler and the
+    kubelet on their pods (Kubelet: with `start_pods`, every pod runs and is Ready as it is created, else it
+    stays Pending until the test plays it, each change recounted by the Job controller and JobSet)."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str = "default", cluster: Any = None):
+    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str = "default", cluster: Any = None,
+                 start_pods: bool = True):
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.namespace = namespace
         self.cluster = cluster  # the EmulatedCluster, to say what containers printed (their logs)
+        self.start_pods = start_pods
 
     # --- reading
     def trainjob(self, name: str) -> dict[str, Any]:
@@ -277,6 +288,28 @@ class TrainerV2:
     def pods(self, label_selector: str) -> list[dict[str, Any]]:
         response = self.core.list_namespaced_pod(self.namespace, label_selector=label_selector, _preload_content=False)
         return json.loads(response.data)["items"]
+
+    def pod_names(self, trainjob: str, rjob: str | None = None) -> list[str]:
+        """The TrainJob's pods (of one replicated job), in job and completion-index order."""
+        selector = f"{JS}jobset-name={trainjob}" + (f",{JS}replicatedjob-name={rjob}" if rjob else "")
+        pods = self.pods(selector)
+        order = {rjob: i for i, rjob in enumerate(self.jobset_order(trainjob))}
+        pods.sort(key=lambda p: (order.get(p["metadata"]["labels"][JS + "replicatedjob-name"], 0),
+                                 int(p["metadata"]["labels"][JS + "job-index"]),
+                                 int(p["metadata"]["annotations"][COMPLETION_INDEX])))
+        return [p["metadata"]["name"] for p in pods]
+
+    def jobset_order(self, name: str) -> list[str]:
+        jobset = self._jobset(name)
+        return [rjob["name"] for rjob in jobset["spec"]["replicatedJobs"]] if jobset else []
+
+    def _jobset(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(*JOBSET, self.namespace, "jobsets", name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     # --- reconciling
     def reconcile(self, name: str) -> dict[str, Any] | None:
@@ -304,10 +337,7 @@ class TrainerV2:
                                                              field_validation="Strict")
         self._create_core("service", {"metadata": {"name": name, "ownerReferences": [_owner(jobset)]}, "spec": {
             "clusterIP": "None", "selector": {JS + "jobset-name": name}, "publishNotReadyAddresses": True}})
-        for rjob in jobset["spec"]["replicatedJobs"]:
-            for index in range(rjob.get("replicas", 1)):
-                self._create_job(jobset, rjob, index)
-        self._sync_status(name)
+        self.sync(name)
         return jobset
 
     def _create_core(self, kind: str, body: dict[str, Any]) -> None:
@@ -357,29 +387,77 @@ class TrainerV2:
             "generateName": f"{job_name}-{index}-", "labels": labels, "annotations": annotations,
             "ownerReferences": [_owner(job)]}, "spec": spec}
         created = json.loads(self.core.create_namespaced_pod(self.namespace, body, _preload_content=False).data)
+        if not self.start_pods:  # Pending, not yet scheduled: the test plays the scheduler and the kubelet
+            return
         self.core.patch_namespaced_pod_status(created["metadata"]["name"], self.namespace, {"status": {
             "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
                                    "imageID": "", "state": {"running": {"startedAt": _now()}}}
                                   for c in spec["containers"]]}})
 
-    # --- status
-    def _sync_status(self, name: str, condition: dict[str, Any] | None = None) -> None:
-        """JobSet replicatedJobsStatus (sorted by name, descending) → TrainJob jobsStatus; conditions."""
+    # --- status: the Job controller counts pods, JobSet counts Jobs and creates the ones due, the Trainer copies
+    def pod_changed(self, pod: str) -> None:
+        labels = self._pod(pod)["metadata"].get("labels") or {}
+        if JS + "jobset-name" in labels:
+            self.sync(labels[JS + "jobset-name"])
+
+    def sync(self, name: str, condition: dict[str, Any] | None = None) -> None:
+        """What the controllers do after a change: each Job's counts from its pods (K8S job_controller.go:
+        active = pods not finished, ready = those with Ready True); JobSet's replicatedJobsStatus from its Jobs
+        (JS calculateReplicatedJobStatuses: a Job is ready when its succeeded + ready pods reach its parallelism)
+        and, unless it has finished, the Jobs of each replicated job whose dependsOn is reached (JS
+        depends_on.go: Ready when the ready + failed + succeeded Jobs of the one it depends on are all its
+        replicas; so the MPI launcher's Job only once every sshd `node` pod is Ready); the TrainJob's
+        jobsStatus and conditions from those (TR jobset.go L449-470)."""
+        while True:
+            jobset = self._jobset(name)
+            jobs = [self._count_pods(job) for job in self.jobs(name)]
+            statuses = replicated_job_statuses(jobset, jobs) if jobset else []
+            if jobset is None or (jobset.get("status") or {}).get("terminalState"):
+                break
+            failed = next((job["metadata"]["name"] for job in jobs if past_backoff_limit(job)), None)
+            if failed is not None:  # the Job controller fails it, then JobSet fails (no failure policy)
+                self._end_job(failed, succeeded=False)
+                condition = self._end_jobset(jobset, False, failed)
+                continue
+            if not self._create_due_jobs(jobset, jobs, statuses):
+                break
+        if jobset is not None:
+            self.custom.patch_namespaced_custom_object_status(*JOBSET, self.namespace, "jobsets", name,
+                                                              {"status": {"replicatedJobsStatus": statuses}})
+        self._sync_status(name, statuses, condition)
+
+    def _count_pods(self, job: dict[str, Any]) -> dict[str, Any]:
+        pods = [p for p in self.pods(f"batch.kubernetes.io/job-name={job['metadata']['name']}")
+                if not p["metadata"].get("deletionTimestamp")]
+        phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
+        ready = sum(phase not in ("Succeeded", "Failed") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
+            for p, phase in zip(pods, phases))
+        counts = {"active": sum(phase not in ("Succeeded", "Failed") for phase in phases), "ready": ready,
+                  "succeeded": phases.count("Succeeded"), "failed": phases.count("Failed")}
+        return self.custom.patch_namespaced_custom_object_status("batch", "v1", self.namespace, "jobs",
+                                                                 job["metadata"]["name"], {"status": counts})
+
+    def _create_due_jobs(self, jobset: dict[str, Any], jobs: list[dict[str, Any]],
+                         statuses: list[dict[str, Any]]) -> bool:
+        existing = {job["metadata"]["name"] for job in jobs}
+        replicas = {rjob["name"]: rjob.get("replicas", 1) for rjob in jobset["spec"]["replicatedJobs"]}
+        by_name = {status["name"]: status for status in statuses}
+        created = False
+        for rjob in jobset["spec"]["replicatedJobs"]:
+            if not all(dependency_reached(dep, replicas[dep["name"]], by_name.get(dep["name"]))
+                       for dep in rjob.get("dependsOn") or []):
+                continue
+            for index in range(rjob.get("replicas", 1)):
+                if f"{jobset['metadata']['name']}-{rjob['name']}-{index}" not in existing:
+                    self._create_job(jobset, rjob, index)
+                    created = True
+        return created
+
+    def _sync_status(self, name: str, statuses: list[dict[str, Any]], condition: dict[str, Any] | None) -> None:
+        """JobSet replicatedJobsStatus → TrainJob jobsStatus; conditions."""
         trainjob = self.trainjob(name)
-        per_job: dict[str, dict[str, int]] = {}
-        for job in self.jobs(name):
-            rjob = job["metadata"]["labels"][JS + "replicatedjob-name"]
-            counts = per_job.setdefault(rjob, dict(ready=0, succeeded=0, failed=0, active=0, suspended=0))
-            state = job.get("status") or {}
-            finished = {c["type"] for c in state.get("conditions") or [] if c["status"] == "True"}
-            counts["succeeded"] += "Complete" in finished
-            counts["failed"] += "Failed" in finished
-            counts["suspended"] += bool(job["spec"].get("suspend"))
-            active = not finished and not job["spec"].get("suspend")
-            counts["active"] += active
-            counts["ready"] += active
-        jobs_status = [{"name": rjob, **counts} for rjob, counts in sorted(per_job.items(), reverse=True)]
         conditions = [c for c in (trainjob.get("status") or {}).get("conditions") or []]
         if trainjob["spec"].get("suspend"):
             conditions = _set(conditions, "Suspended", "True", "Suspended", "TrainJob is suspended")
@@ -387,7 +465,7 @@ class TrainerV2:
             conditions = _set(conditions, "Suspended", "False", "Resumed", "TrainJob is resumed")
         if condition is not None:
             conditions = [c for c in conditions if c["type"] != condition["type"]] + [condition]
-        status: dict[str, Any] = {"jobsStatus": jobs_status}
+        status: dict[str, Any] = {"jobsStatus": statuses}
         if conditions:
             status["conditions"] = conditions
         self.custom.patch_namespaced_custom_object_status(*TRAINER, self.namespace, "trainjobs", name,
@@ -409,7 +487,7 @@ class TrainerV2:
                                                              {"spec": {"suspend": False, "template": template}})
             for completion in range(job["spec"]["completions"]):
                 self._create_pod(jobset, job, completion)
-        self._sync_status(name)
+        self.sync(name)
 
     def finish(self, name: str, *, succeeded: bool, message: str | None, exit_code: int | None = None,
                log: str = "") -> None:
@@ -425,29 +503,38 @@ class TrainerV2:
                 key = (self.namespace, pod["metadata"]["name"], "node")
                 self.cluster.call(lambda emulator, key=key: emulator.pod_logs.__setitem__(key, log))
             self._terminate(pod, code if first or succeeded else 143, message if first else None)
-        t = _now()
-        generation = jobset["metadata"].get("generation", 1)
-        if succeeded:
-            job_condition = {"type": "Complete", "status": "True", "reason": "CompletionsReached",
-                             "message": "Reached expected number of succeeded pods", "lastTransitionTime": t}
-            js_condition = {"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
-                            "message": "jobset completed successfully", "lastTransitionTime": t,
-                            "observedGeneration": generation}
-        else:
-            job_condition = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                             "message": "Job has reached the specified backoff limit", "lastTransitionTime": t}
-            js_condition = {"type": "Failed", "status": "True", "reason": "FailedJobs",
-                            "message": f"jobset failed due to one or more job failures (first failed job: {result_job})",
-                            "lastTransitionTime": t, "observedGeneration": generation}
-        self.custom.patch_namespaced_custom_object_status("batch", "v1", self.namespace, "jobs", result_job,
-                                                          {"status": {"conditions": [job_condition]}})
+        self._end_job(result_job, succeeded)
+        self.sync(name, self._end_jobset(jobset, succeeded, result_job))
+
+    def _end_job(self, job: str, succeeded: bool) -> None:
+        """The Job controller: Complete, or Failed once its failed pods exceed its backoffLimit (0 in the
+        project's runtimes: the first)."""
+        condition = ({"type": "Complete", "status": "True", "reason": "CompletionsReached",
+                      "message": "Reached expected number of succeeded pods", "lastTransitionTime": _now()}
+                     if succeeded else
+                     {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                      "message": "Job has reached the specified backoff limit", "lastTransitionTime": _now()})
+        self.custom.patch_namespaced_custom_object_status("batch", "v1", self.namespace, "jobs", job,
+                                                          {"status": {"conditions": [condition]}})
+
+    def _end_jobset(self, jobset: dict[str, Any], succeeded: bool, job: str) -> dict[str, Any]:
+        """JobSet ends (its success policy met, or a Job failed: no failure policy restarts it), deletes its Jobs
+        still active (JS L162-176: the MPI sshd `node` Job), and the Trainer copies its condition, renamed
+        (TR jobset.go L449-457). Returns that TrainJob condition."""
+        name = jobset["metadata"]["name"]
+        condition = ({"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
+                      "message": "jobset completed successfully"}
+                     if succeeded else
+                     {"type": "Failed", "status": "True", "reason": "FailedJobs",
+                      "message": f"jobset failed due to one or more job failures (first failed job: {job})"})
+        condition.update(lastTransitionTime=_now(), observedGeneration=jobset["metadata"].get("generation", 1))
         self.custom.patch_namespaced_custom_object_status(*JOBSET, self.namespace, "jobsets", name, {"status": {
-            "conditions": [js_condition], "terminalState": js_condition["type"]}})
-        # A finished JobSet deletes its Jobs still active (JS L162-176): the MPI sshd `node` Job.
-        for job in self.jobs(name):
-            if job["metadata"]["name"] != result_job:
-                self.custom.delete_namespaced_custom_object("batch", "v1", self.namespace, "jobs", job["metadata"]["name"])
-        self._sync_status(name, {**js_condition, "type": "Complete" if succeeded else "Failed"})
+            "conditions": [condition], "terminalState": condition["type"]}})
+        for other in self.jobs(name):
+            if other["metadata"]["name"] != job:
+                self.custom.delete_namespaced_custom_object("batch", "v1", self.namespace, "jobs",
+                                                            other["metadata"]["name"])
+        return {**condition, "type": "Complete" if succeeded else "Failed"}
 
     def _terminate(self, pod: dict[str, Any], code: int, message: str | None) -> None:
         terminated = {"exitCode": code, "reason": {0: "Completed", 137: "OOMKilled"}.get(code, "Error"),
@@ -465,7 +552,7 @@ class TrainerV2:
         self.custom.delete_namespaced_custom_object(*JOBSET, self.namespace, "jobsets", name)
         condition = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
                      "message": "TrainJob exceeded its active deadline", "lastTransitionTime": _now()}
-        self._sync_status(name, condition)
+        self.sync(name, condition)
 
 
 def _set(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str) -> list[dict]:
@@ -474,3 +561,45 @@ def _set(conditions: list[dict[str, Any]], type_: str, status: str, reason: str,
     when = old["lastTransitionTime"] if old and old["status"] == status else _now()
     new = {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": when}
     return [new if c["type"] == type_ else c for c in conditions] if old else [*conditions, new]
+
+
+def replicated_job_statuses(jobset: dict[str, Any], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """JS calculateReplicatedJobStatuses (v0.12.0 L458-538): every replicated job of the spec, its finished Jobs
+    counted as succeeded/failed, the others as ready (succeeded + ready pods >= min(parallelism, completions)),
+    active (an active pod) and suspended; sorted by name, descending (as the Trainer's copy reads)."""
+    counts = {rjob["name"]: dict(ready=0, succeeded=0, failed=0, active=0, suspended=0)
+              for rjob in jobset["spec"]["replicatedJobs"]}
+    for job in jobs:
+        rjob = counts.get(job["metadata"]["labels"][JS + "replicatedjob-name"])
+        if rjob is None:
+            continue
+        state = job.get("status") or {}
+        finished = {c["type"] for c in state.get("conditions") or [] if c["status"] == "True"}
+        if "Complete" in finished:
+            rjob["succeeded"] += 1
+        elif "Failed" in finished:
+            rjob["failed"] += 1
+        else:
+            pods = min(job["spec"].get("parallelism", 1), job["spec"].get("completions") or 1 << 31)
+            rjob["ready"] += state.get("succeeded", 0) + state.get("ready", 0) >= pods
+            rjob["active"] += state.get("active", 0) > 0
+            rjob["suspended"] += bool(job["spec"].get("suspend"))
+    return [{"name": name, **count} for name, count in sorted(counts.items(), reverse=True)]
+
+
+def dependency_reached(depends_on: dict[str, Any], replicas: int, status: dict[str, Any] | None) -> bool:
+    """JS dependencyReachedStatus: Ready when the ready, failed and succeeded Jobs are all its replicas;
+    Complete when they all succeeded."""
+    if status is None:
+        return False
+    if depends_on.get("status") == "Complete":
+        return status["succeeded"] == replicas
+    return status["ready"] + status["failed"] + status["succeeded"] == replicas
+
+
+def past_backoff_limit(job: dict[str, Any]) -> bool:
+    """An unfinished Job whose failed pods exceed its backoffLimit (K8S: 6 by default)."""
+    state = job.get("status") or {}
+    if any(c["status"] == "True" and c["type"] in ("Complete", "Failed") for c in state.get("conditions") or []):
+        return False
+    return state.get("failed", 0) > job["spec"].get("backoffLimit", 6)

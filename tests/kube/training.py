@@ -19,6 +19,8 @@ from typing import Any
 
 import kubernetes
 
+from .kubelet import Kubelet
+
 GROUPS = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
 ROLES = {"PyTorchJob": ("master", "Master", "pytorch"), "MPIJob": ("launcher", "Launcher", "launcher")}
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -87,7 +89,9 @@ def kueue_webhook(resource: Any, obj: dict[str, Any]) -> None:
         obj.setdefault("spec", {}).setdefault("runPolicy", {})["suspend"] = True
 
 
-class TrainingOperator:
+class TrainingOperator(Kubelet):
+    """The training operator and mpi-operator; the scheduler and the kubelet on their pods (Kubelet)."""
+
     def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str = "default", cluster: Any = None):
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
@@ -179,13 +183,17 @@ class TrainingOperator:
         if role == "master":  # mpi-operator sets no replica-type label on the launcher
             labels["training.kubeflow.org/replica-type"] = replica.lower()
         pod_name = f"{name}-{role}-0"
-        self.core.create_namespaced_pod(self.namespace, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [{
-                "apiVersion": job["apiVersion"], "kind": job["kind"], "name": name,
-                "uid": job["metadata"]["uid"], "controller": True}]},
-            "spec": {"containers": [{"name": container, "image": "gpt2bench"}]},
-        })  # fmt: skip
+        try:
+            self.core.create_namespaced_pod(self.namespace, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [{
+                    "apiVersion": job["apiVersion"], "kind": job["kind"], "name": name,
+                    "uid": job["metadata"]["uid"], "controller": True}]},
+                "spec": {"containers": [{"name": container, "image": "gpt2bench"}]},
+            })  # fmt: skip
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 409:  # created already (create_pods): it terminates now
+                raise
         if log and self.cluster is not None:
             key = (self.namespace, pod_name, container)
             self.cluster.call(lambda emulator: emulator.pod_logs.__setitem__(key, log))
@@ -199,6 +207,48 @@ class TrainingOperator:
             "containerStatuses": [{"name": container, "ready": False, "restartCount": 0, "image": "gpt2bench",
                                    "imageID": "", "state": {"terminated": terminated}}],
         }})  # fmt: skip
+
+    # --- every pod of a job, as the controller, the scheduler and the kubelet play them ------------
+
+    def create_pods(self, job: dict[str, Any]) -> list[str]:
+        """The controller's pods of every replica (training-operator common/pod.go: `<job>-<type>-<index>`,
+        labelled with the job name, role, replica type and index), Pending and not yet scheduled. Their names,
+        result pod first."""
+        name, kind = job["metadata"]["name"], job["kind"]
+        specs = job["spec"]["pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"]
+        names = []
+        for replica in ("Master", "Launcher", "Worker"):
+            for index in range(int((specs.get(replica) or {}).get("replicas", 0))):
+                role = "worker" if replica == "Worker" else ROLES[kind][0]
+                labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": role,
+                          "training.kubeflow.org/replica-type": replica.lower(),
+                          "training.kubeflow.org/replica-index": str(index)}
+                container = specs[replica]["template"]["spec"]["containers"][0]
+                pod = f"{name}-{replica.lower()}-{index}"
+                # the replica's restartPolicy on its pods (training-operator common/pod.go setRestartPolicy)
+                spec = {"restartPolicy": specs[replica].get("restartPolicy", "Never"), "containers": [
+                    {key: container[key] for key in ("name", "image", "command", "args") if key in container}]}
+                self.core.create_namespaced_pod(self.namespace, {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod, "labels": labels, "ownerReferences": [{
+                        "apiVersion": job["apiVersion"], "kind": kind, "name": name, "uid": job["metadata"]["uid"],
+                        "controller": True}]},
+                    "spec": spec, "status": {"phase": "Pending"}})  # fmt: skip
+                names.append(pod)
+        return names
+
+    def fail(self, job: dict[str, Any], replica_type: str = "Master") -> None:
+        """The job's controller gives up (backoffLimit reached): Failed, worded as upstream with the replica type
+        that failed (`... is failed because 1 Worker replica(s) failed.`)."""
+        name = job["metadata"]["name"]
+        current = self.get(job)
+        reason, message = messages(current)["Failed"]
+        message = message.replace("Master", replica_type)
+        conditions = set_condition(list((current.get("status") or {}).get("conditions") or []), "Failed", "True",
+                                   reason, message)
+        group, version, plural = GROUPS[job["kind"]]
+        self.custom.patch_namespaced_custom_object_status(group, version, self.namespace, plural, name,
+                                                          {"status": {"conditions": conditions}})
 
     # --- faults (tests/test_faults.py) -----------------------------------------------------------
 
@@ -260,10 +310,16 @@ class TrainingOperator:
         self._condition(job, ("Created", "True", "Created"), ("Failed", "True", "Failed"))
 
     def lose_node(self, job: dict[str, Any]) -> str:
-        """The pod's node is gone: the taint manager deletes the pod, but no kubelet confirms that its
-        containers stopped, so it stays Terminating (held here by a finalizer, as the missing kubelet
-        holds it). Returns the pod's name."""
+        """The pod's node is gone: the node lifecycle controller marks the pod not Ready (MarkPodsNotReady), the
+        taint manager, once the pod's toleration of the NoExecute taint is over, marks it DisruptionTarget
+        (`DeletionByTaintManager`: `Taint manager: deleting due to NoExecute taint`) and deletes it; no kubelet
+        confirms that its containers stopped, so it stays Terminating (held here by a finalizer, as the
+        missing kubelet holds it). Returns the pod's name."""
         pod = self.running_pod(job, node="node-gone")
+        self.core.patch_namespaced_pod_status(pod["name"], self.namespace, {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "lastTransitionTime": _now()},
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+             "message": "Taint manager: deleting due to NoExecute taint", "lastTransitionTime": _now()}]}})
         self.core.patch_namespaced_pod(pod["name"], self.namespace,
                                        {"metadata": {"finalizers": ["test.gpt2bench.io/kubelet-gone"]}})
         self.core.delete_namespaced_pod(pod["name"], self.namespace)

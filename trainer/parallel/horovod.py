@@ -21,6 +21,13 @@ bound (docs/metrics.md, Step breakdown).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,6 +41,9 @@ except ImportError as exc:  # the registry imports this module only for --strate
 
 from gpt2bench.trainer.breakdown import CommTimer
 from gpt2bench.trainer.parallel.base import Parallelism, distinct_tensors, update_scaler
+from gpt2bench.trainer.summary import publish_summary
+
+log = logging.getLogger("gpt2bench.trainer")
 
 
 class HorovodParallelism(Parallelism):
@@ -44,6 +54,7 @@ class HorovodParallelism(Parallelism):
 
     def setup(self) -> None:
         hvd.init()
+        self.watchdog = Watchdog(self.config.training.timeout_seconds, self._give_up)
         self.rank, self.world_size = hvd.rank(), hvd.size()
         if (self.rank, self.world_size) != (self.env.rank, self.env.world_size):
             raise RuntimeError(
@@ -57,7 +68,19 @@ class HorovodParallelism(Parallelism):
     def collectives_backend(self):
         from gpt2bench.trainer.collectives import horovod_backend
 
-        return horovod_backend(self.device)
+        backend = horovod_backend(self.device)
+        bound = self.watchdog.bounded  # the probe's collectives wait for every rank too
+        return dataclasses.replace(
+            backend, call=lambda kind, numel: bound(f"the probe's {kind}", backend.call(kind, numel)),
+            agree_max=bound("the probe's agreement", backend.agree_max),
+            barrier=bound("the probe's barrier", backend.barrier))
+
+    def _give_up(self, reason: str) -> None:
+        """The watchdog's last act on this rank: say why where the launcher and the operator look."""
+        log.error("%s", reason)
+        if self.is_reporter:
+            publish_summary({"status": "failed", "reason": reason, "strategy": self.name,
+                             "precision": self.config.precision}, self.config.process.output)
 
     def teardown(self) -> None:
         if hvd.is_initialized():
@@ -66,7 +89,8 @@ class HorovodParallelism(Parallelism):
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.device)
         tensors = distinct_tensors(model)
-        hvd.broadcast_parameters(tensors, root_rank=0)
+        with self.watchdog.waiting("the broadcast of the parameters"):
+            hvd.broadcast_parameters(tensors, root_rank=0)
         self.extra_summary["horovod_broadcast_tensors"] = len(tensors)
         return model
 
@@ -77,7 +101,8 @@ class HorovodParallelism(Parallelism):
             backward_passes_per_step=self.config.training.grad_accum,
             op=hvd.Average,
         )
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        with self.watchdog.waiting("the broadcast of the optimizer state"):
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         # Broadcasting an empty AdamW state makes Horovod take one zero-gradient step to create it:
         # the parameters do not move, but AdamW's step counter would read 1 and change the bias
         # correction of every later step. Reset it, so runs compare step by step with ddp/single.
@@ -105,13 +130,15 @@ class HorovodParallelism(Parallelism):
     def _synchronize(self, optimizer) -> None:
         """`optimizer.synchronize()`, timed as the step's wait for its all-reduces when instrumented."""
         if self.comm is None:
-            optimizer.synchronize()
+            with self.watchdog.waiting("the all-reduce of the gradients"):
+                optimizer.synchronize()
             return
         in_flight, self._in_flight = self._in_flight, {}
         with self.comm.waiting():
             for handle in [h for h in in_flight if _polled(h)]:
                 self.comm.complete(in_flight.pop(handle))  # done before the wait began
-            optimizer.synchronize()
+            with self.watchdog.waiting("the all-reduce of the gradients"):
+                optimizer.synchronize()
         for transfer in in_flight.values():
             self.comm.complete(transfer)
 
@@ -126,11 +153,55 @@ class HorovodParallelism(Parallelism):
         return norm, skipped
 
     def mean_over_workers(self, value: torch.Tensor) -> torch.Tensor:
-        return hvd.allreduce(value.detach().float(), op=hvd.Average, name="gpt2bench.loss")
+        with self.watchdog.waiting("the all-reduce of the loss"):
+            return hvd.allreduce(value.detach().float(), op=hvd.Average, name="gpt2bench.loss")
 
     def gather_to_reporter(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
-        gathered = hvd.allgather_object(payload, name="gpt2bench.payloads")
+        with self.watchdog.waiting("the gathering of the ranks' results"):
+            gathered = hvd.allgather_object(payload, name="gpt2bench.payloads")
         return gathered if self.is_reporter else None
+
+
+class Watchdog:
+    """Horovod's waits take no timeout: `--timeout-seconds` bounds them here, as it bounds the other strategies'
+    process groups. A wait that lasts longer means a rank stopped making progress (or died without its peers
+    noticing): this rank says so and exits 1, and the launcher (horovodrun, mpirun) then ends the others.
+
+    Horovod's own stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS / HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, or
+    horovodrun's --stall-check-* flags) did not end such a stall when tried here (0.28.1 under horovodrun --gloo:
+    no warning, no shutdown, the job hung until killed), so a thread of ours watches instead;
+    it looks four times per timeout, so a stall ends between 1 and 1.25 timeouts after it began."""
+
+    def __init__(self, timeout_seconds: float, give_up: Callable[[str], None]):
+        self.timeout, self.give_up = timeout_seconds, give_up
+        self._since: float | None = None
+        self._what = ""
+        threading.Thread(target=self._watch, name="horovod-watchdog", daemon=True).start()
+
+    @contextlib.contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        self._what, self._since = what, time.monotonic()
+        try:
+            yield
+        finally:
+            self._since = None
+
+    def bounded(self, what: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        """`call`, each of its waits watched."""
+        def watched(*args: Any) -> Any:
+            with self.waiting(what):
+                return call(*args)
+        return watched
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout / 4))
+            since = self._since
+            if since is not None and time.monotonic() - since > self.timeout:
+                self.give_up(f"horovod: {self._what} waited more than {self.timeout:g} s (--timeout-seconds) for "
+                             f"the other ranks: a rank stopped making progress or is gone")
+                sys.stderr.flush()
+                os._exit(1)  # the main thread is blocked inside Horovod: nothing else can end it
 
 
 def _polled(handle) -> bool:

@@ -1,0 +1,404 @@
+"""Why a run failed, or has not started: one wording for the operator and for the local runner.
+
+A run's pods (on a cluster) or its replicas (processes standing for those pods, locally) are read into two
+kinds of facts, and both paths turn them into words here, so that the same fault reads the same on a laptop
+and on a cluster (tests/test_diagnosis_table.py):
+
+- `PodEnd`: a pod's container that ended badly (or the pod itself: evicted, lost with its node), when, and
+  the last meaningful line it printed. `first_failure` picks the first by time: the cause, not the peers
+  that failed because of it.
+- `PodWait`: a pod that has not started, and why (not scheduled, an image not pulled, a bad config ...), in
+  the scheduler's and the kubelet's own words.
+
+`pod_ends`, `pod_waits` and `pods_started` read pod dicts as the API returns them (pure: the operator lists
+the pods and reads the logs). Upstream's strings are quoted from kubernetes/kubernetes (kubelet
+images/image_manager.go, kuberuntime_manager.go; scheduler's FitError; the taint eviction controller).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpt2bench.collect import CollectError, clean_reason, parse_termination_message, summary_failure
+from gpt2bench.protocol import STEPS_PREFIX, SUMMARY_PREFIX
+
+# A pod still Terminating this long after its grace period ended (metadata.deletionTimestamp is the time the
+# grace period ends) is stuck: no kubelet confirms that its containers stopped, so its node is likely gone.
+STUCK_AFTER_SECONDS = 60
+# Line length kept of a log line in a reason.
+LINE_LIMIT = 300
+
+
+def _time(text: str | None) -> datetime.datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------ words
+
+
+@dataclass(frozen=True)
+class PodEnd:
+    """How one pod (one local replica) ended badly."""
+
+    pod: str
+    how: str  # "exited with code 1", "OOMKilled (exit code 137)", "killed by SIGKILL (exit code 137)", "Evicted: ..."
+    container: str | None = None
+    at: str | None = None  # RFC 3339: when (the container's finishedAt, the deletion ...), for the ordering
+    line: str | None = None  # the last meaningful line it printed (or the trainer's own reason)
+
+    def describe(self) -> str:
+        where = f"pod {self.pod}" + (f" (container {self.container})" if self.container else "")
+        return f"{where} {self.how}" + (f": {self.line}" if self.line else "")
+
+
+@dataclass(frozen=True)
+class PodWait:
+    """Why one pod has not started: `reason` and `message` are the scheduler's or the kubelet's."""
+
+    pod: str
+    reason: str  # Unschedulable, ErrImagePull, ImagePullBackOff, CreateContainerConfigError, ...
+    message: str = ""
+    container: str | None = None
+
+    def describe(self) -> str:
+        where = f"pod {self.pod}" + (f" (container {self.container})" if self.container else "")
+        return f"{where} {self.reason}" + (f": {self.message}" if self.message else "")
+
+
+def exit_how(code: int, reason: str | None = None) -> str:
+    """How a container (a process) exited: `OOMKilled (exit code 137)` (the kubelet's reason, when it says more
+    than `Error`), `killed by SIGKILL (exit code 137)` (a signal: 128 + its number, as a shell and the kubelet
+    report it; a local process's negative return code is turned into that), `exited with code 1`."""
+    if code < 0:
+        code = 128 - code
+    if reason and reason not in ("Error", "Completed"):
+        return f"{reason} (exit code {code})"
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name} (exit code {code})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def first_failure(ends: Iterable[PodEnd]) -> PodEnd | None:
+    """The pod that failed first (by time; those without a time last, in the order given)."""
+    listed = list(ends)
+    far = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+    return min(listed, key=lambda end: _time(end.at) or far, default=None)
+
+
+def failure_reason(first: PodEnd | None, controller: str | None = None) -> str | None:
+    """A failed run's reason: the first pod that failed, how and what it said; then the job controller's words."""
+    return "; ".join(part for part in (first.describe() if first else None, controller) if part) or None
+
+
+def startup_reason(wait: str, limit: int) -> str:
+    """A run whose pods did not all start within runPolicy.startupSeconds."""
+    return f"not started within runPolicy.startupSeconds ({limit} s): {wait}"
+
+
+def queue_reason(wait: str, limit: int) -> str:
+    """A run whose job its queue did not admit within runPolicy.queueSeconds."""
+    return f"not admitted within runPolicy.queueSeconds ({limit} s): {wait}"
+
+
+# ------------------------------------------------------------------ a container the runtime could not start
+
+# The reasons a container runtime gives a container whose command it could not start (containerd's CRI:
+# StartError, exit code 128; dockershim: ContainerCannotRun), and the kubelet's while it retries.
+START_FAILURES = ("StartError", "ContainerCannotRun", "RunContainerError")
+# runc, crun and Go's os/exec word a missing command so: `exec: "x": executable file not found in $PATH`,
+# `exec: "/x": stat /x: no such file or directory`, `executable file `x` not found in $PATH` (crun).
+_EXEC_ERROR = re.compile(r'exec: "([^"]*)": (executable file not found in \$PATH|(?:stat [^:]*: )?no such file or '
+                         r'directory|permission denied)')
+_CRUN_NOT_FOUND = re.compile(r"executable file `([^`]*)` not found in \$PATH")
+
+
+def executable_not_found(program: str) -> str:
+    """A missing command, as runc reports it through containerd (and the local runner, finding it missing)."""
+    if "/" in program:
+        return f'exec: "{program}": stat {program}: no such file or directory'
+    return f'exec: "{program}": executable file not found in $PATH'
+
+
+def start_failure(message: str | None) -> str:
+    """The essential part of a container runtime's message about a command it could not start (containerd
+    wraps runc's words in four layers of its own: `failed to create containerd task: failed to create shim
+    task: OCI runtime create failed: ...`): the command and why, in runc's words; else the whole message."""
+    text = message or ""
+    crun = _CRUN_NOT_FOUND.search(text)
+    if crun:
+        return executable_not_found(crun.group(1))
+    found = _EXEC_ERROR.search(text)
+    if found:
+        return f'exec: "{found.group(1)}": {found.group(2)}'
+    return clean_reason(text)[:LINE_LIMIT]
+
+
+def cannot_start_here(wait: PodWait, detail: str = "") -> str:
+    """A local run that cannot start on this machine (the local runner has no scheduler to wait for)."""
+    return f"cannot start on this machine: {wait.describe()}" + (f" ({detail})" if detail else "")
+
+
+# ------------------------------------------------------------------ what a container printed
+
+# Prefixes launchers add to their children's lines: horovodrun's `[1]<stderr>:`, mpirun's `[1,0]<stdout>:`
+_TAG = re.compile(r"^\[\d+(?:,\d+)?\]<(?:stdout|stderr)>:\s?")
+# A Python logging header (the trainer's `2026-01-01 10:00:00,123 rank1 ERROR `)
+_LOG_HEADER = re.compile(r"^\d{4}-\d\d-\d\d[ T][\d:.,]+\s+(?:rank\d+\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+")
+_ERROR = re.compile(r"(Error|Exception|error:|ERROR|not found|No module named|Killed|Aborted|terminate called|"
+                    r"Timed out|timed out|waited more than|[Oo]ut of memory)")
+# Lines that say nothing of the cause: tracebacks' frames, the launchers' own accounts of a child's failure.
+_NOISE = re.compile(
+    r"^(File |Traceback|raise |\^|~|During handling|The above exception)|ChildFailedError|elastic/multiprocessing|"
+    r"torch\.distributed\.elastic|^Process \d+ exit with status code|^Terminating remaining workers|^Terminated$|"
+    r"Horovod detected that one or more processes exited|^Process name:|^Exit code:|^-{5,}|"
+    r"mpirun detected that one or more processes exited|^Primary job +terminated|^Child job \d+ terminated|"
+    r"process rank \d+ with PID|^Exit status:|^warnings\.warn|UserWarning|resource_tracker|^time\s*:|^host\s*:|"
+    r"^error_file\s*:|^traceback\s*:|^\[\d+\]:$|^Failures:|^<NO_OTHER_FAILURES>|^Root Cause|^=+$|"
+    r"^rank\s*:|^exitcode\s*:"
+)
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?"
+    r"(\((SIG\w+)\))?\n",
+    re.DOTALL,
+)
+
+
+def _plain(line: str) -> str:
+    return _TAG.sub("", line.rstrip("\r\n")).strip()
+
+
+def _says_nothing(line: str) -> bool:
+    header = _LOG_HEADER.match(line)
+    if header and header.group(1) in ("DEBUG", "INFO"):  # progress, the resolved config: never a cause
+        return True
+    body = line[header.end():] if header else line
+    return (not body or body.startswith((SUMMARY_PREFIX.strip(), STEPS_PREFIX.strip())) or body[:1] in "{["
+            or bool(_NOISE.search(body)))
+
+
+def last_meaningful_line(text: str | None) -> str | None:
+    """What a failed container last said about its failure: torchrun's root cause (which rank, which exit code
+    or signal) and the last error-looking line that is not a launcher's or a traceback's frame, without the
+    launcher's tags and the log header; else the last line that is not noise (JSON dumps such as the trainer's
+    config, summary lines, INFO lines, the launchers' banners); None when nothing is left."""
+    if not text:
+        return None
+    lines = [_plain(line) for line in text.splitlines()[-300:]]
+    lines = [line for line in lines if line and not _says_nothing(line)]
+    parts = []
+    root = _ROOT_CAUSE.search(text)
+    if root:
+        rank, code, signame = root.group(1), root.group(2), root.group(4)
+        parts.append(f"rank {rank} " + (f"killed by {signame}" if signame else f"exited with code {code}"))
+    errors = [line for line in lines if _ERROR.search(line)]
+    if errors or lines:
+        line = (errors or lines)[-1]
+        header = _LOG_HEADER.match(line)
+        parts.append(line[header.end():] if header else line)
+    return clean_reason("; ".join(parts))[:LINE_LIMIT] or None
+
+
+def container_said(termination_message: str | None, log_tail: str | None = None) -> str | None:
+    """A failed container's own account: the trainer's reason when its termination message is a failed summary;
+    else the last meaningful line of its log (the log tail, else the message, which under
+    FallbackToLogsOnError is the log's tail)."""
+    try:
+        said = summary_failure(parse_termination_message(termination_message))
+    except CollectError:
+        said = None
+    if said:
+        return clean_reason(said)[:LINE_LIMIT]
+    return last_meaningful_line(log_tail) or last_meaningful_line(termination_message)
+
+
+def terminated_said(terminated: dict[str, Any], log_tail: str | None = None) -> str | None:
+    """What a container that ended badly said: the runtime's words when it never ran (StartError ...: its
+    message is the runtime's, it has no log), else `container_said`."""
+    if terminated.get("reason") in START_FAILURES:
+        return start_failure(terminated.get("message"))
+    return container_said(terminated.get("message"), log_tail)
+
+
+# ------------------------------------------------------------------ pods, as the API returns them
+
+
+def _statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    status = pod.get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _condition(pod: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
+def _name(pod: dict[str, Any]) -> str:
+    return (pod.get("metadata") or {}).get("name", "")
+
+
+def failed_container(pod: dict[str, Any]) -> tuple[str, dict[str, Any], bool] | None:
+    """(container, its terminated state, whether it is the last state of a restarted container) of the pod's
+    first container that ended with a non-zero code: the current state, else the previous one (a container
+    restarted under OnFailure keeps its OOMKilled there)."""
+    for status in _statuses(pod):
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if terminated and terminated.get("exitCode", 0) != 0:
+            return status.get("name", ""), terminated, False
+    for status in _statuses(pod):
+        terminated = (status.get("lastState") or {}).get("terminated") or {}
+        if terminated and terminated.get("exitCode", 0) != 0:
+            return status.get("name", ""), terminated, True
+    return None
+
+
+def pod_end(pod: dict[str, Any], now: datetime.datetime, said: str | None = None) -> PodEnd | None:
+    """How the pod ended badly, if it did (`said`: what its failed container printed, read by the caller).
+    A pod's own end comes first (Evicted, NodeLost: its containers were killed for it), then a container's
+    exit, then a deletion stuck past its grace period. A pod being deleted within its grace period is not a
+    failure (a normal, graceful deletion)."""
+    status, metadata = pod.get("status") or {}, pod.get("metadata") or {}
+    name = _name(pod)
+    failed = failed_container(pod)
+    finished_at = failed[1].get("finishedAt") if failed else None
+    if status.get("reason"):  # the pod's own end: Evicted, NodeLost, DeadlineExceeded, Shutdown ...
+        how = status["reason"] + (f": {status['message']}" if status.get("message") else "")
+        disruption = _condition(pod, "DisruptionTarget") or {}
+        return PodEnd(name, clean_reason(how), at=finished_at or disruption.get("lastTransitionTime"))
+    if failed:
+        container, terminated, restarted = failed
+        if terminated.get("reason") in START_FAILURES:  # it never ran: its exit code is the runtime's placeholder
+            how, said = terminated["reason"], start_failure(terminated.get("message"))
+        else:
+            how = exit_how(int(terminated.get("exitCode", 1)), terminated.get("reason"))
+        if restarted:
+            restarts = max((s.get("restartCount", 0) for s in _statuses(pod) if s.get("name") == container), default=0)
+            how += f", restarted {restarts} time{'s' if restarts != 1 else ''}"
+        return PodEnd(name, how, container=container, at=finished_at, line=said)
+    stuck = stuck_terminating(pod, now)
+    if stuck:
+        return PodEnd(name, stuck, at=metadata.get("deletionTimestamp"))
+    return None
+
+
+def stuck_terminating(pod: dict[str, Any], now: datetime.datetime) -> str | None:
+    """Why a deleted pod is stuck Terminating, or None while its deletion may still be a normal one: its node
+    is gone (the taint manager deleted it for a NoExecute taint: the node has been NotReady for its toleration,
+    300 s by default), or its grace period ended more than STUCK_AFTER_SECONDS ago."""
+    metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+    ends = _time(metadata.get("deletionTimestamp"))
+    if ends is None or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName") or "<node>"
+    disruption = _condition(pod, "DisruptionTarget") or {}
+    if disruption.get("reason") == "DeletionByTaintManager" and str(disruption.get("status")) == "True":
+        return (f"stuck Terminating since {metadata['deletionTimestamp']}: its node {node} is gone "
+                f"({disruption.get('reason')}: {disruption.get('message', '')})")
+    late = (now - ends).total_seconds()
+    if late > STUCK_AFTER_SECONDS:
+        return (f"stuck Terminating since {metadata['deletionTimestamp']} ({late:.0f} s past its grace period: "
+                f"is its node gone? `kubectl get node {node}`)")
+    return None
+
+
+def pod_ends(pods: Iterable[dict[str, Any]], now: datetime.datetime,
+             said: dict[str, str | None] | None = None) -> list[PodEnd]:
+    """Every pod that ended badly (`said`: pod name -> what its failed container printed)."""
+    return [end for pod in pods if (end := pod_end(pod, now, (said or {}).get(_name(pod))))]
+
+
+# Waiting reasons of a container that is on its way: not a problem yet.
+STARTING = ("ContainerCreating", "PodInitializing")
+
+
+def pod_waits(pods: Iterable[dict[str, Any]]) -> list[PodWait]:
+    """Every pod that has not started and why: not scheduled (the scheduler's condition message), or a
+    container waiting (ErrImagePull, ImagePullBackOff, InvalidImageName, CreateContainerConfigError,
+    CrashLoopBackOff ...: the kubelet's reason and message; ContainerCreating last, it says the least)."""
+    waits: list[PodWait] = []
+    for pod in sorted(pods, key=_name):
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        scheduled = _condition(pod, "PodScheduled")
+        if scheduled and str(scheduled.get("status")) == "False":
+            waits.append(PodWait(_name(pod), scheduled.get("reason") or "Unschedulable",
+                                 clean_reason(scheduled.get("message") or "")))
+            continue
+        for status in _statuses(pod):
+            never_ran = _start_failure(status)
+            if never_ran is not None:  # the runtime could not start its command (retried, or not under Never)
+                waits.append(PodWait(_name(pod), never_ran["reason"], start_failure(never_ran.get("message")),
+                                     status.get("name")))
+                break
+            waiting = (status.get("state") or {}).get("waiting")
+            if waiting is not None:
+                waits.append(PodWait(_name(pod), waiting.get("reason") or "Waiting",
+                                     clean_reason(waiting.get("message") or ""), status.get("name")))
+                break
+        else:
+            if not _statuses(pod) and (pod.get("status") or {}).get("phase", "Pending") == "Pending":
+                waits.append(PodWait(_name(pod), "Pending", "no container status yet"))
+    return sorted(waits, key=lambda wait: wait.reason in STARTING)
+
+
+def _start_failure(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The container's terminated state (now, else before its restart) when its runtime could not start it
+    and it has not run since: StartError ... (a waiting RunContainerError says the same)."""
+    state = status.get("state") or {}
+    if "running" in state:
+        return None
+    for ended in (state.get("terminated"), (status.get("lastState") or {}).get("terminated"), state.get("waiting")):
+        if ended:
+            return ended if ended.get("reason") in START_FAILURES else None
+    return None
+
+
+def pod_started(pod: dict[str, Any]) -> bool:
+    """Every container of the pod has started (running, or already terminated), now or before a restart; one
+    whose command its runtime could not start (StartError) has not."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all(
+        ({"running", "terminated"} & set(s.get("state") or {}) or "terminated" in (s.get("lastState") or {}))
+        and _start_failure(s) is None for s in statuses)
+
+
+def _not_ready(pod: dict[str, Any]) -> str | None:
+    ready = _condition(pod, "Ready")
+    if ready is None or str(ready.get("status")) == "True":
+        return None
+    return ": ".join(part for part in (ready.get("reason"), ready.get("message")) if part) or "not Ready"
+
+
+def pods_started(pods: list[dict[str, Any]], expected: int | None) -> bool:
+    """Every pod of the run exists (`expected` of them, when known) and has started."""
+    live = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
+    return bool(live) and (expected is None or len(live) >= expected) and all(map(pod_started, live))
+
+
+def waiting_for(pods: list[dict[str, Any]], expected: int | None) -> str:
+    """What a run that has not started waits for, in words: its first pod's problem, else how many pods exist."""
+    waits = pod_waits(pods)
+    if waits:
+        return waits[0].describe()
+    live = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
+    if not live:
+        return "no pod yet (its controller has created none: `kubectl describe` the job for its events)"
+    if expected is not None and len(live) < expected:
+        unready = next(((_name(pod), why) for pod in sorted(live, key=_name) if (why := _not_ready(pod))), None)
+        if unready:  # a controller that starts the rest once these are Ready (JobSet's dependsOn: the MPI launcher)
+            return (f"{len(live)} of {expected} pods created; pod {unready[0]} is not Ready ({unready[1]}), and "
+                    f"the job's controller may create the others only once it is")
+        return (f"{len(live)} of {expected} pods created (the job's controller has not created the others: "
+                f"`kubectl describe` the job for its events)")
+    return "its pods to start"
