@@ -33,7 +33,7 @@ import time
 import torch
 from bench_trainer import timed  # benchmarks/ is the script's folder, first on sys.path
 
-from gpt2bench.report.noise import Interval, mean_interval
+from gpt2bench.report.noise import Contrast, Interval, mean_contrast
 
 CLAIM = 0.99  # on/off throughput: at most 1 % overhead
 
@@ -42,11 +42,10 @@ def paired_ratio(on: list[tuple[float, float]], off: list[tuple[float, float]], 
     """Throughput with the breakdown over without: the geometric mean over rounds of off seconds / on seconds,
     with the 95 % t interval of the mean log ratio (None below 2 rounds)."""
     logs = [math.log(o[clock] / n[clock]) for n, o in zip(on, off, strict=True)]
-    interval = mean_interval(logs)
-    if interval is None:
+    mean = mean_contrast(logs)
+    if mean is None:
         return None
-    return Interval(math.exp(interval.estimate), math.exp(interval.low), math.exp(interval.high),
-                    interval.confidence)
+    return Contrast(mean.center, mean.se, mean.df).interval()  # the mean log ratio, shown as a ratio
 
 
 def verdict(interval: Interval | None, claim: float = CLAIM) -> str:

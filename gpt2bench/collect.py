@@ -142,6 +142,7 @@ def run_entry(
         job_name=job_name or getattr(run, "job_name", run.name),  # a TrainJob's may be shorter (plan.Run.job_name)
         devices=run.nodes * run.devices_per_node if run.devices_per_node else run.world_size,
         repeat=getattr(run, "repeat", None),
+        profile=getattr(run, "profile", False) or None,
         phase=phase,
         start_time=start_time,
         completion_time=completion_time,

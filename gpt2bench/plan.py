@@ -1,37 +1,41 @@
-"""Expand a GPT2Benchmark's sweep into runs: strategies x precisions x scales.
+"""Expand a GPT2Benchmark's sweep into runs: strategies x precisions x scales, once per round.
 
-Order (deterministic, and the order runs start in when concurrency is 1): scales outer, then
-strategies, then precisions, each in the order the spec lists them. Scales outer means that all runs
-of the first (usually smallest) scale finish before a larger scale starts, so a comparison table of
-one scale is complete early in a long sweep.
+A configuration is a strategy x precision x effective scale: `single` always runs 1 node x 1 process (1 GPU
+when the scale has GPUs); `dataparallel` runs 1 node x 1 process owning all of the node's GPUs (on CPU it trains
+as `single`). Configurations equal in (strategy, precision, effective scale) are planned once, at their first
+place.
 
-Effective scale: `single` always runs 1 node x 1 process (1 GPU when the scale has GPUs);
-`dataparallel` runs 1 node x 1 process owning all of the node's GPUs (on CPU it trains as `single`).
-Runs equal in (strategy, precision, effective scale) are planned once, at their first place.
-
-Repeats (`sweep.repeats` > 1): within each scale the whole set of configurations runs once, then again,
-so that a slow drift of the machine (other tenants, heat) spreads over every configuration instead of
-biasing the one that happened to run last. Repeated runs are named `<name>-r<k>` (k from 1).
+Order (deterministic; the order runs start in, locally and on a cluster): with one repeat, scales outer, then
+strategies, then precisions, as the spec lists them. With `sweep.repeats: k` > 1 the sweep runs in **rounds**:
+every configuration of every scale runs once per round, in an order shuffled per round (round r with
+`random.Random(order_seed + r)`; `sweep.orderSeed`, else a seed derived from the benchmark's name), so that a
+drift of the machine between rounds hits every configuration and scale alike, and no configuration always runs
+first or last. With `sweep.breakdown: separate` (the default) a breakdown round (round 0, runs named `-prof`)
+runs first with the step breakdown's timing hooks; the decision rounds run without them. Repeats are named
+`<name>-r<k>` (k = the round, from 1), and round k trains with seed `training.seed + k - 1` (every configuration
+of a round with the same seed, so that the convergence claim compares like with like, and the rounds' loss gaps
+differ as the seed does).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import random
 import re
 from dataclasses import dataclass, field
 
 from gpt2bench.jobkinds import JOB_KINDS, job_kind_for, max_job_name_length, resolve_backend
 from gpt2bench.protocol import OUTPUT_ENV
 from gpt2bench.spec.expansion import escape
-from gpt2bench.spec.model import Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
+from gpt2bench.spec.model import MAX_SEED, Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
 from gpt2bench.trainer.config import ProcessOptions, TrainConfig
 
 # Job names must be DNS-1035 labels (<= 63). The Kubeflow operators derive pod and Service names from
 # them (`<job>-worker-<i>`, `<job>-launcher`), so run names keep room for those suffixes.
 MAX_NAME_LENGTH = 52
 _HASH_LENGTH = 8
-
+PROFILE_SUFFIX = "-prof"  # the breakdown round's runs
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,8 @@ class Run:
     ps_servers: int
     benchmark: str = ""
     spec: GPT2BenchmarkSpec | None = field(default=None, repr=False, compare=False)
-    repeat: int | None = None  # 1-based repetition of its configuration; None when sweep.repeats is 1
+    repeat: int | None = None  # the round (from 1) it runs in; None when sweep.repeats is 1
+    profile: bool = False  # the breakdown round: timed with the breakdown's hooks, used in no decision
 
     @property
     def backend(self) -> str:
@@ -91,10 +96,24 @@ class Run:
             precision=self.precision,
             model=spec.model,
             data=spec.data,
-            training=spec.training,
+            training=spec.training.model_copy(update={"seed": self.seed}),
             process=ProcessOptions(output=output, metrics_port=spec.metrics.port, benchmark=self.benchmark,
-                                   run=self.name, device="cuda" if self.devices_per_node else "cpu"),
+                                   run=self.name, device="cuda" if self.devices_per_node else "cpu",
+                                   breakdown=self.breakdown),
         )
+
+    @property
+    def seed(self) -> int:
+        """The training seed: `training.seed + round - 1` (the breakdown round and a single round: the seed)."""
+        base = self.spec.training.seed if self.spec else 0
+        return (base + (self.repeat or 1) - 1) % (MAX_SEED + 1)
+
+    @property
+    def breakdown(self) -> bool:
+        """Whether the run times the step breakdown: `sweep.breakdown` inline, or this is the breakdown round
+        (with one repeat, that round is the only one)."""
+        mode = self.spec.sweep.breakdown if self.spec else "inline"
+        return mode == "inline" or (mode == "separate" and (self.profile or self.repeat is None))
 
     def trainer_args(self, output: str = f"$({OUTPUT_ENV})") -> list[str]:
         """The exact `gpt2bench train` options of this run (docs/design.md, Trainer), as a container's args:
@@ -124,14 +143,15 @@ def fit_name(name: str, limit: int = MAX_NAME_LENGTH) -> str:
 
 
 def run_name(benchmark: str, strategy: str, precision: str, nodes: int, per_node: int, gpus: bool,
-             repeat: int | None = None) -> str:
-    """`<benchmark>-<strategy>-<precision>-<size>`, plus `-r<k>` for a repeat: the suffix is kept whole
-    (the rest is shortened for it), so that the repeats of one configuration share everything before it."""
+             repeat: int | None = None, profile: bool = False) -> str:
+    """`<benchmark>-<strategy>-<precision>-<size>`, plus `-r<k>` for a repeat (`-prof` for the breakdown
+    round): the suffix is kept whole (the rest is shortened for it), so that the runs of one configuration share
+    everything before it."""
     size = f"{nodes}x{per_node}{'g' if gpus else ''}"
     base = dns_label(f"{benchmark}-{strategy}-{precision}-{size}")
-    if repeat is None:
+    suffix = PROFILE_SUFFIX if profile else f"-r{repeat}" if repeat is not None else ""
+    if not suffix:
         return fit_name(base)
-    suffix = f"-r{repeat}"
     return fit_name(base, MAX_NAME_LENGTH - len(suffix)) + suffix
 
 
@@ -150,42 +170,90 @@ def resolved_backend(benchmark: Benchmark, backend: str | None = None) -> str:
     return resolve_backend(backend or benchmark.spec.backend)
 
 
-def plan_runs(benchmark: Benchmark, backend: str | None = None) -> list[Run]:
-    """All runs of the sweep, in start order, with unique DNS-safe names, as jobs of `backend`
-    (see resolved_backend)."""
-    spec = benchmark.spec
-    backend = resolved_backend(benchmark, backend)
-    runs: list[Run] = []
-    seen: set[tuple] = set()
-    repeats = [None] if spec.sweep.repeats == 1 else list(range(1, spec.sweep.repeats + 1))
+def order_seed(benchmark: Benchmark) -> int:
+    """`sweep.orderSeed`, else one derived from the benchmark's name (the same name, the same orders)."""
+    return seed_for(benchmark.name, benchmark.spec.sweep.order_seed)
+
+
+def seed_for(name: str, order_seed_: int | None) -> int:
+    if order_seed_ is not None:
+        return order_seed_
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+
+
+@dataclass(frozen=True)
+class _Configuration:
+    strategy: StrategySpec
+    precision: str
+    scale: ScaleSpec
+    nodes: int
+    workers: int
+    gpus: int
+
+
+def _configurations(spec: GPT2BenchmarkSpec) -> list[_Configuration]:
+    """Every configuration once, in the spec's order: scales, then strategies, then precisions."""
+    found, seen = [], set()
     for scale in spec.sweep.scales:
-        for repeat, strategy in ((r, s) for r in repeats for s in spec.sweep.strategies):
+        for strategy in spec.sweep.strategies:
             nodes, workers, gpus = _effective(strategy, scale)
             for precision in spec.sweep.precisions:
-                key = (strategy.name, precision, nodes, workers, gpus, repeat)
-                if key in seen:
-                    continue
-                seen.add(key)
-                servers = strategy.servers
-                runs.append(
-                    Run(
-                        name=run_name(benchmark.name, strategy.name, precision, nodes, gpus or workers, gpus > 0,
-                                      repeat),
-                        index=len(runs),
-                        strategy=strategy,
-                        precision=precision,
-                        scale=scale,
-                        job_kind=job_kind_for(strategy.name, backend),
-                        nodes=nodes,
-                        procs_per_node=workers + servers // nodes,
-                        world_size=nodes * workers,
-                        devices_per_node=gpus,
-                        ps_servers=servers,
-                        benchmark=benchmark.name,
-                        spec=spec,
-                        repeat=repeat,
-                    )
+                key = (strategy.name, precision, nodes, workers, gpus)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(_Configuration(strategy, precision, scale, nodes, workers, gpus))
+    return found
+
+
+def round_order(configs: list, seed: int, round_: int) -> list:
+    """The configurations in round `round_`'s order: shuffled with random.Random(seed + round_) (Python's
+    Mersenne Twister: the same seed gives the same order on every machine and version)."""
+    order = list(configs)
+    random.Random(seed + round_).shuffle(order)
+    return order
+
+
+def rounds_of(spec: GPT2BenchmarkSpec, rounds: int | None = None) -> list[tuple[int | None, bool]]:
+    """(round number, breakdown round?) in the order they run: the breakdown round first when there is one.
+    `rounds`: the decision rounds planned so far (a sweep that repeats until decided adds them); default
+    `sweep.repeats`."""
+    rounds = rounds or spec.sweep.repeats
+    if rounds == 1 and spec.sweep.max_repeats is None:
+        return [(None, False)]
+    first = [(0, True)] if spec.sweep.breakdown_round else []
+    return first + [(k, False) for k in range(1, rounds + 1)]
+
+
+def plan_runs(benchmark: Benchmark, backend: str | None = None, rounds: int | None = None) -> list[Run]:
+    """All runs of the sweep, in start order, with unique DNS-safe names, as jobs of `backend`
+    (see resolved_backend). `rounds`: the decision rounds planned so far (default `sweep.repeats`; a sweep that
+    repeats until decided plans one more each time it adds one: the runs before it stay as they were)."""
+    spec = benchmark.spec
+    backend = resolved_backend(benchmark, backend)
+    configs, seed = _configurations(spec), order_seed(benchmark)
+    runs: list[Run] = []
+    for round_, profile in rounds_of(spec, rounds):
+        for c in configs if round_ is None else round_order(configs, seed, round_):
+            runs.append(
+                Run(
+                    name=run_name(benchmark.name, c.strategy.name, c.precision, c.nodes, c.gpus or c.workers,
+                                  c.gpus > 0, None if profile else round_, profile),
+                    index=len(runs),
+                    strategy=c.strategy,
+                    precision=c.precision,
+                    scale=c.scale,
+                    job_kind=job_kind_for(c.strategy.name, backend),
+                    nodes=c.nodes,
+                    procs_per_node=c.workers + c.strategy.servers // c.nodes,
+                    world_size=c.nodes * c.workers,
+                    devices_per_node=c.gpus,
+                    ps_servers=c.strategy.servers,
+                    benchmark=benchmark.name,
+                    spec=spec,
+                    repeat=None if profile else round_,
+                    profile=profile,
                 )
+            )
     names = [run.name for run in runs]
     if len(set(names)) != len(names):  # cannot happen with the keys above; guard the contract anyway
         raise ValueError(f"run names collide: {names}")

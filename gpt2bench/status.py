@@ -91,6 +91,7 @@ class RunResults(StatusModel):
     train_seconds: float | None = Field(None, description="Worker 0: start of step 1 to end of the last step.")
     startup_seconds: float | None = Field(None, description="Worker 0: process start to the start of step 1.")
     final_loss: float | None = Field(None, description="Loss of the last step.")
+    first_loss: float | None = Field(None, description="Loss of the first step.")
     grad_norm: float | None = Field(None, description="Gradient norm of the last step, before clipping.")
     mfu: float | None = Field(None, description="Model FLOPs utilisation, 0-1 (absent where the peak is unknown).")
     device_name: str | None = Field(None, description="What worker 0 trained on: the GPU's or the CPU's model name.")
@@ -149,6 +150,11 @@ class RunResults(StatusModel):
                           "the largest if they differ).")
     cores_per_rank: float | None = Field(
         None, description="CPU cores each process may use: its pod's CPU budget / the processes in the pod.")
+    step_time_halves_ratio: float | None = Field(
+        None, description="Step time of the second half of the measured steps / the first half's (geometric means): "
+                          "below 1 the run was still getting faster.")
+    step_time_halves_low: float | None = Field(None, description="Lower end of its 95 % interval (Welch).")
+    step_time_halves_high: float | None = Field(None, description="Upper end of its 95 % interval (Welch).")
 
 
 class RunStatus(StatusModel):
@@ -163,7 +169,10 @@ class RunStatus(StatusModel):
     job_kind: str = Field(description="PyTorchJob or MPIJob.")
     job_name: str = Field(description="The run's job (PyTorchJob, MPIJob or TrainJob) in the benchmark's namespace.")
     devices: int | None = Field(None, description="Devices it trains on: GPUs, or worker processes on CPU.")
-    repeat: int | None = Field(None, ge=1, description="Repetition of its configuration (sweep.repeats > 1).")
+    repeat: int | None = Field(None, ge=1, description="The round it ran in: every configuration runs once per round "
+                                                       "(sweep.repeats > 1).")
+    profile: bool | None = Field(None, description="A breakdown-round run: timed with the step breakdown's hooks, "
+                                                   "used in no decision (sweep.breakdown: separate).")
     phase: RunPhase = Field(description="Pending, Queued (job suspended, e.g. by Kueue), Running, Succeeded, Failed or "
                                         "Skipped (not trained on purpose: `reason` says why).")
     start_time: str | None = Field(None, description="When the run's job was created.", json_schema_extra=DATE_TIME)
@@ -222,7 +231,7 @@ SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 SPEC_UNREADABLE = "SpecUnreadable"  # the operator running cannot read the spec a sweep was pinned with
 
 Objective = Literal["fastest", "leanest", "cheapest", "scalable", "efficient"]
-Decision = Literal["clear", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
+Decision = Literal["clear", "equivalent", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
 Verdict = Literal["holds", "does-not-hold", "inconclusive", "needs-repeats", "not-measurable"]
 
 
@@ -235,7 +244,8 @@ class Recommendation(StatusModel):
 
     objective: Objective = Field(description="fastest, leanest, cheapest or scalable.")
     scale: str | None = Field(None, description="Nodes x devices per node (e.g. 2x4 GPU); absent: all scales.")
-    decision: Decision = Field(description="clear (winner beyond the noise), no-clear-winner, needs-repeats (a single "
+    decision: Decision = Field(description="clear (winner beyond the noise), equivalent (the rivals not beaten are "
+                                           "within sweep.minEffect of it), no-clear-winner, needs-repeats (a single "
                                            "measurement: not decided), only-candidate, not-measurable.")
     winner: str | None = Field(None, description="The recommended configuration; set only when the decision is clear "
                                                  "or only-candidate.")
@@ -243,7 +253,7 @@ class Recommendation(StatusModel):
                                               "not.")
     strategy: str | None = Field(None, description="The top-ranked configuration's strategy.")
     precision: str | None = Field(None, description="The top-ranked configuration's precision.")
-    value: float | None = Field(None, description="The top-ranked configuration's mean, in `unit`.")
+    value: float | None = Field(None, description="The top-ranked configuration's geometric mean, in `unit`.")
     unit: str | None = Field(None, description="Unit of value and runnerUpValue, e.g. tokens/s or bytes.")
     spread: float | None = Field(None, description="Sample standard deviation over its repeats.")
     measurements: int | None = Field(None, description="Succeeded repeats behind `value`.")
@@ -253,14 +263,32 @@ class Recommendation(StatusModel):
                                                    "the runner-up (means; positive: better).")
     margin_low: float | None = Field(None, description="Lower end of the margin's confidence interval.")
     margin_high: float | None = Field(None, description="Upper end of the margin's confidence interval.")
-    confidence: float | None = Field(None, description="Confidence level of the interval (0.95).")
-    noise: float | None = Field(None, description="The sweep's pooled coefficient of variation of this figure.")
-    noise_df: int | None = Field(None, description="Degrees of freedom of `noise` (0: no configuration repeated).")
+    confidence: float | None = Field(None, description="Confidence level of the interval: 0.95, corrected for the "
+                                                       "report's other decisions (Holm).")
+    paired: bool | None = Field(None, description="The margin compares within rounds (each round's shared drift "
+                                                  "cancels); false: unpaired, a configuration missed a round.")
+    noise: float | None = Field(None, description="The top-ranked configuration's noise: its scale's pooled "
+                                                  "coefficient of variation, or its own where it is far noisier.")
+    noise_df: float | None = Field(None, description="Degrees of freedom of the margin's interval (Welch; 0: noise "
+                                                     "unknown).")
     candidates: list[ConfigurationName] | None = Field(
-        None, description="No clear winner: the configurations the noise cannot tell from the top-ranked (it first); "
-                          "needs-repeats: every configuration, best mean first.")
+        None, description="No clear winner: the top-ranked and every rival it does not beat beyond the noise; "
+                          "equivalent: the top-ranked and the rivals within sweep.minEffect; needs-repeats: every "
+                          "configuration, best first.")
     excluded: list[RunName] | None = Field(
         None, description="Runs at this scale left out: they did not succeed.")
+    rounds_needed: int | None = Field(
+        None, description="No clear winner: rounds in all at which a true difference of the observed size would be "
+                          "decided with 80 % probability at this noise (absent: more than 1000, or decided).")
+    rounds_needed_min_effect: int | None = Field(
+        None, description="The same for a difference of sweep.minEffect.")
+    round_seconds: float | None = Field(None, description="Mean wall time of one round of the sweep (seconds).")
+    round_cost: float | None = Field(None, description="Mean price of one round's runs (spec.cost's currency).")
+    per_rank: str | None = Field(None, description="CPU: the threads and cores per rank of the configurations "
+                                                   "ranked here (CPU runs rank only with equal resources per rank).")
+    ranked_apart: list[ConfigurationName] | None = Field(
+        None, description="Configurations of this scale ranked in their own group: their ranks had other CPU "
+                          "resources (each with its threads and cores per rank).")
     note: str | None = Field(None, description="A remark on the decision, e.g. why it is not measurable.")
 
 
@@ -278,6 +306,8 @@ class ScalingEfficiency(StatusModel):
     spread: float | None = Field(None, description="Propagated from both scales' spreads (docs/analysis.md).")
     low: float | None = Field(None, description="Lower end of the efficiency's confidence interval.")
     high: float | None = Field(None, description="Upper end of the efficiency's confidence interval.")
+    refused: str | None = Field(None, description="Why it measures no scaling (CPU ranks with fewer cores each than "
+                                                  "the baseline's): no scaling verdict rests on it.")
 
 
 class Finding(StatusModel):
@@ -302,18 +332,36 @@ class Finding(StatusModel):
 
 
 class FigureNoise(StatusModel):
-    """The sweep's own noise for one figure: its pooled coefficient of variation over the repeats."""
+    """The sweep's own noise for one figure at one scale: its pooled coefficient of variation over the repeats,
+    and the configurations far noisier than the rest, which keep their own."""
 
     figure: str = Field(description="tokensPerSecond, peakMemoryBytes, costPer1MTokens, ...")
-    cv: float = Field(description="Pooled coefficient of variation (relative standard deviation) of one run.")
-    df: int = Field(description="Degrees of freedom: repeats beyond the first, summed over configurations.")
-    configurations: int = Field(description="Configurations measured at least twice.")
+    scale: str | None = Field(None, description="The scale whose configurations are pooled.")
+    cv: float = Field(description="Pooled coefficient of variation (standard deviation of ln x) of one run.")
+    df: float = Field(description="Degrees of freedom: repeats beyond the first, summed over the pooled "
+                                  "configurations.")
+    configurations: int = Field(description="Configurations pooled (measured at least twice).")
+    noisier: list[Annotated[str, Field(description="A configuration and its own noise: `name ±cv (df)`.")]] | None = (
+        Field(None, description="Far noisier configurations with their own noise."))
+    paired_cv: float | None = Field(None, description="The same noise once each round's shared effect is out (the "
+                                                      "configurations that ran in every round): what paired "
+                                                      "comparisons use.")
+    paired_df: float | None = Field(None, description="Degrees of freedom of paired_cv.")
+    round_share: float | None = Field(None, description="Share of the configurations' spread that the rounds' shared "
+                                                        "effects explain (1 - residual / within).")
+    round_effects: list[Annotated[float, Field(description="One round's shared effect, relative (+0.05: every run "
+                                                           "5 % higher).")]] | None = Field(
+        None, description="Each round's shared effect, in round order.")
 
 
 class Analysis(StatusModel):
     """What the report concludes from the runs: computed when every run is done (docs/analysis.md)."""
 
     recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
+    decisions: int | None = Field(None, description="Decisions (recommendations and findings with an interval) "
+                                                    "whose error rate the report controls together (Holm).")
+    looks: int | None = Field(None, description="Rounds after which a sweep that repeats until decided may stop: "
+                                                "every decision is taken at 5 % / looks (Bonferroni across looks).")
     noise: list[FigureNoise] = Field(default_factory=list, description="The sweep's noise per figure.")
     recommendations: list[Recommendation] = Field(default_factory=list,
                                                   description="The recommendation per objective and scale.")
@@ -358,6 +406,13 @@ class BenchmarkStatus(StatusModel):
     backend: str | None = Field(
         None, description="The backend the sweep runs on, trainjob or pytorchjob: spec.backend, or what `auto` "
                           "resolved to from the job kinds the API server serves (TrainJob preferred).")
+    order_seed: int | None = Field(None, description="Seed of the rounds' shuffled order (sweep.orderSeed, else derived "
+                                                     "from the benchmark's name): round r shuffles with seed + r.")
+    rounds_planned: int | None = Field(None, description="Decision rounds planned so far (sweep.repeats, plus the "
+                                                         "rounds added until decided).")
+    rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
+    stop_reason: str | None = Field(None, description="Why the sweep added no more rounds: decided, budget spent, "
+                                                      "max rounds.")
     waiting: str | None = Field(
         None, description="What its running runs wait for while their jobs are queued or their pods start "
                           "(empty when nothing waits): shown by `kubectl get`.")
@@ -384,6 +439,13 @@ class ResultsDocument(StatusModel):
     analysis: Analysis | None = None
     start_time: str | None = None
     completion_time: str | None = None
+    order_seed: int | None = Field(None, description="Seed of the rounds' shuffled order (sweep.orderSeed, else derived "
+                                                     "from the benchmark's name): round r shuffles with seed + r.")
+    rounds_planned: int | None = Field(None, description="Decision rounds planned so far (sweep.repeats, plus the "
+                                                         "rounds added until decided).")
+    rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
+    stop_reason: str | None = Field(None, description="Why the sweep added no more rounds: decided, budget spent, "
+                                                      "max rounds.")
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write DIR/results.json whole or not at all (an interrupted sweep leaves a readable file)."""
@@ -405,7 +467,9 @@ class ResultsDocument(StatusModel):
                    spec=resource.get("spec") or {}, runs=[LocalRun.read(r.dump()) for r in status.runs or []],
                    phase=status.phase or "Unknown", best=status.best, analysis=status.analysis,
                    start_time=status.start_time,
-                   completion_time=status.completion_time)
+                   completion_time=status.completion_time, order_seed=status.order_seed,
+                   rounds_planned=status.rounds_planned,
+                   rounds_done=status.rounds_done, stop_reason=status.stop_reason)
 
 
 # ------------------------------------------------------------------ an interrupted local sweep

@@ -60,8 +60,10 @@ def test_ps_and_single_jobs_differ_in_the_strategy_alone(tmp_path):
 
 def test_the_fairness_benchmark_interleaves_ddp_horovod_and_ps_of_the_cpu_example():
     benchmark, runs = load("bench_fairness").planned_runs(repeats=3, steps=8)
-    assert [(r.strategy.name, r.repeat) for r in runs] == [
-        (s, k) for k in (1, 2, 3) for s in ("ddp", "horovod", "ps")]  # every configuration once, then again
+    assert [r.repeat for r in runs] == [1] * 3 + [2] * 3 + [3] * 3  # rounds
+    for k in (1, 2, 3):  # every configuration once per round
+        assert sorted(r.strategy.name for r in runs if r.repeat == k) == ["ddp", "horovod", "ps"]
+    assert not any(r.breakdown or r.profile for r in runs)  # throughput without the breakdown's hooks
     assert {(r.precision, r.world_size) for r in runs} == {("fp32", 2)}  # the same scale and precision
     assert benchmark.spec.training.steps == 8 and benchmark.spec.resources.requests["cpu"] == "2"
 
@@ -92,3 +94,57 @@ def test_the_recorders_direct_cost_is_measured_over_real_marks_and_transfers():
     bench = load("bench_breakdown_overhead")
     seconds = bench.recorder_seconds_per_step(buckets=3, iterations=50)
     assert 0 < seconds < 0.01  # microseconds of host work per step, not milliseconds
+
+
+def _entry(name: str, tps: float | None, phase: str = "Succeeded"):
+    from gpt2bench.status import RunStatus
+
+    return RunStatus(name=name, strategy="ddp", precision="fp32", nodes=1, devices_per_node=0, processes_per_node=2,
+                     job_kind="PyTorchJob", job_name=name, devices=2, phase=phase,
+                     results={"tokens_per_second": tps} if phase == "Succeeded" else None)
+
+
+def test_variants_compare_by_their_within_round_ratios():
+    """Rounds where a and b ran 0.8, 0.9 and 1.0 of each other: the geometric mean of the ratios, with
+    mean(ln r) ± t(0.975, 2) · s / √3 (t = 4.302653, tabled); a round where one failed is left out."""
+    rounds = load("rounds")
+    a = {1: _entry("a1", 80.0), 2: _entry("a2", 180.0), 3: _entry("a3", 50.0), 4: _entry("a4", None, "Failed")}
+    b = {1: _entry("b1", 100.0), 2: _entry("b2", 200.0), 3: _entry("b3", 50.0), 4: _entry("b4", 70.0)}
+    ratio = rounds.paired_ratio(a, b)
+    logs = [math.log(0.8), math.log(0.9), math.log(1.0)]
+    half = 4.302653 * statistics.stdev(logs) / math.sqrt(3)
+    assert ratio.estimate == pytest.approx((0.8 * 0.9 * 1.0) ** (1 / 3))
+    assert (ratio.low, ratio.high) == pytest.approx((math.exp(statistics.fmean(logs) - half),
+                                                     math.exp(statistics.fmean(logs) + half)), rel=1e-5)
+    assert rounds.paired_ratio({1: a[1]}, {1: b[1]}) is None  # one round: no interval
+
+
+def test_the_horovod_settings_reach_every_rank_through_the_launchers_environment():
+    bench = load("bench_horovod_cpu")
+    variants = bench.variants(steps=4)
+    assert list(variants) == ["ddp", "hvd-shipped", "hvd-yield", "hvd-cycle", "hvd-both"]
+    (_, _, both), = variants["hvd-both"]
+    launcher = both["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in launcher["env"]}
+    assert env["OMPI_MCA_mpi_yield_when_idle"] == "1" and env["HOROVOD_CYCLE_TIME"] == "5"
+    command = launcher["command"]
+    at = command.index("mpirun")
+    assert command[at + 1:at + 5] == ["-x", "OMPI_MCA_mpi_yield_when_idle", "-x", "HOROVOD_CYCLE_TIME"]
+    (_, _, shipped), = variants["hvd-shipped"]
+    assert "HOROVOD_CYCLE_TIME" not in str(shipped)
+    (_, run, _), = variants["ddp"]
+    assert run.strategy.name == "ddp" and not run.breakdown
+
+
+def test_the_run_length_settles_where_doubling_stays_inside_the_interval():
+    bench = load("bench_run_length")
+    from gpt2bench.report.noise import Interval
+
+    def interval(estimate, half=0.05):
+        return Interval(estimate, estimate - half, estimate + half, 0.95)
+    ratios = {12: {"ddp": None, "horovod": interval(0.77), "ps": interval(1.0), "single": interval(0.9)},
+              24: {"ddp": None, "horovod": interval(1.0), "ps": interval(1.0), "single": interval(0.9)},
+              48: {"ddp": None, "horovod": interval(1.02), "ps": interval(0.98), "single": interval(0.92)}}
+    assert bench.settled(ratios, [12, 24, 48]) == 24  # horovod moved from 0.77 to 1.0 between 12 and 24 steps
+    ratios[48]["horovod"] = interval(1.2)
+    assert bench.settled(ratios, [12, 24, 48]) is None

@@ -99,7 +99,7 @@ def test_what_the_readme_says_the_gpu_example_holds():
     bench = load_benchmark(EXAMPLE)
     runs = plan_runs(bench)
     by_gpus = {gpus: sum(run.gpus_held == gpus for run in runs) for gpus in (1, 4, 8)}
-    assert by_gpus == {1: 9, 4: 45, 8: 45} and len(runs) == 99
+    assert by_gpus == {1: 12, 4: 60, 8: 60} and len(runs) == 132  # a breakdown round and 3 decision rounds
     deadline = bench.spec.run_policy.active_deadline_seconds
     quoted = {
         "runs": len(runs), "GPU-runs": sum(run.gpus_held for run in runs),

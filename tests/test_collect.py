@@ -44,6 +44,7 @@ SUMMARY = {
     "train_seconds": 4.2,
     "startup_seconds": 3.1,
     "final_loss": 7.5,
+    "first_loss": 10.9,
     "grad_norm": 1.25,
     "mfu": 0.01,
     "device_name": "NVIDIA H100 80GB HBM3",
@@ -67,6 +68,7 @@ SUMMARY = {
     "bus_kind": "allreduce", "bus_bandwidth_achieved": 3.0e9, "bus_bandwidth_probed": 4.0e9, "bus_bandwidth_share": 0.75,
     "energy_joules_per_million_tokens": 900.0, "energy_source": "nvml", "energy_unavailable_reason": "n/a",
     "state_bytes": 83_886_080,
+    "step_time_halves_ratio": 0.9, "step_time_halves_low": 0.85, "step_time_halves_high": 0.95,
     "losses": [9.0, 8.0],  # extra keys are not results
 }
 TIMES = {"start_time": "2026-11-22T00:00:00Z", "completion_time": "2026-11-22T00:01:00Z"}
@@ -253,7 +255,8 @@ def test_a_real_trainer_summary_line(runs, run_schema):
               "optimizerSecondsMean", "otherSecondsMean", "commSecondsMean", "commExposedSecondsMean",
               "commHiddenRatio", "commBytesPerStep", "energyJoulesPerMillionTokens", "energySource",
               "energyUnavailableReason", "busKind", "busBandwidthAchieved", "busBandwidthProbed",
-              "busBandwidthShare", "transport", "nodesUsed"}
+              "busBandwidthShare", "transport", "nodesUsed", "firstLoss", "stepTimeHalvesRatio",
+              "stepTimeHalvesLow", "stepTimeHalvesHigh"}
     assert set(entry["results"]) == set(RESULT_FIELDS) - absent
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
     run_schema.validate(entry)

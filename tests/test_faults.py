@@ -293,6 +293,8 @@ def test_a_hanging_rank_ends_its_local_run_at_the_deadline_or_the_process_group_
     document = yaml.safe_load((REPO / "manifests" / "examples" / "cpu-sweep.yaml").read_text())
     document["spec"].setdefault("metrics", {})["port"] = free_port()
     document["spec"]["sweep"]["repeats"] = 1
+    for key in ("maxRepeats", "minEffect", "budget"):  # one round, none added until decided
+        document["spec"]["sweep"].pop(key, None)
     document["spec"]["runPolicy"] = {"activeDeadlineSeconds": deadline}
     path = tmp_path / "hang.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))

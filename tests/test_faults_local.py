@@ -38,6 +38,8 @@ STEPS = "20"  # long enough to be caught training: the first records come at ste
 def sweep_file(tmp_path: Path, strategies: list[str]) -> Path:
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["sweep"].update(strategies=[{"name": s} for s in strategies], precisions=["fp32"], repeats=1)
+    for key in ("maxRepeats", "minEffect", "budget"):  # one round, none added until decided
+        doc["spec"]["sweep"].pop(key, None)
     doc["spec"]["training"].update(microBatchSize=1, seqLen=32)  # the processes are under test, not the model
     doc["spec"].setdefault("metrics", {})["port"] = free_port()
     path = tmp_path / "sweep.yaml"

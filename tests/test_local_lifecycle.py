@@ -178,6 +178,8 @@ def benchmark(tmp_path: Path, steps: int = 12, strategies=("single", "ddp", "fsd
     doc = json.loads(json.dumps(EXAMPLE))
     doc["spec"]["training"]["steps"] = steps
     doc["spec"]["sweep"].update(strategies=[{"name": s} for s in strategies], precisions=["fp32"], repeats=1)
+    for key in ("maxRepeats", "minEffect", "budget"):  # one round, none added until decided
+        doc["spec"]["sweep"].pop(key, None)
     return load_benchmark(doc)
 
 

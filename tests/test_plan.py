@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2bench.plan import MAX_NAME_LENGTH, dns_label, fit_name, plan_runs
+from gpt2bench.plan import MAX_NAME_LENGTH, dns_label, fit_name, order_seed, plan_runs, round_order
 from gpt2bench.spec.validation import load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
 
@@ -239,12 +239,64 @@ def test_trainer_args_for_fsdp_and_ps_options():
     assert ps[ps.index("--device") + 1] == "cpu"
 
 
-def test_cpu_example_plans_twenty_four_interleaved_runs_with_two_workers():
+def test_cpu_example_plans_a_breakdown_round_then_two_shuffled_rounds_with_two_workers():
     runs = plan_runs(load_benchmark_file(str(EXAMPLES / "cpu-sweep.yaml")))
-    assert len(runs) == 24  # 6 strategies x 2 precisions x 2 repeats
-    assert [r.repeat for r in runs] == [1] * 12 + [2] * 12  # every configuration once, then again
+    assert len(runs) == 36  # 6 strategies x 2 precisions x (the breakdown round + 2 repeats)
+    assert [r.profile for r in runs] == [True] * 12 + [False] * 24
+    assert [r.repeat for r in runs] == [None] * 12 + [1] * 12 + [2] * 12  # every configuration once per round
+    assert all(r.breakdown == r.profile for r in runs)  # no decision run is slowed by the breakdown's hooks
     by_strategy = {r.strategy.name: r for r in runs}
     assert set(by_strategy) == {"single", "dataparallel", "ddp", "fsdp", "horovod", "ps"}
     assert by_strategy["ddp"].world_size == by_strategy["horovod"].world_size == 2
     assert (by_strategy["ps"].ps_servers, by_strategy["ps"].procs_per_node) == (1, 3)
     assert all("cpu" in r.name for r in runs)
+
+
+def _configuration(run):
+    return (run.strategy.name, run.precision, run.nodes, run.world_size)
+
+
+def test_rounds_are_the_outer_loop_over_every_scale_each_shuffled_with_a_recorded_seed():
+    spec = {"sweep": {"strategies": [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}],
+                      "precisions": ["fp32", "bf16"], "repeats": 3, "breakdown": "inline",
+                      "scales": [{"processesPerNode": 1}, {"processesPerNode": 2}]}}
+    runs = plan_runs(benchmark(spec))
+    configs = 2 * 3 + 2 * 2  # scale 1: 3 strategies x 2 precisions; scale 2: ddp, fsdp (single planned once)
+    assert len(runs) == 3 * configs and [r.index for r in runs] == list(range(len(runs)))
+    rounds = [runs[k * configs:(k + 1) * configs] for k in range(3)]
+    for k, round_ in enumerate(rounds, start=1):
+        assert {r.repeat for r in round_} == {k}
+        assert len({_configuration(r) for r in round_}) == configs  # every configuration of every scale once
+        assert {r.world_size for r in round_} == {1, 2}  # both scales in each round
+    orders = [[_configuration(r) for r in round_] for round_ in rounds]
+    assert len({tuple(order) for order in orders}) == 3  # a new order in every round
+    listed = [_configuration(r) for r in plan_runs(benchmark({"sweep": {**spec["sweep"], "repeats": 1}}))]
+    assert orders[0] != listed and sorted(orders[0]) == sorted(listed)  # shuffled, not the spec's order
+    # the order is a function of the seed alone: the same seed, the same order; another seed, another order
+    again = [_configuration(r) for r in plan_runs(benchmark(spec))]
+    assert again == [c for order in orders for c in order]
+    reseeded = plan_runs(benchmark({"sweep": {**spec["sweep"], "orderSeed": 7}}))
+    assert [_configuration(r) for r in reseeded[:configs]] == round_order(listed, 7, 1)
+    assert order_seed(benchmark({"sweep": {**spec["sweep"], "orderSeed": 7}})) == 7
+
+
+def test_each_round_trains_with_its_own_seed_and_every_configuration_of_a_round_with_the_same():
+    spec = {"training": {"seed": 40}, "sweep": {"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2}}
+    runs = plan_runs(benchmark(spec))
+    seeds = {(r.profile, r.repeat): set() for r in runs}
+    for r in runs:
+        args = r.trainer_args()
+        seeds[(r.profile, r.repeat)].add(int(args[args.index("--seed") + 1]))
+    assert seeds == {(True, None): {40}, (False, 1): {40}, (False, 2): {41}}
+    (one,) = plan_runs(benchmark({"training": {"seed": 40}, "sweep": {"strategies": [{"name": "ddp"}]}}))
+    assert one.seed == 40 and one.repeat is None and one.breakdown  # one round: it times the breakdown
+
+
+def test_the_breakdown_hooks_run_where_sweep_breakdown_says():
+    def flags(mode, repeats=2):
+        spec = {"sweep": {"strategies": [{"name": "ddp"}], "repeats": repeats, "breakdown": mode}}
+        return [(r.name.rsplit("-", 1)[-1], "--breakdown" in r.trainer_args()) for r in plan_runs(benchmark(spec))]
+    assert flags("separate") == [("prof", True), ("r1", False), ("r2", False)]
+    assert flags("inline") == [("r1", True), ("r2", True)]
+    assert flags("off") == [("r1", False), ("r2", False)]
+    assert flags("separate", repeats=1) == [("1x1", True)]  # nothing to decide: the one round times it

@@ -32,6 +32,8 @@ def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path):
     document["spec"]["sweep"]["strategies"] = [{"name": "single"}, {"name": "ddp"}, {"name": "horovod"}]
     document["spec"]["sweep"]["precisions"] = ["fp32"]
     document["spec"]["sweep"]["repeats"] = 1  # the launchers are under test here, not the noise
+    for key in ("maxRepeats", "minEffect", "budget"):  # one round, none added until decided
+        document["spec"]["sweep"].pop(key, None)
     document["spec"]["sweep"]["scales"] = [{"nodes": 2, "processesPerNode": 1}]  # ddp: 2 torchrun "nodes"
     path = tmp_path / "tj-sweep.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))

@@ -29,12 +29,13 @@ def json_size(value) -> int:
     return len(json.dumps(value, separators=(",", ":")).encode())
 
 
-def largest_sweep(scales: int = MAX_RUNS, precisions: tuple[str, ...] = ("fp32",)) -> dict:
-    """ddp at `scales` node counts (distinct runs), the spec padded to the object size limit."""
+def largest_sweep(scales: int = MAX_RUNS, precisions: tuple[str, ...] = ("fp32",), **sweep) -> dict:
+    """ddp at `scales` node counts (distinct runs), the spec (with `sweep`'s other fields) padded to the object
+    size limit."""
     document = {"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark",
                 "metadata": {"name": NAME, "namespace": "default", "labels": {"team": "perf"}},
                 "spec": {"sweep": {"strategies": [{"name": "ddp"}], "precisions": list(precisions),
-                                   "scales": [{"nodes": n} for n in range(1, scales + 1)]},
+                                   "scales": [{"nodes": n} for n in range(1, scales + 1)], **sweep},
                          "metrics": {"podAnnotations": {"note": ""}}}}
     room = MAX_OBJECT_BYTES - json_size(document) - 16
     document["spec"]["metrics"]["podAnnotations"]["note"] = "x" * room
@@ -104,12 +105,13 @@ def test_a_sweep_of_1000_scales_is_refused_before_anything_is_planned():
     assert "spec.sweep.scales" in [path for path, _ in refused.value.errors]
 
 
-def test_repeats_count_towards_the_bound():
-    document = largest_sweep(MAX_RUNS // 4 + 1)
-    document["spec"]["sweep"]["repeats"] = 4  # 65 scales x 4 repeats = 260 runs
+def test_repeats_and_the_breakdown_round_count_towards_the_bound():
+    document = largest_sweep(MAX_RUNS // 5 + 1, repeats=4)  # 52 scales x (4 repeats + the breakdown round) = 260
     with pytest.raises(SpecError) as refused:
         load_benchmark(document)
     ((path, message),) = [e for e in refused.value.errors if e[0] == "spec.sweep"]
-    assert f"x 4 repeats = {4 * (MAX_RUNS // 4 + 1)} runs" in message
-    document["spec"]["sweep"]["scales"] = document["spec"]["sweep"]["scales"][:MAX_RUNS // 4]
+    assert f"x 4 repeats (+1 breakdown round) = {5 * (MAX_RUNS // 5 + 1)} runs" in message
+    document["spec"]["sweep"]["scales"] = document["spec"]["sweep"]["scales"][:MAX_RUNS // 5]
+    assert len(plan_runs(load_benchmark(document))) == 5 * (MAX_RUNS // 5)
+    document = largest_sweep(MAX_RUNS // 4, repeats=4, breakdown="inline")  # no breakdown round: 64 x 4 = 256
     assert len(plan_runs(load_benchmark(document))) == MAX_RUNS

@@ -165,3 +165,21 @@ def test_summary_sums_readers_per_step_and_per_million_tokens():
     missing = energy_summary([{"energy_reads": True, "energy_joules": None, "energy_reason": "not measurable: x"}],
                              measured_steps=10, tokens_per_step=5_000, independent=False)
     assert missing["energy_joules"] is None and missing["energy_unavailable_reason"] == "not measurable: x"
+
+
+def test_a_counter_that_never_advances_is_not_measured_with_the_reason_not_zero_joules(tmp_path):
+    """A RAPL package whose energy_uj stays put (a VM's stub) read 0 J over the steps: that is no measurement,
+    and the summary says so instead of "0 J per million tokens" (which also broke every ratio in the report)."""
+    package = tmp_path / "intel-rapl:0"
+    package.mkdir()
+    (package / "name").write_text("package-0\n")
+    (package / "energy_uj").write_text("123456\n")
+    (package / "max_energy_range_uj").write_text("262143328850\n")
+    meter = rapl_meter(tmp_path)
+    meter.read(), meter.read()  # the steps ran; the counter did not move
+    worker = {"energy_reads": True, "energy_joules": meter.read(), "energy_source": "rapl",
+              "energy_devices": meter.devices}
+    summary = energy_summary([worker], measured_steps=10, tokens_per_step=5_000, independent=False)
+    assert summary["energy_joules_per_million_tokens"] is None and summary["energy_joules"] is None
+    assert "did not advance" in summary["energy_unavailable_reason"]
+    assert "package-0" in summary["energy_unavailable_reason"]

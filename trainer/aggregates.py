@@ -30,6 +30,7 @@ import numpy as np
 
 from gpt2bench.protocol import MAX_STEPS_LINE, STEPS_COLUMNS, STEPS_PREFIX
 from gpt2bench.trainer.breakdown import BreakdownTotals
+from gpt2bench.trainer.stationarity import halves_ratio
 
 _SIGN = np.uint64(1 << 63)
 _DIGIT_BITS = 16
@@ -101,6 +102,13 @@ class StepTimes:
             prefix |= digit << shift
             mask |= (_BUCKETS - 1) << shift
         return _float_of(prefix)
+
+    def values(self) -> Iterator[np.ndarray]:
+        """Every value in the order added, a chunk at a time."""
+        self._spill()
+        self._file.seek(0)
+        while data := self._file.read(self.CHUNK * 8):
+            yield np.frombuffer(data, dtype=np.float64)
 
     def percentile(self, q: float) -> float | None:
         """Linear-interpolated percentile (numpy's default), q in [0, 100], as `summary.percentile` of the values."""
@@ -227,6 +235,7 @@ class StepTotals:
             "skipped_steps": self.skipped,
             "skipped_measured_steps": self.skipped_measured,
             "compile_seconds_in_measured_steps": self.compile_seconds,
+            **halves_ratio(self.times),  # steady or still warming up (docs/analysis.md, Steady state)
         }
 
     def memory_peaks(self) -> dict[str, int | None]:

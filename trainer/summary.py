@@ -259,7 +259,13 @@ def energy_summary(workers: list[dict[str, Any]], measured_steps: int, tokens_pe
     readers = [w for w in workers if w.get("energy_reads")]
     joules = [w.get("energy_joules") for w in readers]
     reasons = sorted({w.get("energy_reason") for w in readers if w.get("energy_reason")})
-    if not readers or any(j is None for j in joules) or not measured_steps:
+    stuck = [w for w in readers if w.get("energy_joules") is not None and w["energy_joules"] <= 0]
+    if stuck:  # a counter that did not advance while the devices trained is not a measurement of 0 J
+        devices = ", ".join(d for w in stuck for d in w.get("energy_devices") or []) or "its counter"
+        reasons.append(f"not measurable: the {stuck[0].get('energy_source') or 'energy'} counter ({devices}) did not "
+                       f"advance over the measured steps ({sum(w['energy_joules'] for w in stuck):g} J): it is not "
+                       "updated here (a virtual machine's or a container's stub), so no energy was measured")
+    if not readers or any(j is None for j in joules) or stuck or not measured_steps:
         return {"energy_joules": None, "energy_joules_per_step": None, "energy_joules_per_million_tokens": None,
                 "energy_joules_per_device": None, "energy_source": None,
                 "energy_unavailable_reason": "; ".join(reasons) or "no measured step"}

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +32,7 @@ from gpt2bench import collect
 from gpt2bench.files import held, holding, write_atomic
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
 from gpt2bench.local.progress import Display
-from gpt2bench.plan import Run
+from gpt2bench.plan import Run, order_seed, plan_runs
 from gpt2bench.protocol import STEPS_FILE
 from gpt2bench.render import render_job
 from gpt2bench.spec.model import Benchmark
@@ -102,7 +103,7 @@ class Sweep:
 
     def __init__(self, benchmark: Benchmark, runs: list[Run], directory: Path, kept: dict[str, LocalRun] | None = None,
                  start_time: str | None = None):
-        self.benchmark, self.runs, self.directory = benchmark, runs, directory
+        self.benchmark, self.runs, self.directory = benchmark, list(runs), directory
         self.kept = kept or {}
         self.interrupted = False
         self.doc = ResultsDocument(
@@ -112,7 +113,10 @@ class Sweep:
             runs=[self.kept.get(run.name) or local_entry(collect.run_entry(run, phase=PENDING)) for run in runs],
             phase=RUNNING,
             start_time=start_time or rfc3339(),
+            rounds_planned=max((run.repeat or 0 for run in runs), default=0) or None,
         )
+        if self.doc.rounds_planned:
+            self.doc.order_seed = order_seed(benchmark)
 
     def save(self) -> None:
         self.doc.save(self.directory)
@@ -124,6 +128,10 @@ class Sweep:
     def finish(self) -> None:
         """The operator's own rules for `best` and the overall phase."""
         runs = self.doc.runs
+        if self.doc.rounds_planned:
+            from gpt2bench.report.sequential import rounds_done
+
+            self.doc.rounds_done = rounds_done(runs)
         self.doc.best = best_run(runs)
         self.doc.phase = INTERRUPTED if self.interrupted else overall_phase(runs)
         self.doc.completion_time = rfc3339()
@@ -188,6 +196,35 @@ def emulation_skip(benchmark: Benchmark, run: Run) -> str | None:
     return cpu_emulation_reason(run.precision)
 
 
+def add_round(sweep: Sweep, render: Callable[[Benchmark, Run], dict]) -> list[dict]:
+    """After the last planned run: the next round's runs (the configurations this sweep runs, in the round's own
+    order) added to the sweep and its document, and their jobs; none when the rule stops the sweep (decided,
+    budget spent, max rounds), whose reason the document keeps."""
+    from gpt2bench.report.sequential import next_round
+
+    benchmark, runs = sweep.benchmark, sweep.runs
+    if benchmark.spec.sweep.max_repeats is None:
+        return []
+    step = next_round(sweep.doc.runs, sweep.doc.spec, sweep.doc.start_time, datetime.now(timezone.utc))
+    sweep.doc.rounds_done, sweep.doc.stop_reason = step.rounds_done, None if step.add else step.reason
+    if not step.add:
+        sweep.save()
+        return []
+    planned = max((run.repeat or 0 for run in runs), default=0) + 1
+    ours = {configuration_key(run) for run in runs}  # `--only` chose some: the new round runs the same ones
+    new = [run for run in plan_runs(benchmark, runs[0].backend, rounds=planned)
+           if run.repeat == planned and configuration_key(run) in ours]
+    sweep.runs += new
+    sweep.doc.runs += [local_entry(collect.run_entry(run, phase=PENDING)) for run in new]
+    sweep.doc.rounds_planned = planned
+    sweep.save()
+    return [render(benchmark, run) for run in new]
+
+
+def configuration_key(run: Run) -> tuple:
+    return run.strategy.name, run.precision, run.nodes, run.world_size, run.devices_per_node
+
+
 def child_env() -> dict[str, str]:
     """The local 'image': this environment, with this Python's scripts (gpt2bench, torchrun) on PATH."""
     env = dict(os.environ)
@@ -206,17 +243,19 @@ def run_sweep(
     console: Any = None,
     live: bool | None = None,
     resumed: Resumed | None = None,
+    render: Callable[[Benchmark, Run], dict] = render_job,
 ) -> Sweep:
-    """Run `runs` (rendered as `jobs`, default: render_job) one at a time; results land in `directory`, which the
+    """Run `runs` (rendered as `jobs`, default: `render`) one at a time; results land in `directory`, which the
     sweep holds meanwhile (files.FolderBusy when another process does). `resumed`: an earlier sweep's finished
-    runs, kept instead of run (`prepare_folder`). A KeyboardInterrupt stops the sweep cleanly: `sweep.interrupted`
-    is then True."""
+    runs, kept instead of run (`prepare_folder`). With sweep.maxRepeats, whole rounds are added (rendered by
+    `render`) while a top decision is unresolved (report.sequential). A KeyboardInterrupt stops the sweep
+    cleanly: `sweep.interrupted` is then True."""
     from rich.console import Console
 
     from gpt2bench import report
 
     console = console or Console()
-    jobs = jobs if jobs is not None else [render_job(benchmark, run) for run in runs]
+    jobs = list(jobs) if jobs is not None else [render(benchmark, run) for run in runs]
     if len(jobs) != len(runs):
         raise ValueError(f"{len(runs)} runs but {len(jobs)} jobs")
     directory.mkdir(parents=True, exist_ok=True)
@@ -228,30 +267,36 @@ def run_sweep(
             leftover.unlink(missing_ok=True)
         sweep = Sweep(benchmark, runs, directory, kept=resumed.kept, start_time=resumed.start_time)
         sweep.save()
-        _run_all(sweep, jobs, console, live)
+        _run_all(sweep, jobs, console, live, render)
         sweep.finish()
         report.write_report(sweep.doc, directory)  # adds the analysis to sweep.doc and results.json
     return sweep
 
 
-def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None) -> None:
+def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None,
+             render: Callable[[Benchmark, Run], dict]) -> None:
     benchmark, runs = sweep.benchmark, sweep.runs
     base_env = child_env()
     live = console.is_terminal if live is None else live
     with Display(console, len(runs), benchmark.spec.training.steps, live) as display:
         try:
-            for index, (run, job) in enumerate(zip(runs, jobs)):
+            index = 0
+            while index < len(runs):  # `runs` grows while rounds are added (add_round)
+                run, job = runs[index], jobs[index]
                 if run.name in sweep.kept:
                     display.end_run(sweep.doc.runs[index], kept=True)
-                    continue
-                display.start_run(index, len(runs), run)
-                if reason := emulation_skip(benchmark, run):  # the trainer would skip it too, after its start-up
-                    entry = collect.run_entry(run, phase=SKIPPED, reason=reason, start_time=rfc3339(),
-                                              completion_time=rfc3339())
-                    sweep.set_entry(index, local_entry(entry))
                 else:
-                    execute_run(sweep, index, job, display, base_env)
-                display.end_run(sweep.doc.runs[index])
+                    display.start_run(index, len(runs), run)
+                    if reason := emulation_skip(benchmark, run):  # the trainer would skip it too, after start-up
+                        entry = collect.run_entry(run, phase=SKIPPED, reason=reason, start_time=rfc3339(),
+                                                  completion_time=rfc3339())
+                        sweep.set_entry(index, local_entry(entry))
+                    else:
+                        execute_run(sweep, index, job, display, base_env)
+                    display.end_run(sweep.doc.runs[index])
+                index += 1
+                if index == len(runs):  # repeat until decided: one more round, or why not
+                    jobs += add_round(sweep, render)
         except KeyboardInterrupt as exc:  # a run Running here was interrupted between the executor and its entry
             sweep.interrupted = True
             sweep.doc.runs = interrupt_runs(sweep.doc.runs, f"stopped by {stop_cause(exc)}")
@@ -305,6 +350,12 @@ def prepare_folder(benchmark: Benchmark, plan: list[Run], chosen: list[Run], dir
         differences = "; ".join(_differences(previous.spec, spec_document(benchmark))[:3]) or "metadata.name"
         raise FolderRefused(f"--resume: {directory} holds a sweep of another spec ({differences}); run the same "
                             "file with the same --steps, or --overwrite")
+    if benchmark.spec.sweep.max_repeats and (previous.rounds_planned or 0) > benchmark.spec.sweep.repeats:
+        # rounds the earlier sweep added until decided: they are the sweep's too (the same rule continues)
+        plan = plan_runs(benchmark, plan[0].backend if plan else None, rounds=previous.rounds_planned)
+        configs = {configuration_key(run) for run in chosen}
+        chosen = [*chosen, *(run for run in plan if (run.repeat or 0) > benchmark.spec.sweep.repeats
+                             and configuration_key(run) in configs)]
     planned = {run.name: run for run in plan}
     kept = {name: entry for name, entry in finished.items()
             if name in planned and entry.job_kind == planned[name].job_kind}

@@ -6,6 +6,8 @@ answer of "which strategy, precision and scale?" and the papers' figures.
 | `measures` | scales, configurations (a run and its repeats), mean and spread, cost, scaling efficiency |
 | `analysis` | the recommendation per objective and scale (pure; the operator calls it for the CR status) |
 | `findings` | the papers' claims checked on the measurements (pure) |
+| `noise` | noise per scale and per far-noisier configuration, paired within rounds, intervals, Holm (pure) |
+| `sequential` | repeat until decided: whether to add a round, or why the sweep stops (pure) |
 | `table`, `markdown` | the runs table (terminal and results.md) and results.md |
 | `plots` | the PNGs (matplotlib) |
 | `export` | results.csv |

@@ -1,7 +1,8 @@
 """`gpt2bench compare A B`: two results folders side by side (two clusters, two GPU types, before and after a
 driver upgrade). Configurations are matched by strategy, precision and scale (run names carry the benchmark's
 name, so they differ); B ÷ A says how B compares, with its confidence interval from both sweeps' own noise, and
-whether the difference is beyond that noise (the interval excludes 1: docs/analysis.md).
+whether the tokens/s difference is beyond that noise (the interval excludes 1: docs/analysis.md). Those verdicts
+are decided together (Holm over the matched configurations), so that naming one wrongly stays under 5 %.
 
     gpt2bench compare results/a100 results/h100 [--output compare.md]
 """
@@ -22,12 +23,12 @@ from gpt2bench.report.measures import (
     Metric,
     configurations,
     hardware,
-    noise,
+    noise_model,
     peak_memory,
     tokens_per_second,
     tokens_per_second_per_device,
 )
-from gpt2bench.report.noise import Interval, between_sweeps
+from gpt2bench.report.noise import CONFIDENCE, Contrast, Interval, between_sweeps, holm
 from gpt2bench.report.table import MIB, NO_VALUE, fmt_stat, markdown_table
 from gpt2bench.status import Analysis, Recommendation, ResultsDocument
 
@@ -44,32 +45,43 @@ def beyond_noise(interval: Interval | None) -> str:
     if interval is None:
         return NEEDS_REPEATS
     side = interval.side(1.0)
-    return "no (within the noise)" if side == "across" else f"yes: B {'higher' if side == 'above' else 'lower'}"
+    level = "" if interval.confidence == CONFIDENCE else f" (at {interval.confidence:.2%}, Holm)"
+    if side == "across":
+        return f"no (within the noise){level}"
+    return f"yes: B {'higher' if side == 'above' else 'lower'}{level}"
 
 
 def _key(config: Configuration) -> tuple[str, str, str]:
     return config.strategy, config.precision, config.scale.label
 
 
+def contrast(mine: Configuration, other: Configuration, metric: Metric, models: tuple) -> Contrast | None:
+    """B ÷ A of one configuration's figure, each side with its own sweep's noise of that configuration."""
+    a, b = mine.sample(metric), other.sample(metric)
+    return between_sweeps(a, models[0].of(mine.name), b, models[1].of(other.name))
+
+
 def figures_markdown(a: list[Configuration], b: list[Configuration]) -> str:
     theirs = {_key(c): c for c in b}
-    noises = {header: (noise(a, metric), noise(b, metric)) for header, metric, *_ in FIGURES}
+    models = {header: (noise_model(a, metric), noise_model(b, metric)) for header, metric, *_ in FIGURES}
+    matched = [(mine, theirs[_key(mine)]) for mine in a if _key(mine) in theirs]
+    throughput = [contrast(mine, other, tokens_per_second, models["tokens/s"]) for mine, other in matched]
+    tested = [i for i, c in enumerate(throughput) if c is not None]
+    levels = dict(zip(tested, holm([throughput[i].p_value() for i in tested])))
     headers = ["configuration", "scale"]
     for header, *_ in FIGURES:
         headers += [f"{header} A", f"{header} B", "B ÷ A [95 % interval]"]
     headers.append("tokens/s beyond noise")
     rows = []
-    for mine in (c for c in a if _key(c) in theirs):
-        other = theirs[_key(mine)]
+    for index, (mine, other) in enumerate(matched):
         row = [mine.label, mine.scale.label]
-        intervals = {}
         for header, metric, spec, scale in FIGURES:
-            x, y = mine.values(metric), other.values(metric)
-            intervals[header] = between_sweeps(x, noises[header][0], y, noises[header][1])
+            found = contrast(mine, other, metric, models[header])
             row += [fmt_stat(mine.stat(metric), spec, scale), fmt_stat(other.stat(metric), spec, scale),
-                    _ratio_text(x, y, intervals[header])]
+                    _ratio_text(mine.values(metric), other.values(metric), found.interval() if found else None)]
         measured = mine.values(tokens_per_second) and other.values(tokens_per_second)
-        row.append(beyond_noise(intervals["tokens/s"]) if measured else NO_VALUE)
+        decided = throughput[index].interval(levels[index]) if index in levels else None
+        row.append(beyond_noise(decided) if measured else NO_VALUE)
         rows.append(row)
     text = markdown_table(headers, rows, {"configuration", "scale", "tokens/s beyond noise"})
     for side, configs, others in (("A", a, {_key(c) for c in b}), ("B", b, {_key(c) for c in a})):
@@ -101,10 +113,11 @@ def _pick(rec: Recommendation | None) -> str:
 
 
 def recommendations_markdown(a: Analysis, b: Analysis) -> str:
-    keyed = [{(r.objective, r.scale): r for r in side.recommendations} for side in (a, b)]
+    keyed = [{(r.objective, r.scale, r.per_rank): r for r in side.recommendations} for side in (a, b)]
     keys = list(dict.fromkeys([*keyed[0], *keyed[1]]))
-    rows = [[scale or "all scales", objective, _pick(keyed[0].get((objective, scale))),
-             _pick(keyed[1].get((objective, scale)))] for objective, scale in keys]
+    rows = [[(scale or "all scales") + (f" ({per_rank})" if per_rank else ""), objective,
+             _pick(keyed[0].get((objective, scale, per_rank))), _pick(keyed[1].get((objective, scale, per_rank)))]
+            for objective, scale, per_rank in keys]
     return markdown_table(["scale", "objective", "A", "B"], rows, {"scale", "objective", "A", "B"})
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpt2bench.files import write_atomic
 from gpt2bench.report.measures import (
+    Configuration,
     Prices,
     configuration_name,
     configurations,
@@ -28,7 +29,7 @@ from gpt2bench.report.measures import (
 from gpt2bench.status import Recommendation, ResultsDocument, RunResults
 
 RESULTS_CSV = "results.csv"
-RUN_COLUMNS = ["name", "configuration", "repeat", "strategy", "precision", "scale", "nodes", "devicesPerNode",
+RUN_COLUMNS = ["name", "configuration", "repeat", "profile", "strategy", "precision", "scale", "nodes", "devicesPerNode",
                "processesPerNode", "devices", "jobKind", "jobName", "phase", "reason", "startTime", "completionTime"]
 RESULT_COLUMNS = [field.alias or name for name, field in RunResults.model_fields.items()]
 DERIVED_COLUMNS = ["scalingEfficiency", "hourlyPrice", "currency", "costPer1MTokens", "configurationTokensPerSecond",
@@ -38,9 +39,8 @@ COLUMNS = RUN_COLUMNS + RESULT_COLUMNS + DERIVED_COLUMNS
 
 def csv_rows(doc: ResultsDocument) -> list[dict[str, Any]]:
     configs = configurations(doc.runs)
-    by_run = {run.name: config for config in configs for run in config.runs}
-    fastest = {rec.scale: rec for rec in (doc.analysis.recommendations if doc.analysis else [])
-               if rec.objective == "fastest"}
+    by_run = {run.name: config for config in configs for run in [*config.runs, *config.profile_runs]}
+    fastest = [rec for rec in (doc.analysis.recommendations if doc.analysis else []) if rec.objective == "fastest"]
     prices = Prices.from_spec(doc.spec)
     rows = []
     for run in doc.runs:
@@ -57,9 +57,16 @@ def csv_rows(doc: ResultsDocument) -> list[dict[str, Any]]:
         if stat is not None:
             row |= {"configurationTokensPerSecond": stat.mean, "configurationTokensPerSecondSpread": stat.spread,
                     "configurationMeasurements": stat.n,
-                    "fastestAtScale": standing(config.name, fastest.get(config.scale.label))}
+                    "fastestAtScale": standing(config.name, _group_of(config, fastest))}
         rows.append(row)
     return rows
+
+
+def _group_of(config: Configuration, recs: list[Recommendation]) -> Recommendation | None:
+    """The recommendation of its scale that ranked it (a scale's CPU configurations with other resources per rank
+    are ranked in their own group, which `per_rank` names)."""
+    here = [rec for rec in recs if rec.scale == config.scale.label]
+    return next((rec for rec in here if rec.per_rank is None or rec.per_rank == config.per_rank), None)
 
 
 def standing(configuration: str, rec: Recommendation | None) -> str | None:

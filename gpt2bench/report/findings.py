@@ -1,17 +1,19 @@
 """The papers' claims, checked on this sweep: each claim compares configurations that differ in the compared
-thing alone (same precision and scale unless the claim is about them), and says which figures it rests on.
+thing alone (same precision and scale unless the claim is about them, and on CPU the same threads and cores per
+rank), and says which figures it rests on.
 
-Each comparison is a ratio with its confidence interval (noise.py), checked against the claim's threshold:
-the claim holds for it when the whole interval lies on the claim's side, fails when the whole interval lies
-on the other side, and is undecided when the interval crosses the threshold. The intervals of one claim are
-Bonferroni-corrected over its comparisons. Verdicts: does-not-hold (some comparison fails), needs-repeats
-(single measurements: no interval, not decided), inconclusive (some interval crosses), holds (every
-comparison holds), not-measurable (the sweep has no such comparison: `measured` says what is missing).
-Definitions: docs/analysis.md.
+Each comparison is a ratio (or a mean) with its standard error (noise.py), checked against the claim's
+threshold: the claim holds for it when the whole interval lies on the claim's side, fails when the whole
+interval lies on the other side, and is undecided when the interval crosses the threshold. A claim's
+comparisons are Bonferroni-corrected among themselves, and the claim is one decision among the report's (Holm,
+analysis.py). Verdicts: does-not-hold (some comparison fails), needs-repeats (no interval, not decided),
+inconclusive (some interval crosses), holds (every comparison holds), not-measurable (the sweep has no such
+comparison: `measured` says what is missing). Definitions: docs/analysis.md.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,24 +25,26 @@ from gpt2bench.report.measures import (
     comm_hidden_ratio,
     final_loss,
     memory_per_rank,
-    noise,
+    noise_model,
     scales,
     tokens_per_second,
     tokens_per_second_per_device,
 )
 from gpt2bench.report.noise import (
+    Contrast,
     Interval,
-    Noise,
+    NoiseModel,
+    Pending,
+    Sample,
     family_confidence,
-    mean_interval,
-    product_of_means,
-    ratio_interval,
+    mean_contrast,
+    ratio,
 )
 from gpt2bench.status import Finding, RunStatus
 
 NEAR_LINEAR = 0.9  # scaling efficiency that counts as near-linear (Li 2020's DDP stays above it)
 MOSTLY_HIDDEN = 0.5  # share of DDP's all-reduce time hidden behind backward that counts as "most" (Li 2020)
-LOSS_TOLERANCE = 0.01  # largest relative loss gap between synchronous strategies that counts as agreeing
+LOSS_TOLERANCE = 0.05  # largest loss gap, as a share of the loss decrease, that counts as the same curve
 MIXED = ("fp16", "bf16")
 MAX_MEASURED = 900  # characters of figures per finding: the CR status stays small
 
@@ -52,17 +56,19 @@ Curves = dict[str, list[dict[str, Any]]]
 
 @dataclass
 class Check:
-    """One comparison of a claim: a ratio (or a loss gap) whose interval at a given confidence is
-    `interval(confidence)`, held against `threshold`; the claim wants it `above` (or below) the threshold."""
+    """One comparison of a claim: a ratio (or a mean) with its standard error (`contrast`, None: measured once),
+    held against `threshold`; the claim wants it `above` (or below) the threshold."""
 
     label: str  # what is compared: "ddp 1×2 CPU: bf16 vs fp32 tokens/s"
-    interval: Callable[[float], Interval | None]
+    contrast: Contrast | None
     estimate: float  # the point estimate, shown when there is no interval
     threshold: float = 1.0
     above: bool = True
     show: Callable[[float], str] = field(default=lambda ratio: f"{ratio - 1:+.1%}")
     basis: str | None = None  # what the figure rests on, appended in brackets
 
+    def interval(self, confidence: float) -> Interval | None:
+        return self.contrast.interval(confidence) if self.contrast else None
 
     def outcome(self, interval: Interval | None) -> str:
         """holds, fails, across (the interval crosses the threshold) or unknown (no interval)."""
@@ -73,6 +79,11 @@ class Check:
             return "across"
         return "holds" if (side == "above") == self.above else "fails"
 
+    def leaning(self) -> int:
+        """+1 when the estimate lies on the claim's side of the threshold, −1 on the other, 0 on it."""
+        side = self.contrast.side(self.threshold) if self.contrast else 0
+        return side if self.above else -side
+
     def text(self, interval: Interval | None) -> str:
         basis = f" ({self.basis})" if self.basis else ""
         if interval is None:
@@ -81,43 +92,63 @@ class Check:
         return f"{self.label}: {shown}{basis}"
 
 
-def ratio_check(label: str, numerator: list[list[float]], denominator: list[list[float]], sweep_noise: Noise,
+def ratio_check(label: str, numerator: list[Sample], denominator: list[Sample], model: NoiseModel,
                 threshold: float = 1.0, above: bool = True, show: Callable[[float], str] | None = None) -> Check:
-    """A claim about Π means(numerator) ÷ Π means(denominator) (each list: configurations' repeat values)."""
-    estimate = product_of_means(numerator) / product_of_means(denominator)
-    check = Check(label, lambda confidence: ratio_interval(numerator, denominator, sweep_noise, confidence),
-                  estimate, threshold, above)
+    """A claim about Π geometric means(numerator) ÷ Π geometric means(denominator)."""
+    estimate = math.exp(sum(s.log_mean for s in numerator) - sum(s.log_mean for s in denominator))
+    check = Check(label, ratio(numerator, denominator, model), estimate, threshold, above)
     if show is not None:
         check.show = show
     return check
 
 
+def claim_p_value(checks: list[Check]) -> float | None:
+    """The smallest α at which the claim is decided (holds or does not hold), each of its m comparisons at
+    α / m: holds needs every comparison on the claim's side (m × the largest p), does-not-hold one on the other
+    side (m × the smallest p there). None: nothing can be decided (a comparison without an interval, and none
+    that could fail)."""
+    m = len(checks)
+    known = [c for c in checks if c.contrast is not None]
+    p_fails = [c.contrast.p_value(c.threshold) for c in known if c.leaning() < 0]
+    candidates = [m * min(p_fails)] if p_fails else []
+    if len(known) == m and all(c.leaning() > 0 for c in checks):
+        candidates.append(m * max(c.contrast.p_value(c.threshold) for c in checks))
+    return min(1.0, min(candidates)) if candidates else None
+
+
 def finding(id_: str, claim: str, source: str, checks: list[Check], missing: str,
-            extra: list[str] | None = None) -> Finding:
-    """The verdict of a claim from its comparisons, each at the Bonferroni-corrected confidence."""
+            extra: list[str] | None = None) -> Pending:
+    """The claim as a pending decision (analysis.Pending): its p-value, and its verdict at the confidence the
+    report's correction gives it, each comparison at the Bonferroni-corrected level within the claim."""
     base = {"id": id_, "claim": claim, "source": source}
     if not checks:
-        return Finding(verdict="not-measurable", measured=missing, **base)
-    confidence = family_confidence(len(checks))
-    intervals = [check.interval(confidence) for check in checks]
-    outcomes = [check.outcome(interval) for check, interval in zip(checks, intervals)]
-    if "fails" in outcomes:
-        verdict, deciding = "does-not-hold", outcomes.index("fails")
-    elif "unknown" in outcomes:
-        verdict, deciding = "needs-repeats", None
-    elif "across" in outcomes:
-        verdict, deciding = "inconclusive", outcomes.index("across")
-    else:
-        verdict, deciding = "holds", min(range(len(checks)), key=lambda i: _slack(checks[i], intervals[i]))
-    parts = [check.text(interval) for check, interval in zip(checks, intervals)] + (extra or [])
-    measured = "; ".join(parts)
-    if len(measured) > MAX_MEASURED:
-        measured = measured[: MAX_MEASURED - 3] + "..."
-    if deciding is None:
-        return Finding(verdict=verdict, measured=measured, **base)
-    chosen, interval = checks[deciding], intervals[deciding]
-    return Finding(verdict=verdict, measured=measured, deciding=chosen.label, estimate=interval.estimate,
-                   low=interval.low, high=interval.high, threshold=chosen.threshold, confidence=confidence, **base)
+        result = Finding(verdict="not-measurable", measured="; ".join([missing, *(extra or [])]), **base)
+        return Pending(None, lambda _confidence: result)
+
+    def conclude(report_confidence: float) -> Finding:
+        confidence = family_confidence(len(checks), report_confidence)
+        intervals = [check.interval(confidence) for check in checks]
+        outcomes = [check.outcome(interval) for check, interval in zip(checks, intervals)]
+        if "fails" in outcomes:
+            verdict, deciding = "does-not-hold", outcomes.index("fails")
+        elif "unknown" in outcomes:
+            verdict, deciding = "needs-repeats", None
+        elif "across" in outcomes:
+            verdict, deciding = "inconclusive", outcomes.index("across")
+        else:
+            verdict, deciding = "holds", min(range(len(checks)), key=lambda i: _slack(checks[i], intervals[i]))
+        parts = [check.text(interval) for check, interval in zip(checks, intervals)] + (extra or [])
+        measured = "; ".join(parts)
+        if len(measured) > MAX_MEASURED:
+            measured = measured[: MAX_MEASURED - 3] + "..."
+        if deciding is None:
+            return Finding(verdict=verdict, measured=measured, **base)
+        chosen, interval = checks[deciding], intervals[deciding]
+        return Finding(verdict=verdict, measured=measured, deciding=chosen.label, estimate=interval.estimate,
+                       low=interval.low, high=interval.high, threshold=chosen.threshold, confidence=confidence,
+                       **base)
+
+    return Pending(claim_p_value(checks), conclude)
 
 
 def _slack(check: Check, interval: Interval) -> float:
@@ -142,32 +173,43 @@ def _rank_memory(run: RunStatus) -> float | None:
     return memory_per_rank(run)[0]
 
 
-def fsdp_memory(configs: list[Configuration]) -> Finding:
-    memory_noise = noise(configs, _rank_memory)
-    checks = []
+def fsdp_memory(configs: list[Configuration]) -> Any:
+    """On GPUs the measured peak per rank (CUDA max allocated). On CPU there is no per-rank measurement apart from
+    the libraries (peak RSS is a process-wide high-water mark): the tensors' sizes summed are shown as
+    accounting, and decide nothing."""
+    memory_noise = noise_model(configs, _rank_memory)
+    checks, accounting = [], []
     for fsdp in (c for c in configs if c.strategy == "fsdp" and c.scale.devices >= 2):
         ddp = _find(configs, "ddp", fsdp.precision, fsdp.scale)
-        a, b = fsdp.values(_rank_memory), ddp.values(_rank_memory) if ddp else []
-        if not a or not b:
+        a, b = fsdp.sample(_rank_memory), ddp.sample(_rank_memory) if ddp else Sample("", "", ())
+        if not a.n or not b.n:
             continue
         kind = memory_per_rank(fsdp.succeeded[0])[1]
-        label = (f"{fsdp.precision} {fsdp.scale.label}: fsdp {_mib(statistics.fmean(a))} vs ddp "
-                 f"{_mib(statistics.fmean(b))} {kind} per rank")
+        label = (f"{fsdp.precision} {fsdp.scale.label}: fsdp {_mib(statistics.fmean(a.values))} vs ddp "
+                 f"{_mib(statistics.fmean(b.values))} {kind} per rank")
+        if kind == "model state":
+            share = statistics.fmean(a.values) / statistics.fmean(b.values) - 1
+            accounting.append(f"{label} ({share:+.1%}; accounting: tensor sizes summed, not a measurement)")
+            continue
         checks.append(ratio_check(label, [a], [b], memory_noise, above=False))
-    return finding("fsdp-memory-below-ddp", "FSDP's per-rank memory is below DDP's", PATWARDHAN, checks,
-                   "needs fsdp and ddp succeeded at the same precision and scale with 2 or more devices")
+    missing = "needs fsdp and ddp succeeded at the same precision and scale with 2 or more GPUs"
+    if accounting and not checks:
+        missing = ("not measurable on CPU: a process's memory there is the libraries' as much as the model's, so "
+                   "per-rank memory is not measured; " + missing)
+    return finding("fsdp-memory-below-ddp", "FSDP's per-rank memory is below DDP's", PATWARDHAN, checks, missing,
+                   accounting)
 
 
-def mixed_precision_faster(configs: list[Configuration]) -> Finding:
-    throughput = noise(configs, tokens_per_second)
+def mixed_precision_faster(configs: list[Configuration]) -> Any:
+    throughput = noise_model(configs, tokens_per_second)
     checks = []
     for mixed in (c for c in configs if c.precision in MIXED):
         fp32 = _find(configs, mixed.strategy, "fp32", mixed.scale)
-        a, b = mixed.values(tokens_per_second), fp32.values(tokens_per_second) if fp32 else []
-        if not a or not b:
+        a, b = mixed.sample(tokens_per_second), fp32.sample(tokens_per_second) if fp32 else Sample("", "", ())
+        if not a.n or not b.n:
             continue
-        label = (f"{mixed.strategy} {mixed.scale.label}: {mixed.precision} {_tps(statistics.fmean(a))} vs fp32 "
-                 f"{_tps(statistics.fmean(b))} tokens/s")
+        label = (f"{mixed.strategy} {mixed.scale.label}: {mixed.precision} {_tps(statistics.fmean(a.values))} vs fp32 "
+                 f"{_tps(statistics.fmean(b.values))} tokens/s")
         checks.append(ratio_check(label, [a], [b], throughput))
     return finding("mixed-precision-faster", "Mixed precision (fp16/bf16) trains faster than fp32, for every "
                    "strategy", f"{BAI}, with Apex", checks,
@@ -175,46 +217,56 @@ def mixed_precision_faster(configs: list[Configuration]) -> Finding:
 
 
 def _fastest(configs: list[Configuration]) -> Configuration | None:
-    measured = [c for c in configs if c.values(tokens_per_second)]
-    return max(measured, key=lambda c: statistics.fmean(c.values(tokens_per_second)), default=None)
+    measured = [c for c in configs if c.sample(tokens_per_second).n]
+    return max(measured, key=lambda c: c.sample(tokens_per_second).log_mean, default=None)
 
 
-def ddp_mixed_precision_best_on_one_node(configs: list[Configuration]) -> Finding:
-    throughput = noise(configs, tokens_per_second)
+def ddp_mixed_precision_best_on_one_node(configs: list[Configuration]) -> Any:
+    """Per one-node scale: the fastest ddp in fp16/bf16 against every other configuration whose ranks had the
+    same CPU resources (each a comparison: the claim holds only if it beats them all)."""
+    throughput = noise_model(configs, tokens_per_second)
     checks = []
     for scale in (s for s in scales(configs) if s.nodes == 1 and s.devices >= 2):
         here = [c for c in configs if c.scale == scale]
         ddp = _fastest([c for c in here if c.strategy == "ddp" and c.precision in MIXED])
-        other = _fastest([c for c in here if not (c.strategy == "ddp" and c.precision in MIXED)])
-        if ddp is None or other is None:
+        if ddp is None:
             continue
-        a, b = ddp.values(tokens_per_second), other.values(tokens_per_second)
-        label = (f"{scale.label}: {ddp.label} {_tps(statistics.fmean(a))} vs the fastest other, {other.label}, "
-                 f"{_tps(statistics.fmean(b))} tokens/s")
-        checks.append(ratio_check(label, [a], [b], throughput))
+        rivals = [c for c in here if not (c.strategy == "ddp" and c.precision in MIXED)
+                  and c.sample(tokens_per_second).n and c.per_rank == ddp.per_rank]
+        a = ddp.sample(tokens_per_second)
+        for other in rivals:
+            b = other.sample(tokens_per_second)
+            label = (f"{scale.label}: {ddp.label} {_tps(statistics.fmean(a.values))} vs {other.label} "
+                     f"{_tps(statistics.fmean(b.values))} tokens/s")
+            checks.append(ratio_check(label, [a], [b], throughput))
     return finding("ddp-mixed-precision-fastest-on-one-node", "On one node, DDP with mixed precision is the fastest "
                    "configuration", BAI, checks,
                    "needs ddp in fp16 or bf16 and another configuration succeeded on one node with 2 or more devices")
 
 
-def horovod_most_robust_across_nodes(configs: list[Configuration], effs: list[Efficiency]) -> Finding:
-    per_device = noise(configs, tokens_per_second_per_device)
+def _refusals(effs: list[Efficiency]) -> list[str]:
+    return list(dict.fromkeys(e.refused for e in effs if e.refused))
+
+
+def horovod_most_robust_across_nodes(configs: list[Configuration], effs: list[Efficiency]) -> Any:
+    """Per scale of 2+ nodes and precision: horovod's scaling efficiency against every other strategy's from the
+    same one-node baseline scale."""
+    per_device = noise_model(configs, tokens_per_second_per_device)
+    usable = [e for e in effs if e.refused is None]
     checks = []
-    for hvd in (e for e in effs if e.config.strategy == "horovod" and e.config.scale.nodes >= 2
+    for hvd in (e for e in usable if e.config.strategy == "horovod" and e.config.scale.nodes >= 2
                 and e.baseline.scale.nodes == 1):
-        rivals = [e for e in effs if e.config.strategy != "horovod" and e.config.scale == hvd.config.scale
+        rivals = [e for e in usable if e.config.strategy != "horovod" and e.config.scale == hvd.config.scale
                   and e.config.precision == hvd.config.precision and e.baseline.scale == hvd.baseline.scale]
-        if not rivals:
-            continue
-        rival = max(rivals, key=lambda e: e.stat.mean)
-        label = (f"{hvd.config.precision} {hvd.baseline.scale.label} → {hvd.config.scale.label}: scaling efficiency "
-                 f"horovod {hvd.stat.mean:.2f} vs the best other, {rival.config.strategy}, {rival.stat.mean:.2f}")
-        values = [e.values(tokens_per_second_per_device) for e in (hvd.config, rival.baseline)]
-        against = [e.values(tokens_per_second_per_device) for e in (hvd.baseline, rival.config)]
-        checks.append(ratio_check(label, values, against, per_device))
+        for rival in rivals:
+            label = (f"{hvd.config.precision} {hvd.baseline.scale.label} → {hvd.config.scale.label}: scaling "
+                     f"efficiency horovod {hvd.stat.mean:.2f} vs {rival.config.strategy} {rival.stat.mean:.2f}")
+            over = [c.sample(tokens_per_second_per_device) for c in (hvd.config, rival.baseline)]
+            under = [c.sample(tokens_per_second_per_device) for c in (hvd.baseline, rival.config)]
+            checks.append(ratio_check(label, over, under, per_device))
     return finding("horovod-most-robust-across-nodes", "Across nodes, Horovod keeps the highest scaling efficiency",
                    BAI, checks, "needs horovod and another strategy succeeded at the same precision on one node and "
-                   "at the same scale of 2 or more nodes")
+                   "at the same scale of 2 or more nodes", _refusals(effs) if not checks else None)
 
 
 def _loss_curve(run: RunStatus, curves: Curves | None) -> dict[int, float] | None:
@@ -226,37 +278,42 @@ def _loss_curve(run: RunStatus, curves: Curves | None) -> dict[int, float] | Non
     return curve or None
 
 
-def _gap(a: float, b: float) -> float:
-    return abs(a - b) / ((abs(a) + abs(b)) / 2) if a or b else 0.0
-
-
-def _run_gap(run: RunStatus, reference: RunStatus, curves: Curves | None) -> tuple[float, bool]:
-    """Largest relative loss gap between two runs over their common steps, else of their final losses;
-    True when per-step curves were compared."""
+def _run_gap(run: RunStatus, reference: RunStatus, curves: Curves | None) -> tuple[float | None, bool]:
+    """Largest loss gap between two runs over their common steps (else of their final losses) as a share of
+    the reference's loss decrease over the run (first step's loss − last step's); None when the reference's
+    loss did not decrease. True when per-step curves were compared."""
     mine, theirs = _loss_curve(run, curves), _loss_curve(reference, curves)
-    steps = set(mine) & set(theirs) if mine and theirs else set()
+    steps = sorted(set(mine) & set(theirs)) if mine and theirs else []
     if steps:
-        return max(_gap(mine[s], theirs[s]) for s in steps), True
-    return _gap(final_loss(run), final_loss(reference)), False
+        gap, decrease = max(abs(mine[s] - theirs[s]) for s in steps), theirs[steps[0]] - theirs[steps[-1]]
+    else:
+        mine_last, ref_last = run.results.final_loss, reference.results.final_loss
+        ref_first = reference.results.first_loss
+        if ref_first is None:
+            return None, False
+        gap, decrease = abs(mine_last - ref_last), ref_first - ref_last
+    return (gap / decrease if decrease > 0 else None), bool(steps)
 
 
 def _gap_check(config: Configuration, reference: Configuration, curves: Curves | None) -> Check | None:
-    """Each repeat against the reference's repeat of the same number (the same data and seed)."""
-    theirs = {run.repeat: run for run in reference.succeeded if final_loss(run) is not None}
+    """Each repeat against the reference's repeat of the same round (the same data and seed: the seed varies
+    from round to round, plan.Run.seed)."""
+    theirs = {run.repeat: run for run in reference.succeeded if run.results.final_loss is not None}
     pairs = [_run_gap(run, theirs[run.repeat], curves) for run in config.succeeded
-             if run.repeat in theirs and final_loss(run) is not None]
+             if run.repeat in theirs and run.results.final_loss is not None]
+    pairs = [(gap, per_step) for gap, per_step in pairs if gap is not None]
     if not pairs:
         return None
     gaps = [gap for gap, _ in pairs]
     basis = "loss per step" if all(per_step for _, per_step in pairs) else "final loss: no per-step records"
-    label = f"{config.label} vs {reference.label} {config.scale.label}: largest loss gap"
-    repeats = f"{len(gaps)} repeats" if len(gaps) > 1 else "1 measurement"
-    return Check(label, lambda confidence: mean_interval(gaps, confidence), statistics.fmean(gaps),
-                 threshold=LOSS_TOLERANCE, above=False, show=lambda gap: f"{gap:.3%}", basis=f"{basis}, {repeats}")
+    label = f"{config.label} vs {reference.label} {config.scale.label}: largest loss gap ÷ loss decrease"
+    repeats = f"{len(gaps)} rounds, one seed each" if len(gaps) > 1 else "1 measurement"
+    return Check(label, mean_contrast(gaps), statistics.fmean(gaps), threshold=LOSS_TOLERANCE, above=False,
+                 show=lambda gap: f"{gap:.2%}", basis=f"{basis}, {repeats}")
 
 
 def synchronous_strategies_agree(configs: list[Configuration], spec: dict[str, Any],
-                                 curves: Curves | None) -> Finding:
+                                 curves: Curves | None) -> Any:
     asynchronous = {s.get("name") for s in (spec.get("sweep") or {}).get("strategies") or []
                     if s.get("psMode") == "async"}
     groups: dict[tuple, list[Configuration]] = {}
@@ -269,40 +326,42 @@ def synchronous_strategies_agree(configs: list[Configuration], spec: dict[str, A
         checks += [check for config in group[1:] if (check := _gap_check(config, reference, curves))]
     extra = [f"{', '.join(sorted(asynchronous))} in async mode left out: not synchronous"] if asynchronous else []
     return finding("synchronous-strategies-converge-alike", "Synchronous strategies follow the same loss curve at "
-                   "equal global batch", f"{PATWARDHAN}; {LI}", checks,
+                   f"equal global batch (gap within {LOSS_TOLERANCE:.0%} of the loss decrease)",
+                   f"{PATWARDHAN}; {LI}", checks,
                    "needs two synchronous strategies succeeded at the same precision and scale", extra)
 
 
-def ddp_scales_near_linearly(configs: list[Configuration], effs: list[Efficiency]) -> Finding:
-    per_device = noise(configs, tokens_per_second_per_device)
+def ddp_scales_near_linearly(configs: list[Configuration], effs: list[Efficiency]) -> Any:
+    per_device = noise_model(configs, tokens_per_second_per_device)
     checks = []
-    for eff in (e for e in effs if e.config.strategy == "ddp"):
+    for eff in (e for e in effs if e.config.strategy == "ddp" and e.refused is None):
         label = f"{eff.config.precision} {eff.baseline.scale.label} → {eff.config.scale.label}: scaling efficiency"
-        checks.append(ratio_check(label, [eff.config.values(tokens_per_second_per_device)],
-                                  [eff.baseline.values(tokens_per_second_per_device)], per_device,
+        checks.append(ratio_check(label, [eff.config.sample(tokens_per_second_per_device)],
+                                  [eff.baseline.sample(tokens_per_second_per_device)], per_device,
                                   threshold=NEAR_LINEAR, show=lambda ratio: f"{ratio:.2f}"))
+    refused = _refusals([e for e in effs if e.config.strategy == "ddp"])
     return finding("ddp-scales-near-linearly", f"DDP scales near-linearly (scaling efficiency ≥ {NEAR_LINEAR})", LI,
-                   checks, "needs ddp succeeded at two scales of the same precision")
+                   checks, "needs ddp succeeded at two scales of the same precision", refused)
 
 
-def ddp_overlap_hides_communication(configs: list[Configuration]) -> Finding:
+def ddp_overlap_hides_communication(configs: list[Configuration]) -> Any:
     """Per ddp configuration with 2+ devices and a breakdown: the mean hidden share of its communication
-    (1 − exposed ÷ total, per run) against 1/2, with the repeats' t interval."""
+    (1 − exposed ÷ total, per run of the breakdown round, else of its repeats) against 1/2, with a t interval."""
     checks = []
     for config in (c for c in configs if c.strategy == "ddp" and c.scale.devices >= 2):
-        hidden = config.values(comm_hidden_ratio)
+        hidden = [float(v) for run in config.breakdown_runs if (v := comm_hidden_ratio(run)) is not None]
         if not hidden:
             continue
         label = f"{config.precision} {config.scale.label}: share of all-reduce time hidden by backward"
-        checks.append(Check(label, lambda confidence, h=hidden: mean_interval(h, confidence), statistics.fmean(hidden),
-                            threshold=MOSTLY_HIDDEN, show=lambda share: f"{share:.0%}"))
+        checks.append(Check(label, mean_contrast(hidden), statistics.fmean(hidden), threshold=MOSTLY_HIDDEN,
+                            show=lambda share: f"{share:.0%}"))
     return finding("ddp-overlap-hides-communication", "DDP's bucketed all-reduce overlaps the backward pass and "
                    f"hides most (over {MOSTLY_HIDDEN:.0%}) of its communication time", LI, checks,
-                   "needs ddp succeeded with 2 or more devices and a step breakdown (trainer option --breakdown)")
+                   "needs ddp succeeded with 2 or more devices and a step breakdown (sweep.breakdown)")
 
 
 def check_all(configs: list[Configuration], effs: list[Efficiency], spec: dict[str, Any],
-              curves: Curves | None) -> list[Finding]:
+              curves: Curves | None) -> list[Any]:
     return [
         fsdp_memory(configs),
         mixed_precision_faster(configs),

@@ -6,7 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.report.measures import BREAKDOWN_PARTS, Prices, configurations, hardware, result
+from gpt2bench.plan import seed_for
+from gpt2bench.report.measures import (
+    BREAKDOWN_PARTS,
+    Prices,
+    configurations,
+    hardware,
+    noise_model,
+    result,
+    tokens_per_second,
+    unsteady,
+)
 from gpt2bench.report.table import (
     MIB,
     NO_VALUE,
@@ -39,26 +49,62 @@ def value_text(value: float | None, unit: str | None) -> str:
     return f"{value:.4g} {unit or ''}".rstrip()
 
 
+def level_text(confidence: float) -> str:
+    """`95%`, `97.5%`, `98.33%`: a confidence level with the digits it needs, two at most."""
+    for digits in range(0, 2):
+        text = f"{confidence:.{digits}%}"
+        if abs(float(text.rstrip("%")) / 100 - confidence) < 5e-7:
+            return text
+    return f"{confidence:.2%}"
+
+
 def margin_text(rec: Recommendation) -> str:
     """`+7.2 % [+1.1 %, +13.6 %] (95 %)`: the top-ranked's margin over the runner-up and its interval."""
     if rec.margin is None:
         return NO_VALUE
     if rec.margin_low is None or rec.margin_high is None:
         return f"{rec.margin:+.1%}"
-    return f"{rec.margin:+.1%} [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] ({rec.confidence:.0%})"
+    return f"{rec.margin:+.1%} [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] ({level_text(rec.confidence)})"
 
 
 def decision_text(rec: Recommendation) -> str:
     if rec.decision == "clear":
         return f"clear: margin over {rec.runner_up} {margin_text(rec)}, beyond the noise"
+    if rec.decision == "equivalent":
+        return (f"equivalent: {', '.join(rec.candidates or [])} lie within the smallest difference that matters of "
+                f"each other (margin over the runner-up {margin_text(rec)}): any of them")
     if rec.decision == "no-clear-winner":
-        return (f"no clear winner: margin {margin_text(rec)} includes 0; within the noise: "
-                f"{', '.join(rec.candidates or [])}")
+        return (f"no clear winner: {', '.join((rec.candidates or [])[1:])} not beaten beyond the noise (margin over "
+                f"the runner-up {margin_text(rec)}); within the noise: {', '.join(rec.candidates or [])}"
+                + rounds_needed_text(rec))
     if rec.decision == "needs-repeats":
         return NEEDS_REPEATS
     if rec.decision == "only-candidate":
         return "only candidate"
     return f"not measurable: {rec.note}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def rounds_needed_text(rec: Recommendation) -> str:
+    """`; a difference this size needs about 9 rounds (7 more: about 21 min, 1.20 USD)`."""
+    done = rec.measurements or 0
+
+    def cost(needed: int | None) -> str:
+        if needed is None:
+            return "more than 1,000 rounds"
+        more = max(needed - done, 0)
+        extras = [_duration(more * rec.round_seconds)] if rec.round_seconds else []
+        extras += [f"{more * rec.round_cost:,.2f}"] if rec.round_cost else []
+        return f"about {needed} rounds ({more} more" + (f": about {', '.join(extras)})" if extras else ")")
+    parts = [f"a difference of this size needs {cost(rec.rounds_needed)} at this noise"]
+    if rec.rounds_needed_min_effect is not None:
+        parts.append(f"the smallest that matters (sweep.minEffect) {cost(rec.rounds_needed_min_effect)}")
+    return "; " + "; ".join(parts)
 
 
 def headline(analysis: Analysis) -> str:
@@ -70,9 +116,12 @@ def headline(analysis: Analysis) -> str:
         ahead = f", {rec.runner_up} {rec.runner_up_value:,.0f} tokens/s" if rec.runner_up else ""
         return (f"**Recommended {where}: {rec.winner}** ({rec.strategy}, {rec.precision}): fastest, "
                 f"{value_text(rec.value, rec.unit)}{ahead}; {decision_text(rec)}.")
+    if rec.decision == "equivalent":
+        return (f"**Equivalent {where}**: {', '.join(rec.candidates or [])} are within the smallest difference that "
+                f"matters of each other (top-ranked {rec.run}, {value_text(rec.value, rec.unit)}): any of them.")
     if rec.decision == "no-clear-winner":
         return (f"**No clear winner {where}**: {', '.join(rec.candidates or [])} are within the noise of each other "
-                f"(fastest mean {rec.run}, {value_text(rec.value, rec.unit)}; margin over {rec.runner_up} "
+                f"(top-ranked {rec.run}, {value_text(rec.value, rec.unit)}; margin over {rec.runner_up} "
                 f"{margin_text(rec)}).")
     return (f"**Not decided {where}**: every configuration was measured once, so the noise is unknown. Highest "
             f"single measurement: {rec.run}, {value_text(rec.value, rec.unit)}. Set spec.sweep.repeats to 2 or more.")
@@ -83,8 +132,12 @@ def _ordered(recs: list[Recommendation]) -> list[Recommendation]:
     return sorted(recs, key=lambda r: (scale_order.index(r.scale), OBJECTIVE_ORDER.index(r.objective)))
 
 
+def _scale_text(rec: Recommendation) -> str:
+    return (rec.scale or "all scales") + (f" ({rec.per_rank})" if rec.per_rank else "")
+
+
 def recommendations_markdown(analysis: Analysis) -> str:
-    rows = [[rec.scale or "all scales", rec.objective, rec.winner or NO_VALUE, rec.run or NO_VALUE,
+    rows = [[_scale_text(rec), rec.objective, rec.winner or NO_VALUE, rec.run or NO_VALUE,
              value_text(rec.value, rec.unit),
              f"{rec.runner_up} ({value_text(rec.runner_up_value, rec.unit)})" if rec.runner_up else NO_VALUE,
              margin_text(rec), decision_text(rec)]
@@ -95,6 +148,12 @@ def recommendations_markdown(analysis: Analysis) -> str:
                                             "decision"})]
     excluded = {rec.scale or "all scales": rec.excluded for rec in analysis.recommendations if rec.excluded}
     lines += [f"Not compared at {scale} (did not succeed): {', '.join(names)}.\n" for scale, names in excluded.items()]
+    apart = {rec.scale: rec.ranked_apart for rec in analysis.recommendations if rec.ranked_apart}
+    lines += [f"Ranked apart at {scale}, their ranks had other CPU resources (runs compare only at equal threads "
+              f"and cores per rank): {', '.join(names)}.\n" for scale, names in apart.items()]
+    notes = dict.fromkeys(rec.note for rec in analysis.recommendations
+                          if rec.note and rec.decision != "not-measurable" and not rec.note.startswith("ranked"))
+    lines += [f"Note: {note}.\n" for note in notes]
     return "\n".join(lines)
 
 
@@ -103,19 +162,87 @@ def recommendation_lines(analysis: Analysis) -> list[str]:
     lines = [headline(analysis).replace("**", "")]
     for rec in _ordered(analysis.recommendations):
         pick = rec.winner or (f"top-ranked {rec.run}" if rec.run else NO_VALUE)
-        lines.append(f"  {rec.scale or 'all scales'} {rec.objective}: {pick} "
+        lines.append(f"  {_scale_text(rec)} {rec.objective}: {pick} "
                      f"{value_text(rec.value, rec.unit)} ({decision_text(rec)})")
     return lines
 
 
 def noise_markdown(analysis: Analysis) -> str:
-    """The sweep's own noise per figure, or why there is none."""
+    """Each figure's noise per scale, the far noisier configurations with their own, or why there is none."""
     if not analysis.noise:
         return ("Unknown: no configuration was measured twice, so nothing is decided (set spec.sweep.repeats to 2 "
                 "or more).\n")
-    rows = [[n.figure, f"±{n.cv:.1%}", str(n.df), str(n.configurations)] for n in analysis.noise]
-    return markdown_table(["figure", "noise of one run (pooled CV)", "degrees of freedom", "configurations repeated"],
-                          rows, {"figure"})
+    rows = [[n.figure, n.scale or NO_VALUE, f"±{n.cv:.1%}" if n.configurations else NO_VALUE, f"{n.df:g}",
+             str(n.configurations), "; ".join(n.noisier or []) or NO_VALUE,
+             NO_VALUE if n.paired_cv is None else f"±{n.paired_cv:.1%} ({n.paired_df:g})",
+             NO_VALUE if n.round_share is None else f"{max(n.round_share, 0):.0%}"] for n in analysis.noise]
+    text = markdown_table(["figure", "scale", "noise of one run (pooled)", "degrees of freedom",
+                           "configurations pooled", "far noisier: their own noise",
+                           "after the rounds' effect (df)", "spread the rounds explain"], rows,
+                          {"figure", "scale", "far noisier: their own noise"})
+    effects = next((n.round_effects for n in analysis.noise if n.figure == "tokensPerSecond" and n.round_effects), None)
+    if effects:
+        text += ("\nRound effect on tokens/s (what every run of a round shared, against the sweep's mean): "
+                 + ", ".join(f"round {k} {e:+.1%}" for k, e in enumerate(effects, start=1)) + ". Paired comparisons "
+                 "(within a round) are free of it; a configuration that missed a round is compared unpaired.\n")
+    return text
+
+
+def rounds_markdown(doc: ResultsDocument) -> str:
+    """Each configuration's own noise on tokens/s, over its rounds, beside what is left once the rounds' shared
+    effect is taken out (docs/analysis.md, Rounds as blocks)."""
+    configs = configurations(doc.runs)
+    model = noise_model(configs, tokens_per_second)
+    rows = []
+    for config in configs:
+        own = model.own_cv(config.name)
+        if own is None:
+            continue
+        after = model.paired.own_cv(config.name) if model.paired else None
+        rows.append([config.name, config.scale.label, str(config.sample(tokens_per_second).n), f"±{own:.1%}",
+                     NO_VALUE if after is None else f"±{after:.1%}"])
+    if not rows:
+        return "No configuration ran in two rounds.\n"
+    return markdown_table(["configuration", "scale", "rounds", "own noise (tokens/s)", "after the rounds' effect"],
+                          rows, {"configuration", "scale"})
+
+
+def rounds_line(doc: ResultsDocument) -> str:
+    """How many rounds ran and why no more did (a sweep that repeats until decided)."""
+    rounds = doc.rounds_done or max((run.repeat or 0 for run in doc.runs), default=0)
+    if not rounds:
+        return "One round: nothing repeated, so nothing is compared within rounds."
+    text = f"{rounds} round{'s' if rounds != 1 else ''} run, every configuration once per round, each round in a shuffled order."
+    if doc.stop_reason:
+        text += f" Stopped: {doc.stop_reason}."
+    return text
+
+
+def decisions_text(analysis: Analysis) -> str:
+    """How many decisions the report takes together, and what that means for each interval."""
+    if not analysis.decisions:
+        return "Nothing here is decided against the noise (no interval).\n"
+    looks = f" at 5 % / {analysis.looks} (the sweep may have stopped at any of {analysis.looks} rounds)" if (
+        analysis.looks or 1) > 1 else " at 5 %"
+    return (f"This report takes {analysis.decisions} decision{'s' if analysis.decisions != 1 else ''} (recommendations "
+            f"and findings with an interval) together: Holm's correction keeps the chance that any of them is wrong"
+            f"{looks} at most, so each interval is shown at the level its decision was tested at (95 % when it is "
+            "the only one, more with several).\n")
+
+
+def steadiness_markdown(doc: ResultsDocument) -> str:
+    """Runs whose step time was still changing over their measured steps (docs/analysis.md, Steady state)."""
+    found = [(run.name, why) for run in doc.runs if (why := unsteady(run))]
+    measured = sum(1 for run in doc.runs if run.results and run.results.step_time_halves_ratio is not None)
+    if not measured:
+        return "No run reports its step time's halves (a trainer before this check, or under 4 measured steps).\n"
+    if not found:
+        return (f"Every one of the {measured} runs that report it was steady: its measured steps' second half was "
+                "within 5 % of its first, or within their noise.\n")
+    rows = [[name, why] for name, why in found]
+    return (f"{len(found)} of {measured} runs were not steady: their tokens/s is of a machine still changing "
+            "(raise training.steps or warmupSteps until none is listed).\n\n"
+            + markdown_table(["run", "what changed"], rows, {"run", "what changed"}))
 
 
 def scaling_markdown(analysis: Analysis) -> str:
@@ -126,6 +253,8 @@ def scaling_markdown(analysis: Analysis) -> str:
         baseline = row.scale == row.baseline_scale
         efficiency = "1 (baseline)" if baseline else fmt(row.efficiency, ".2f") + (
             "" if row.low is None else f" [{row.low:.2f}, {row.high:.2f}]")
+        if row.refused:
+            efficiency += f" ({row.refused})"
         rows.append([row.strategy, row.precision, row.scale, str(row.devices),
                      fmt(row.tokens_per_second_per_device, ",.0f"), efficiency])
     headers = ["strategy", "precision", "scale", "devices", "tokens/s per device", "efficiency [95 % interval]"]
@@ -138,7 +267,7 @@ def findings_markdown(analysis: Analysis) -> str:
                           {"claim", "source", "measured here", "verdict"})
 
 
-def _spec_line(spec: dict[str, Any]) -> str:
+def _spec_line(spec: dict[str, Any], name: str = "") -> str:
     model = spec.get("model") or {}
     training = spec.get("training") or {}
     parts = [f"model `{model.get('preset', 'tiny')}`"]
@@ -146,7 +275,12 @@ def _spec_line(spec: dict[str, Any]) -> str:
                        ("steps", "steps"), ("warmupSteps", "warm-up steps")):
         if key in training:
             parts.append(f"{label} {training[key]}")
-    parts.append(f"repeats {(spec.get('sweep') or {}).get('repeats', 1)}")
+    sweep = spec.get("sweep") or {}
+    parts.append(f"repeats {sweep.get('repeats', 1)}")
+    if sweep.get("repeats", 1) > 1:
+        parts.append(f"rounds over every scale, each in an order shuffled with seed {seed_for(name, sweep.get('orderSeed'))}"
+                     f" + its number, round k with training seed {training.get('seed', 1234)} + k − 1")
+        parts.append(f"breakdown {sweep.get('breakdown', 'separate')}")
     cost = spec.get("cost") or {}
     prices = [f"{cost[key]} {cost.get('currency', 'USD')}/{label}" for key, label in
               (("gpuHour", "GPU-hour"), ("nodeHour", "node-hour")) if cost.get(key) is not None]
@@ -159,17 +293,17 @@ def breakdown_markdown(doc: ResultsDocument) -> str:
     """Where each configuration's mean step goes (docs/metrics.md, Step breakdown), its communication and
     its energy; configurations without a breakdown are left out."""
     rows = []
-    for config in configurations(doc.runs):
-        stats = [config.stat(result(field)) for _, field in BREAKDOWN_PARTS]
+    for config in configurations(doc.runs):  # from the breakdown round's runs (else the repeats, breakdown inline)
+        stats = [config.breakdown_stat(result(field)) for _, field in BREAKDOWN_PARTS]
         if any(stat is None for stat in stats):
             continue
-        comm, hidden, sent, energy = (config.stat(result(f)) for f in (
+        comm, hidden, sent, energy = (config.breakdown_stat(result(f)) for f in (
             "comm_seconds_mean", "comm_hidden_ratio", "comm_bytes_per_step", "energy_joules_per_million_tokens"))
         rows.append([config.name, config.scale.label, *(fmt_stat(stat, ".1f", 1e3) for stat in stats),
                      fmt_stat(comm, ".1f", 1e3), fmt_stat(hidden, ".0%"), fmt_stat(sent, ",.1f", 1 / MIB),
                      fmt_stat(energy, ",.0f")])
     if not rows:
-        return "No run has a step breakdown (trainer option --breakdown).\n"
+        return "No run has a step breakdown (sweep.breakdown).\n"
     headers = ["configuration", "scale", *(f"{part} (ms)" for part, _ in BREAKDOWN_PARTS), "comm total (ms)",
                "comm hidden", "sent per step (MiB)", "J per 1M tokens"]
     return markdown_table(headers, rows, {"configuration", "scale"})
@@ -184,14 +318,14 @@ def network_markdown(doc: ResultsDocument) -> str:
     what carried it (the transport NCCL used, the nodes the pods ran on: trainer/fabric.py), with a warning
     for each run that did not measure the fabric its scale asks for (fabric_warnings)."""
     rows = []
-    for config in configurations(doc.runs):
-        achieved, probed, share = (config.stat(result(f)) for f in (
+    for config in configurations(doc.runs):  # the probe runs with the breakdown: the breakdown round's runs
+        achieved, probed, share = (config.breakdown_stat(result(f)) for f in (
             "bus_bandwidth_achieved", "bus_bandwidth_probed", "bus_bandwidth_share"))
         transports = sorted({run.results.transport for run in config.succeeded if run.results.transport})
         if achieved is None and not transports:
             continue
-        kinds = sorted({run.results.bus_kind for run in config.succeeded if run.results.bus_kind})
-        used = sorted({run.results.nodes_used for run in config.succeeded if run.results.nodes_used})
+        kinds = sorted({run.results.bus_kind for run in config.breakdown_runs if run.results.bus_kind})
+        used = sorted({run.results.nodes_used for run in config.breakdown_runs if run.results.nodes_used})
         rows.append([config.name, config.scale.label, ", ".join(kinds) or NO_VALUE, fmt_stat(achieved, ",.3f", 1 / GB),
                      fmt_stat(probed, ",.3f", 1 / GB), fmt_stat(share, ".0%"), ", ".join(transports) or NO_VALUE,
                      ", ".join(map(str, used)) or NO_VALUE])
@@ -250,12 +384,17 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
     meta += [f"finished {doc.completion_time}"] if doc.completion_time else []
     lines += ["; ".join(meta) + ".", ""]
     if doc.spec:
-        lines += [_spec_line(doc.spec) + ".", ""]
+        lines += [_spec_line(doc.spec, doc.benchmark or "") + ".", ""]
     if doc.analysis:
         lines += ["## Recommendation", "", headline(doc.analysis), "", recommendations_markdown(doc.analysis),
-                  "## Noise", "", "What one run's figure varies by, measured by this sweep's own repeats "
+                  "## Noise", "", "What one run's figure varies by, measured by this sweep's own repeats, per "
+                  "scale, and on its own for a configuration far noisier than the rest of its scale "
                   "(docs/analysis.md): every margin and verdict above and below is decided against it.", "",
-                  noise_markdown(doc.analysis),
+                  noise_markdown(doc.analysis), decisions_text(doc.analysis),
+                  "## Rounds", "", rounds_line(doc), "", rounds_markdown(doc),
+                  "## Steady state", "",
+                  "Each run's measured steps, second half against first (docs/analysis.md, Steady state).", "",
+                  steadiness_markdown(doc),
                   "## Scaling efficiency", "",
                   "Tokens/s per device ÷ the same strategy and precision at its smallest scale.", "",
                   scaling_markdown(doc.analysis),

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpt2bench.report.noise import Interval, Noise, ratio_interval
+from gpt2bench.plan import PROFILE_SUFFIX
+from gpt2bench.report.noise import Contrast, NoiseModel, Sample, estimate, ratio
 from gpt2bench.status import SUCCEEDED, RunStatus
 
 Metric = Callable[[RunStatus], "float | None"]
@@ -64,20 +65,29 @@ class Stat:
 
 
 def configuration_name(run: RunStatus) -> str:
-    """The name a configuration's repeats share: the run name without its `-r<k>` (plan.run_name keeps it whole)."""
-    suffix = f"-r{run.repeat}"
-    return run.name[: -len(suffix)] if run.repeat and run.name.endswith(suffix) else run.name
+    """The name a configuration's runs share: the run name without its `-r<k>` or `-prof` (plan.run_name keeps
+    the suffix whole)."""
+    for suffix in (f"-r{run.repeat}" if run.repeat else None, PROFILE_SUFFIX if run.profile else None):
+        if suffix and run.name.endswith(suffix):
+            return run.name[: -len(suffix)]
+    return run.name
+
+
+def _succeeded(runs: Iterable[RunStatus]) -> list[RunStatus]:
+    return [run for run in runs if run.phase == SUCCEEDED and run.results is not None]
 
 
 @dataclass
 class Configuration:
-    """One strategy × precision × scale, with every run of it (its repeats)."""
+    """One strategy × precision × scale, with every run of it: its repeats (the decision runs) and its
+    breakdown run(s) (`profile`: timed with the step breakdown's hooks, never used in a decision)."""
 
     name: str
     strategy: str
     precision: str
     scale: Scale
     runs: list[RunStatus] = field(default_factory=list)
+    profile_runs: list[RunStatus] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -85,7 +95,7 @@ class Configuration:
 
     @property
     def succeeded(self) -> list[RunStatus]:
-        return [run for run in self.runs if run.phase == SUCCEEDED and run.results is not None]
+        return _succeeded(self.runs)
 
     @property
     def not_succeeded(self) -> list[RunStatus]:
@@ -98,10 +108,43 @@ class Configuration:
     def stat(self, metric: Metric) -> Stat | None:
         return Stat.of(self.values(metric))
 
+    def sample(self, metric: Metric) -> Sample:
+        """The repeats' figure for ratios and noise, with the round of each: values ≤ 0 are not measurements and
+        are left out (an energy counter that did not advance), pooled with the rest of its scale."""
+        found = [(float(v), run.repeat) for run in self.succeeded if (v := metric(run)) is not None and v > 0]
+        return Sample(self.name, self.scale.label, tuple(v for v, _ in found), tuple(r for _, r in found))
 
-def noise(configs: Iterable[Configuration], metric: Metric) -> Noise:
-    """The sweep's noise for one figure: its pooled coefficient of variation over the configurations' repeats."""
-    return Noise.pooled(c.values(metric) for c in configs)
+    @property
+    def breakdown_runs(self) -> list[RunStatus]:
+        """Where its step breakdown comes from: the breakdown round's runs, else (breakdown inline) its repeats."""
+        return _succeeded(self.profile_runs) or self.succeeded
+
+    def breakdown_stat(self, metric: Metric) -> Stat | None:
+        return Stat.of(metric(run) for run in self.breakdown_runs)
+
+    @property
+    def per_rank(self) -> str | None:
+        """CPU runs: `1 thread, 1 core per rank` (the repeats' most common), None on GPUs or when unknown.
+        Runs compare only where these match (docs/metrics.md)."""
+        if self.scale.gpu:
+            return None
+        found = [per_rank_label(run) for run in self.succeeded]
+        known = [label for label in found if label]
+        return max(dict.fromkeys(known), key=known.count) if known else None
+
+
+def per_rank_label(run: RunStatus) -> str | None:
+    figures = run.results
+    if figures is None or figures.threads_per_rank is None or figures.cores_per_rank is None:
+        return None
+    threads, cores = figures.threads_per_rank, figures.cores_per_rank
+    return f"{threads} thread{'s' if threads != 1 else ''}, {cores:.3g} core{'' if cores == 1 else 's'} per rank"
+
+
+def noise_model(configs: Iterable[Configuration], metric: Metric) -> NoiseModel:
+    """One figure's noise: per scale, pooled over its configurations' repeats, and a far noisier
+    configuration's own (noise.estimate)."""
+    return estimate(c.sample(metric) for c in configs)
 
 
 def configurations(runs: Iterable[RunStatus]) -> list[Configuration]:
@@ -111,7 +154,7 @@ def configurations(runs: Iterable[RunStatus]) -> list[Configuration]:
         key = (run.strategy, run.precision, scale_of(run))
         if key not in grouped:
             grouped[key] = Configuration(configuration_name(run), run.strategy, run.precision, key[2])
-        grouped[key].runs.append(run)
+        (grouped[key].profile_runs if run.profile else grouped[key].runs).append(run)
     return list(grouped.values())
 
 
@@ -136,6 +179,26 @@ comm_hidden_ratio = result("comm_hidden_ratio")
 BREAKDOWN_PARTS = (("data", "data_seconds_mean"), ("forward", "forward_seconds_mean"),
                    ("backward", "backward_seconds_mean"), ("optimizer", "optimizer_seconds_mean"),
                    ("other", "other_seconds_mean"), ("exposed communication", "comm_exposed_seconds_mean"))
+
+
+# A run's measured steps whose second half is this much faster (or slower) than their first, beyond the steps'
+# own noise (the interval excludes 1), are not steady: its tokens/s is of a machine still changing.
+STEADY_TOLERANCE = 0.05
+
+
+def unsteady(run: RunStatus) -> str | None:
+    """Why a run's step time was not steady over its measured steps (docs/analysis.md, Steady state), or None:
+    the second half's step time differs from the first half's by STEADY_TOLERANCE or more, beyond the noise."""
+    figures = run.results
+    if figures is None or None in (figures.step_time_halves_ratio, figures.step_time_halves_low,
+                                   figures.step_time_halves_high):
+        return None
+    ratio_, low, high = figures.step_time_halves_ratio, figures.step_time_halves_low, figures.step_time_halves_high
+    if abs(ratio_ - 1) < STEADY_TOLERANCE or low <= 1 <= high:
+        return None
+    how = "still warming up: its steps got faster" if ratio_ < 1 else "slowing down: its steps got slower"
+    return (f"{how}, second half of the measured steps {ratio_ - 1:+.0%} [{low - 1:+.0%}, {high - 1:+.0%}] "
+            "against the first")
 
 
 def tokens_per_second_per_device(run: RunStatus) -> float | None:
@@ -199,14 +262,15 @@ class Efficiency:
     config: Configuration
     baseline: Configuration
     stat: Stat  # mean: the efficiency; spread: propagated from both configurations' spreads
-    interval: Interval | None  # its confidence interval from the sweep's noise (None: noise unknown)
+    contrast: Contrast | None  # its log ratio with se and df from both scales' noise (None: noise unknown)
+    refused: str | None = None  # why no scaling verdict may rest on it (CPU ranks with fewer cores each)
 
 
 def baselines(configs: Iterable[Configuration]) -> dict[tuple[str, str], Configuration]:
     """Per (strategy, precision): its configuration at the smallest scale with a per-device throughput."""
     found: dict[tuple[str, str], Configuration] = {}
     for config in configs:
-        if config.stat(tokens_per_second_per_device) is None:
+        if not config.sample(tokens_per_second_per_device).n:
             continue
         key = (config.strategy, config.precision)
         if key not in found or config.scale < found[key].scale:
@@ -214,38 +278,55 @@ def baselines(configs: Iterable[Configuration]) -> dict[tuple[str, str], Configu
     return found
 
 
+def unequal_cores(config: Configuration, baseline: Configuration) -> str | None:
+    """Why a CPU efficiency says nothing about scaling: its ranks had other resources than the baseline's. More
+    processes in pods of a fixed CPU budget give each rank a smaller share (2 CPUs: 1 core per rank for 2
+    ranks, 0.5 for 4), so per-device throughput falls about as 1/k by construction."""
+    here, there = config.per_rank, baseline.per_rank
+    if config.scale.gpu or here is None or there is None or here == there:
+        return None
+    return (f"not a scaling measurement: {config.label} {config.scale.label} ran at {here}, its baseline "
+            f"{baseline.scale.label} at {there}; in pods of a fixed CPU budget more processes get fewer cores "
+            "each, so per-device throughput falls by construction (give each pod cores in proportion to its "
+            "processes)")
+
+
 def efficiencies(configs: list[Configuration]) -> list[Efficiency]:
     """Scaling efficiency of every configuration whose strategy and precision also ran at a smaller scale:
-    mean tokens/s per device ÷ the baseline's mean. Spread: efficiency × (the two coefficients of variation
-    added), the first-order bound for a ratio; unknown when either side was measured once. Interval: the ratio's
-    from the sweep's pooled noise of tokens/s per device (noise.ratio_interval)."""
+    the geometric mean of its tokens/s per device ÷ the baseline's. Spread: efficiency × (the two coefficients of
+    variation added), the first-order bound for a ratio; unknown when either side was measured once. Contrast:
+    the same ratio on the log scale with both scales' noise of tokens/s per device (noise.ratio); `refused`
+    where the CPU ranks had other cores each than the baseline's (unequal_cores)."""
     base = baselines(configs)
-    per_device = noise(configs, tokens_per_second_per_device)
+    per_device = noise_model(configs, tokens_per_second_per_device)
     found = []
     for config in configs:
         baseline = base.get((config.strategy, config.precision))
-        here = config.stat(tokens_per_second_per_device)
-        if baseline is None or baseline is config or here is None:
+        if baseline is None or baseline is config:
             continue
-        there = baseline.stat(tokens_per_second_per_device)
-        value = here.mean / there.mean
+        mine, theirs = config.sample(tokens_per_second_per_device), baseline.sample(tokens_per_second_per_device)
+        if not mine.n or not theirs.n:
+            continue
+        here, there = config.stat(tokens_per_second_per_device), baseline.stat(tokens_per_second_per_device)
+        value = mine.geometric_mean / theirs.geometric_mean
         spread = None
         if here.spread is not None and there.spread is not None:
             spread = value * (here.spread / here.mean + there.spread / there.mean)
-        interval = ratio_interval([config.values(tokens_per_second_per_device)],
-                                  [baseline.values(tokens_per_second_per_device)], per_device)
-        found.append(Efficiency(config, baseline, Stat(value, spread, here.n), interval))
+        contrast = ratio([mine], [theirs], per_device)
+        found.append(Efficiency(config, baseline, Stat(value, spread, here.n), contrast,
+                                unequal_cores(config, baseline)))
     return found
 
 
 def run_efficiency(run: RunStatus, configs: list[Configuration]) -> float | None:
-    """One run's tokens/s per device ÷ its baseline configuration's mean (the CSV's per-run figure; their
-    mean over a configuration's repeats is the configuration's efficiency)."""
+    """One run's tokens/s per device ÷ its baseline configuration's geometric mean (the CSV's per-run figure;
+    their geometric mean over a configuration's repeats is the configuration's efficiency)."""
     baseline = baselines(configs).get((run.strategy, run.precision))
     value = tokens_per_second_per_device(run)
-    if baseline is None or baseline.scale == scale_of(run) or value is None:
+    if baseline is None or baseline.scale == scale_of(run) or not value or value <= 0:
         return None
-    return value / baseline.stat(tokens_per_second_per_device).mean
+    theirs = baseline.sample(tokens_per_second_per_device)
+    return value / theirs.geometric_mean if theirs.n else None
 
 
 def hardware(runs: Iterable[RunStatus]) -> str:

@@ -1,60 +1,232 @@
-"""The sweep's own noise, and the confidence interval of every ratio a decision rests on.
+"""How much one run's figure varies, per configuration, and the confidence interval of every ratio a decision
+rests on. Definitions: docs/analysis.md, "Noise and intervals".
 
-Model (docs/analysis.md, "Noise and intervals"): for one figure (tokens/s, peak memory, cost per token, ...)
-a run measures its configuration's true value times a noise factor whose relative size is the same for every
-configuration of the sweep: they ran on the same machine, model and steps. That relative size is estimated
-from the repeats, pooled over configurations: the **pooled coefficient of variation**
+Model: a run measures its configuration's true value times a noise factor, exp(ε) with ε ~ N(0, σ_c²). Every
+ratio is taken on the log scale, so a configuration's figure is summarised by the mean of its logs (its
+geometric mean) and its noise by the standard deviation of its logs (≈ the coefficient of variation).
 
-    cv² = Σ_c Σ_i (x_ci / x̄_c − 1)² / df,    df = Σ_c (n_c − 1)
+Noise is estimated where it belongs (`estimate`):
+- **pooled per scale**: the configurations of one scale (same machine, model and steps) share σ², estimated from
+  their repeats together (one-way ANOVA's mean square error on the logs; df = Σ (n_c − 1));
+- **its own** for a configuration that is *far noisier* than the rest of its scale: its own variance over the
+  pooled variance of the others exceeds the F distribution's 1 − FAR_NOISIER quantile. It then keeps its own
+  variance (df n_c − 1) and leaves the pool. One noisy configuration no longer passes for quiet, and never
+  makes the quiet ones look noisy;
+- a configuration measured once takes its scale's pool (nothing else can be known about it).
 
-(one-way ANOVA's mean square error, on relative deviations). A configuration measured once adds nothing to
-it; with no configuration measured twice df = 0 and there is no interval: "not decided: needs repeats ≥ 2".
-
-The interval of a ratio of two configurations' means x̄_a / x̄_b is t-based on the log scale (first order, the
-delta method): ln(x̄_a / x̄_b) ± t(1 − α/2, df) · cv · √(1/n_a + 1/n_b). Products and quotients of more means
-(an efficiency over another) add their 1/n terms. Pure functions; scipy gives the t quantiles.
+The interval of a product of means over another (`ratio`) is a Student t interval on the log scale with
+se² = Σ V_g / n_g; the degrees of freedom are Welch–Satterthwaite's over the distinct variance estimates used
+(a scale's pool counts once however many of its configurations take part). Every value must be > 0: a ratio of
+a 0 (an energy counter that never advanced) is not a measurement, and `ValueError` says so. Pure functions;
+scipy gives the t and F distributions.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from scipy.stats import t as student_t
+from scipy.special import fdtrc, stdtr, stdtrit  # F survival, Student t cdf and quantile (fast ufuncs)
 
-CONFIDENCE = 0.95  # of every interval a decision uses
+CONFIDENCE = 0.95  # of every decision, before the report's multiplicity correction (Holm)
+FAR_NOISIER = 0.05  # one-sided level of the F test that gives a configuration its own noise
+POWER = 0.8  # the chance at which "rounds needed" would resolve a true difference of the size asked
+MAX_ROUNDS = 1000  # beyond this, "rounds needed" says "more than"
+
+
+def logs(values: Iterable[float], what: str = "a figure") -> list[float]:
+    """ln of every value; a value ≤ 0 is refused (ValueError naming it): no ratio or noise is defined there."""
+    found = []
+    for value in values:
+        if not value > 0:
+            raise ValueError(f"{what} is {value}: ratios and noise need values > 0 (0 is not a measurement)")
+        found.append(math.log(value))
+    return found
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """exp(mean ln x); values all alike give that value exactly (no rounding through exp and log)."""
+    if values and all(v == values[0] for v in values) and values[0] > 0:
+        return float(values[0])
+    return math.exp(statistics.fmean(logs(values)))
 
 
 @dataclass(frozen=True)
-class Noise:
-    """The pooled coefficient of variation of one figure over a sweep's configurations, and its degrees of
-    freedom (0: no configuration was measured twice, so the noise is unknown)."""
+class Sample:
+    """One configuration's repeats of one figure: `name`, the `pool` it belongs to (its scale), its values and
+    the round each was measured in (`rounds`, aligned with `values`; empty when unknown)."""
 
-    cv: float
-    df: int
-
-    @classmethod
-    def pooled(cls, groups: Iterable[Sequence[float]]) -> Noise:
-        squares, df = 0.0, 0
-        for values in groups:
-            if len(values) < 2:
-                continue
-            mean = statistics.fmean(values)
-            squares += sum((x / mean - 1) ** 2 for x in values)
-            df += len(values) - 1
-        return cls(math.sqrt(squares / df) if df else 0.0, df)
+    name: str
+    pool: str
+    values: tuple[float, ...]
+    rounds: tuple[int | None, ...] = ()
 
     @property
-    def known(self) -> bool:
-        return self.df > 0
+    def n(self) -> int:
+        return len(self.values)
 
+    @property
+    def log_mean(self) -> float:
+        return statistics.fmean(logs(self.values, self.name))
+
+    @property
+    def geometric_mean(self) -> float:
+        return geometric_mean(self.values)
+
+    def log_squares(self) -> float:
+        """Σ (ln x − mean ln x)²."""
+        found = logs(self.values, self.name)
+        mean = statistics.fmean(found)
+        return sum((y - mean) ** 2 for y in found)
+
+    def by_round(self) -> dict[int, float]:
+        """ln x per round (rounds without a number left out)."""
+        return {r: y for r, y in zip(self.rounds, logs(self.values, self.name)) if r is not None}
+
+
+@dataclass(frozen=True)
+class Variance:
+    """The variance of one run's log figure and its degrees of freedom. `source` names the estimate: two
+    configurations of one pool share the same estimate (it is counted once in Welch–Satterthwaite)."""
+
+    value: float
+    df: float
+    source: str
+    own: bool = False  # a far-noisier configuration's own estimate
+
+    @property
+    def cv(self) -> float:
+        """Standard deviation of ln x: the relative noise of one run (≈ its coefficient of variation)."""
+        return math.sqrt(self.value)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A scale's pooled noise: `variance` over `members` (configurations measured twice or more), and the far
+    noisier configurations that keep their own."""
+
+    name: str
+    variance: Variance | None  # None: no configuration of this pool was measured twice
+    members: tuple[str, ...]
+    noisier: tuple[str, ...] = ()
+    round_share: float | None = None  # share of the configurations' spread the rounds explain (paired only)
+
+
+Part = tuple[str, float, float]  # (pool, Σ squares, degrees of freedom) of one configuration
+
+
+@dataclass
+class NoiseModel:
+    """Per configuration name, the variance its comparisons use (None: unknown); per pool, its estimate.
+    `paired`: the same after each round's shared effect is taken out (the rounds as blocks), for the
+    configurations that ran in every round (`complete`); `round_effects`: each round's effect (ln)."""
+
+    variances: dict[str, Variance | None] = field(default_factory=dict)
+    pools: list[Pool] = field(default_factory=list)
+    paired: NoiseModel | None = None
+    complete: frozenset[str] = frozenset()
+    round_effects: dict[int, float] = field(default_factory=dict)
+    parts: dict[str, Part] = field(default_factory=dict)  # each configuration's own (pool, Σ squares, df)
+
+    def of(self, name: str) -> Variance | None:
+        return self.variances.get(name)
+
+    def own_cv(self, name: str) -> float | None:
+        """A configuration's own noise (its Σ squares over its degrees of freedom), whatever its comparisons use."""
+        part = self.parts.get(name)
+        return math.sqrt(part[1] / part[2]) if part and part[2] > 0 else None
+
+
+def _pooled(parts: Sequence[Part], source: str) -> Variance | None:
+    df = sum(part[2] for part in parts)
+    if not df:
+        return None
+    return Variance(sum(part[1] for part in parts) / df, df, source)
+
+
+def far_noisier(own: Variance, others: Variance | None, level: float = FAR_NOISIER) -> bool:
+    """Whether `own` exceeds the others' pooled variance beyond chance: F = own / others above the F(own.df,
+    others.df) distribution's 1 − level quantile (one-sided)."""
+    if others is None or own.df <= 0:
+        return False
+    if others.value == 0:
+        return own.value > 0
+    return float(fdtrc(own.df, others.df, own.value / others.value)) < level
+
+
+def _pools(parts: dict[str, Part], names: dict[str, str], level: float, prefix: str = "") -> NoiseModel:
+    """Each pool's variance over its configurations' parts, and a configuration's own where it is far noisier
+    than the rest of its pool (tested against the pool of the others, leaving itself out). `names`: every
+    configuration and its pool (those without a part take their pool's)."""
+    model = NoiseModel(parts=dict(parts))
+    for pool in dict.fromkeys(names.values()):
+        members = {name: part for name, part in parts.items() if part[0] == pool and part[2] > 0}
+        noisier = []
+        for name, part in members.items():
+            own = Variance(part[1] / part[2], part[2], f"{prefix}own:{name}", own=True)
+            others = _pooled([p for n, p in members.items() if n != name], pool)
+            if far_noisier(own, others, level):
+                noisier.append(name)
+                model.variances[name] = own
+        kept = [p for n, p in members.items() if n not in noisier]
+        pooled = _pooled(kept, f"{prefix}pool:{pool}")
+        for name, its_pool in names.items():
+            if its_pool == pool:
+                model.variances.setdefault(name, pooled)
+        model.pools.append(Pool(pool, pooled, tuple(n for n in members if n not in noisier), tuple(noisier)))
+    return model
+
+
+def estimate(samples: Iterable[Sample], level: float = FAR_NOISIER) -> NoiseModel:
+    """The noise of every configuration (unpaired: the spread of its own repeats) and, where the sweep ran in
+    rounds, the paired model: the same after each round's effect, shared by every configuration, is taken out."""
+    samples = list(samples)
+    names = {s.name: s.pool for s in samples}
+    raw = {s.name: (s.pool, s.log_squares(), s.n - 1) for s in samples if s.n >= 2}
+    model = _pools(raw, names, level)
+    paired = _rounds_model(samples, names, level)
+    if paired is not None:
+        model.paired, model.complete, model.round_effects = paired
+    return model
+
+
+def _rounds_model(samples: list[Sample], names: dict[str, str],
+                  level: float) -> tuple[NoiseModel, frozenset[str], dict[int, float]] | None:
+    """Two-way model ln x_cr = μ_c + ρ_r + ε_cr over the configurations measured in every round (complete):
+    ρ_r = the mean over them of (ln x_cr − their mean); residuals e_cr = ln x_cr − mean_c − ρ_r. A configuration's
+    residual variance has (R − 1)(K − 1) / K degrees of freedom (K complete configurations, R rounds: one-way
+    ANOVA's (R − 1)(K − 1) shared out). None below 2 rounds or 2 complete configurations."""
+    rounds = sorted({r for s in samples for r in s.by_round()})
+    complete = [s for s in samples if len(s.by_round()) == len(rounds) == s.n]
+    if len(rounds) < 2 or len(complete) < 2:
+        return None
+    logs_ = {s.name: s.by_round() for s in complete}
+    means = {name: statistics.fmean(values.values()) for name, values in logs_.items()}
+    effects = {r: statistics.fmean(logs_[name][r] - means[name] for name in logs_) for r in rounds}
+    df = (len(rounds) - 1) * (len(complete) - 1) / len(complete)
+    residual = {s.name: (s.pool, sum((logs_[s.name][r] - means[s.name] - effects[r]) ** 2 for r in rounds), df)
+                for s in complete}
+    paired = _pools(residual, {s.name: s.pool for s in complete}, level, prefix="paired:")
+    within = {s.name: s.log_squares() for s in complete}
+    paired.pools = [Pool(p.name, p.variance, p.members, p.noisier, _share(p.name, residual, within))
+                    for p in paired.pools]
+    return paired, frozenset(logs_), effects
+
+
+def _share(pool: str, residual: dict[str, Part], within: dict[str, float]) -> float | None:
+    """1 − Σ residual squares ÷ Σ squares about each configuration's mean, over the pool's complete
+    configurations: the share of their spread that the rounds' shared effects explain."""
+    total = sum(within[name] for name, part in residual.items() if part[0] == pool)
+    left = sum(part[1] for part in residual.values() if part[0] == pool)
+    return 1 - left / total if total > 0 else None
 
 
 @dataclass(frozen=True)
 class Interval:
-    """A ratio of means with its confidence interval: `estimate` in [`low`, `high`] at `confidence`."""
+    """A ratio (or a mean) with its confidence interval: `estimate` in [`low`, `high`] at `confidence`."""
 
     estimate: float
     low: float
@@ -75,58 +247,162 @@ class Interval:
         return f"{self.estimate - 1:+.1%} [{self.low - 1:+.1%}, {self.high - 1:+.1%}]"
 
 
-def t_quantile(confidence: float, df: int) -> float:
+def t_quantile(confidence: float, df: float) -> float:
     """Two-sided Student t quantile: t(1 − α/2, df) for α = 1 − confidence."""
-    return float(student_t.ppf(1 - (1 - confidence) / 2, df))
+    return float(stdtrit(df, 1 - (1 - confidence) / 2))
 
 
-def ratio_interval(numerator: Sequence[Sequence[float]], denominator: Sequence[Sequence[float]], noise: Noise,
-                   confidence: float = CONFIDENCE) -> Interval | None:
-    """Interval of Π mean(numerator groups) ÷ Π mean(denominator groups) (each group: one configuration's
-    repeats), or None when the noise is unknown. One group on each side is the plain ratio x̄_a / x̄_b."""
-    groups = [*numerator, *denominator]
-    if not noise.known or any(not values or min(values) <= 0 for values in groups):
+@dataclass(frozen=True)
+class Contrast:
+    """An estimate with its standard error and degrees of freedom: on the log scale (`log`: a ratio, shown as
+    exp) or on the linear scale (a mean, such as a loss gap). se = 0 is an exact figure (no noise)."""
+
+    center: float
+    se: float
+    df: float
+    log: bool = True
+    paired: bool = False  # from within-round ratios (the rounds' shared effects cancel)
+
+    @property
+    def estimate(self) -> float:
+        return math.exp(self.center) if self.log else self.center
+
+    def interval(self, confidence: float = CONFIDENCE) -> Interval:
+        half = 0.0 if self.se == 0 else t_quantile(confidence, self.df) * self.se
+        low, high = self.center - half, self.center + half
+        if self.log:
+            return Interval(math.exp(self.center), math.exp(low), math.exp(high), confidence)
+        return Interval(self.center, low, high, confidence)
+
+    def p_value(self, threshold: float = 1.0) -> float:
+        """Two-sided p-value of "the figure equals `threshold`": the α at which the 1 − α interval starts to
+        exclude it (0 for an exact figure off the threshold, 1 on it)."""
+        distance = abs(self.center - (math.log(threshold) if self.log else threshold))
+        if self.se == 0:
+            return 0.0 if distance > 0 else 1.0
+        return float(2 * stdtr(self.df, -distance / self.se))
+
+    def p_within(self, margin: float) -> float:
+        """Two-sided p-value of "the ratio lies within 1 ± margin" (equivalence): the α at which the 1 − α
+        interval starts to fit inside (1/(1 + margin), 1 + margin) on the log scale (1: it never does)."""
+        room = math.log(1 + margin) - abs(self.center)
+        if room <= 0:
+            return 1.0
+        if self.se == 0:
+            return 0.0
+        return float(2 * stdtr(self.df, -room / self.se))
+
+    def rounds_to_resolve(self, rounds: int, level: float, effect: float, power: float = POWER,
+                          most: int = MAX_ROUNDS) -> int | None:
+        """Rounds in all at which a true ratio of exp(±`effect`) would be decided at `level` with probability
+        `power`, at this contrast's per-round noise: the smallest k with (t(1 − level/2, ν_k) + t(power, ν_k)) ·
+        se·√(rounds / k) ≤ effect, the degrees of freedom growing with the rounds (ν_k = ν·(k − 1)/(rounds − 1)).
+        None: more than `most` (a difference of 0 never resolves)."""
+        if effect <= 0:
+            return None
+        for k in range(max(rounds, 2), most + 1):
+            df = self.df * (k - 1) / (rounds - 1) if rounds > 1 and math.isfinite(self.df) else self.df
+            df = max(df, 1.0)
+            quantiles = float(stdtrit(df, 1 - level / 2)) + float(stdtrit(df, power))
+            if quantiles * self.se * math.sqrt(rounds / k) <= effect:
+                return k
         return None
-    log_ratio = math.log(product_of_means(numerator)) - math.log(product_of_means(denominator))
-    half_width = t_quantile(confidence, noise.df) * noise.cv * math.sqrt(sum(1 / len(v) for v in groups))
-    return Interval(math.exp(log_ratio), math.exp(log_ratio - half_width), math.exp(log_ratio + half_width),
-                    confidence)
+
+    def side(self, threshold: float = 1.0) -> int:
+        """+1 when the estimate lies above the threshold, −1 below, 0 on it."""
+        reference = math.log(threshold) if self.log else threshold
+        return (self.center > reference) - (self.center < reference)
 
 
-def between_sweeps(a: Sequence[float], a_noise: Noise, b: Sequence[float], b_noise: Noise,
-                   confidence: float = CONFIDENCE) -> Interval | None:
-    """Interval of mean(b) ÷ mean(a) for one configuration measured in two sweeps (two machines, two clusters),
-    each with its own noise: se² = cv_a²/n_a + cv_b²/n_b on the log scale, with Welch–Satterthwaite's degrees
-    of freedom. None when either sweep's noise is unknown."""
-    if not (a_noise.known and b_noise.known) or not a or not b or min(*a, *b) <= 0:
+def satterthwaite(terms: Sequence[tuple[float, Variance]]) -> tuple[float, float]:
+    """se² = Σ coefficient · V over distinct estimates, and its Welch–Satterthwaite degrees of freedom."""
+    weights: dict[str, list] = {}
+    for coefficient, variance in terms:
+        entry = weights.setdefault(variance.source, [0.0, variance])
+        entry[0] += coefficient
+    parts = [(coefficient * variance.value, variance.df) for coefficient, variance in weights.values()]
+    se2 = sum(part for part, _ in parts)
+    if se2 == 0:
+        return 0.0, math.inf
+    return se2, se2**2 / sum(part**2 / df for part, df in parts if part > 0)
+
+
+def ratio(numerator: Sequence[Sample], denominator: Sequence[Sample], model: NoiseModel) -> Contrast | None:
+    """Π geometric means(numerator) ÷ Π geometric means(denominator) on the log scale, with se² = Σ V_g / n_g;
+    None when a sample is empty or a variance unknown (nothing measured twice at its scale).
+
+    Paired where every sample ran in every round (and the ratio is balanced, as many samples over as under):
+    the estimate is then the mean of the within-round log ratios, in which each round's shared effect cancels,
+    and the variances are the paired model's (the spread left once the rounds' effects are out). Otherwise
+    unpaired: each configuration's own spread, round effects included."""
+    samples = [*numerator, *denominator]
+    if any(s.n == 0 for s in samples):
         return None
-    var_a, var_b = a_noise.cv**2 / len(a), b_noise.cv**2 / len(b)
-    if var_a + var_b == 0:
-        ratio = statistics.fmean(b) / statistics.fmean(a)
-        return Interval(ratio, ratio, ratio, confidence)
-    df = (var_a + var_b) ** 2 / (var_a**2 / a_noise.df + var_b**2 / b_noise.df)
-    half_width = float(student_t.ppf(1 - (1 - confidence) / 2, df)) * math.sqrt(var_a + var_b)
-    log_ratio = math.log(statistics.fmean(b) / statistics.fmean(a))
-    return Interval(math.exp(log_ratio), math.exp(log_ratio - half_width), math.exp(log_ratio + half_width),
-                    confidence)
+    paired = (model.paired is not None and len(numerator) == len(denominator)
+              and all(s.name in model.complete for s in samples))
+    variances = [(model.paired if paired else model).of(s.name) for s in samples]
+    if any(v is None for v in variances):
+        return None
+    center = sum(s.log_mean for s in numerator) - sum(s.log_mean for s in denominator)
+    se2, df = satterthwaite([(1 / s.n, v) for s, v in zip(samples, variances)])
+    return Contrast(center, math.sqrt(se2), df, paired=paired)
 
 
-def product_of_means(groups: Sequence[Sequence[float]]) -> float:
-    """Π mean(group): the point estimate `ratio_interval` puts an interval around (numerator over denominator)."""
-    return math.prod(statistics.fmean(values) for values in groups)
-
-
-def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
-    """Interval of the mean of one sample on the linear scale (x̄ ± t · s / √n), for figures that are not
-    ratios (the loss gap); None below 2 values."""
+def mean_contrast(values: Sequence[float]) -> Contrast | None:
+    """The mean of one sample on the linear scale (x̄, s / √n, n − 1), for figures that are not ratios (a loss
+    gap, a hidden share); None below 2 values."""
     if len(values) < 2:
         return None
-    mean = statistics.fmean(values)
-    half_width = t_quantile(confidence, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return Interval(mean, mean - half_width, mean + half_width, confidence)
+    return Contrast(statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values)), len(values) - 1,
+                    log=False)
+
+
+def between_sweeps(a: Sample, a_noise: Variance | None, b: Sample, b_noise: Variance | None) -> Contrast | None:
+    """mean(b) ÷ mean(a) for one configuration measured in two sweeps (two machines, two clusters), each with
+    its own noise: Welch on the log scale. None when either noise is unknown."""
+    if a_noise is None or b_noise is None or not a.n or not b.n:
+        return None
+    a_noise = Variance(a_noise.value, a_noise.df, f"a:{a_noise.source}")
+    b_noise = Variance(b_noise.value, b_noise.df, f"b:{b_noise.source}")
+    se2, df = satterthwaite([(1 / a.n, a_noise), (1 / b.n, b_noise)])
+    return Contrast(b.log_mean - a.log_mean, math.sqrt(se2), df)
+
+
+# ------------------------------------------------------------------ many decisions
+def looks(spec_sweep: dict[str, Any] | None) -> int:
+    """How many times a repeat-until-decided sweep may decide (sweep.maxRepeats − repeats + 1; 1 otherwise)."""
+    sweep = spec_sweep or {}
+    low = int(sweep.get("repeats") or 1)
+    high = int(sweep.get("maxRepeats") or low)
+    return max(1, high - max(low, 2) + 1) if high > low else 1
+
+
+def holm(p_values: Sequence[float], alpha: float = 1 - CONFIDENCE) -> list[float]:
+    """Holm's step-down levels: the j-th smallest of m p-values is tested at α / (m − j + 1) while every
+    smaller one was rejected; from the first that is not, every later one keeps that level (so its interval at
+    that level still contains the threshold). Returns each hypothesis's confidence, 1 − its level. The chance
+    that any of the m decisions is wrong stays at most α."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    levels = [0.0] * len(p_values)
+    stopped: float | None = None
+    for rank, index in enumerate(order):
+        level = stopped if stopped is not None else alpha / (len(p_values) - rank)
+        if stopped is None and p_values[index] > level:
+            stopped = level
+        levels[index] = level
+    return [1 - level for level in levels]
 
 
 def family_confidence(comparisons: int, confidence: float = CONFIDENCE) -> float:
     """Bonferroni: each of m comparisons at 1 − α/m, so that a claim checked m times (once per strategy, say)
     is wrongly decided with probability at most α, not m · α."""
     return 1 - (1 - confidence) / max(1, comparisons)
+
+
+@dataclass
+class Pending:
+    """A decision stated but not yet taken: its p-value (None: nothing to decide, e.g. the noise is unknown) and
+    how to conclude it at a given confidence (the level Holm gives it among the report's decisions)."""
+
+    p_value: float | None
+    conclude: Callable[[float], Any]

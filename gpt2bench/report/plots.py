@@ -202,7 +202,7 @@ def breakdown_chart(path: Path, configs: list[Configuration]) -> bool:
     has a breakdown."""
     rows = []
     for config in configs:
-        parts = [config.stat(result(field)) for _, field in BREAKDOWN_PARTS]
+        parts = [config.breakdown_stat(result(field)) for _, field in BREAKDOWN_PARTS]  # the breakdown round's
         if all(stat is not None for stat in parts):
             rows.append((f"{config.label}\n{config.scale.label}", [stat.mean * 1e3 for stat in parts]))
     if not rows:
@@ -255,7 +255,7 @@ def write_plots(doc: ResultsDocument, curves: dict[str, list[dict[str, Any]]],
     if breakdown_chart(directory / BREAKDOWN_PLOT, configs):
         written.append(BREAKDOWN_PLOT)
     else:
-        notes.append("No breakdown plot: no succeeded run has a step breakdown (trainer option --breakdown).")
+        notes.append("No breakdown plot: no succeeded run has a step breakdown (sweep.breakdown).")
     rows = doc.analysis.scaling if doc.analysis else []
     if rows:
         scaling_chart(directory / SCALING_PLOT, rows, hardware(doc.runs))

@@ -298,14 +298,45 @@ _SERVERS_SPREAD = ("!has(self.scales) || self.strategies.all(s, !(s.name in ['ps
                    "(has(c.nodes) ? c.nodes : 1) == 0))")
 
 
+# CEL: the rounds a sweep may plan, each running every configuration once: its repeats (maxRepeats where the
+# sweep repeats until decided), plus the breakdown round (sweep.breakdown separate, the default) where there are
+# 2 repeats or more (SweepSpec.rounds).
+_REPEATS = "(has(self.maxRepeats) ? self.maxRepeats : has(self.repeats) ? self.repeats : 1)"
+_ROUNDS = (f"({_REPEATS} + ({_REPEATS} > 1 && (!has(self.breakdown) || self.breakdown == 'separate') ? 1 : 0))")
+Breakdown = Literal["separate", "inline", "off"]
+
+
+class BudgetSpec(SpecModel):
+    """What a sweep that repeats until decided may spend before it stops (docs/analysis.md, Repeat until
+    decided): a round is added only when it is expected to fit."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("has(self.wallSeconds) || has(self.gpuHours)", "set wallSeconds and/or gpuHours (a budget without a limit)"),
+    ))
+
+    wall_seconds: int | None = Field(None, ge=1, le=30 * 24 * 3600,
+                                     description="Wall time from the sweep's start, in seconds.")
+    gpu_hours: float | None = Field(None, gt=0, le=1e6,
+                                    description="GPU-hours held by the sweep's runs (GPUs x their runs' hours).")
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> BudgetSpec:
+        if self.wall_seconds is None and self.gpu_hours is None:
+            raise RuleError([(("wallSeconds",), "set wallSeconds and/or gpuHours (a budget without a limit)")])
+        return self
+
+
 class SweepSpec(SpecModel):
     """What is compared: every strategy x precision x scale is a configuration, run `repeats` times."""
 
     model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.maxRepeats) || self.maxRepeats > $repeats",
+         "maxRepeats must be more than repeats (the rounds always run; more are added until decided)"),
+        ("!has(self.budget) || has(self.maxRepeats)", "budget needs maxRepeats (it limits the rounds added)"),
         (f"size(self.strategies) * (has(self.precisions) ? size(self.precisions) : 1) * "
-         f"(has(self.scales) ? size(self.scales) : 1) * (has(self.repeats) ? self.repeats : 1) <= {MAX_RUNS}",
-         f"strategies x precisions x scales x repeats must be at most {MAX_RUNS} runs: split the sweep into "
-         "several GPT2Benchmarks"),
+         f"(has(self.scales) ? size(self.scales) : 1) * {_ROUNDS} <= {MAX_RUNS}",
+         f"strategies x precisions x scales x rounds (repeats, plus the breakdown round) must be at most "
+         f"{MAX_RUNS} runs: split the sweep into several GPT2Benchmarks"),
         ("!self.strategies.exists(s, s.name == 'dataparallel') || !has(self.scales) || "
          "self.scales.all(c, !has(c.nodes) || c.nodes == 1)",
          "dataparallel runs in one process on one node: every scale's nodes must be 1"),
@@ -326,14 +357,39 @@ class SweepSpec(SpecModel):
                                     description="Scales to compare; default: one pod, CPU, one process.")
     repeats: int = Field(
         1, ge=1, le=20,
-        description="Runs of every configuration; with 2 or more the report gives mean and spread (docs/analysis.md).",
+        description="Rounds: every configuration runs once per round, in a shuffled order; with 2 or more the report "
+                    "decides only beyond the measured noise (docs/analysis.md).",
     )
+    max_repeats: int | None = Field(
+        None, ge=2, le=20,
+        description="Repeat until decided: after `repeats` rounds, add whole rounds while the fastest decision of "
+                    "some scale is unresolved, up to this many and within `budget` (docs/analysis.md).")
+    min_effect: float | None = Field(
+        None, gt=0, lt=1,
+        description="The smallest difference that matters (0.05: 5 %): a rival within it of the top-ranked is "
+                    "equivalent, which resolves a decision; the report says how many rounds would resolve it.")
+    budget: BudgetSpec | None = Field(None, description="What added rounds may spend (with maxRepeats).")
+    breakdown: Breakdown = Field(
+        "separate",
+        description="Where the step breakdown's timing hooks run: separate (one extra round first, used in no "
+                    "decision, so that no decision figure is slowed by the hooks; with 1 repeat its only round), "
+                    "inline (every run: decisions include the hooks' cost) or off (no breakdown).")
+    order_seed: int | None = Field(
+        None, ge=0, le=MAX_SEED,
+        description="Seed of the rounds' shuffled order (round r shuffles with orderSeed + r); default: derived from "
+                    "the benchmark's name. Recorded in the status.")
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> SweepSpec:
         """A precision or a scale listed twice would run the same runs twice: the second is refused (strategies
         are checked with the other cross-field rules; `repeats` is how to measure a run more than once)."""
-        errors = [(("precisions", i), f"{shown(precision)} is listed twice")
+        errors = []
+        if self.max_repeats is not None and self.max_repeats <= self.repeats:
+            errors.append((("maxRepeats",), f"{self.max_repeats} must be more than repeats ({self.repeats}): the "
+                           "rounds always run; more are added until decided"))
+        if self.budget is not None and self.max_repeats is None:
+            errors.append((("budget",), "needs maxRepeats (it limits the rounds added)"))
+        errors += [(("precisions", i), f"{shown(precision)} is listed twice")
                   for i, precision in enumerate(self.precisions) if precision in self.precisions[:i]]
         seen: dict[tuple[int, int, int], int] = {}
         for i, scale in enumerate(self.scales):
@@ -348,9 +404,20 @@ class SweepSpec(SpecModel):
         return self
 
     @property
+    def breakdown_round(self) -> bool:
+        """Whether a separate breakdown round runs before the decision rounds (it needs 2 repeats to matter: with
+        1 nothing is decided, and that one round times the breakdown)."""
+        return self.breakdown == "separate" and (self.repeats > 1 or self.max_repeats is not None)
+
+    @property
+    def rounds(self) -> int:
+        """The most rounds this sweep may plan (with maxRepeats, every round it may add)."""
+        return (self.max_repeats or self.repeats) + self.breakdown_round
+
+    @property
     def size(self) -> int:
         """Runs as written (plan_runs may merge some: `single` is the same run at every scale)."""
-        return len(self.strategies) * len(self.precisions) * len(self.scales) * self.repeats
+        return len(self.strategies) * len(self.precisions) * len(self.scales) * self.rounds
 
 
 class ResourcesSpec(SpecModel):
@@ -674,8 +741,10 @@ def cross_field_errors(spec: GPT2BenchmarkSpec):
     if sweep.size > MAX_RUNS:
         yield ("spec", "sweep"), (
             f"{len(sweep.strategies)} strategies x {len(sweep.precisions)} precisions x {len(sweep.scales)} scales "
-            f"x {sweep.repeats} repeats = {sweep.size} runs, more than {MAX_RUNS} per GPT2Benchmark (its status "
-            "holds every run): split the sweep into several GPT2Benchmarks, e.g. one per group of scales")
+            f"x {sweep.max_repeats or sweep.repeats} {'maxRepeats' if sweep.max_repeats else 'repeats'}"
+            f"{' (+1 breakdown round)' if sweep.breakdown_round else ''} = {sweep.size} "
+            f"runs, more than {MAX_RUNS} per GPT2Benchmark (its status holds every run): split the sweep into several "
+            "GPT2Benchmarks, e.g. one per group of scales")
     names = [s.name for s in sweep.strategies]
     widest = 1  # processes in one pod, parameter servers included: each serves metrics on port + local rank
     for i, strategy in enumerate(sweep.strategies):

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     for benchmark in benchmarks:
         sweep = benchmark.spec.sweep
         print(f"{args.file}: {benchmark.name}: valid, {sweep.size} runs as written ({len(sweep.strategies)} strategies "
-              f"x {len(sweep.precisions)} precisions x {len(sweep.scales)} scales x {sweep.repeats} repeats)")
+              f"x {len(sweep.precisions)} precisions x {len(sweep.scales)} scales x {sweep.rounds} rounds)")
     return 0
 
 

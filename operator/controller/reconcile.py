@@ -14,7 +14,7 @@ from typing import Any
 
 from gpt2bench import collect
 from gpt2bench import jobkinds as kinds
-from gpt2bench.plan import Run
+from gpt2bench.plan import Run, seed_for
 from gpt2bench.spec.model import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     COMPLETE,
@@ -49,6 +49,10 @@ STATUS_DIGITS = 6
 
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 # --- job conditions -------------------------------------------------------------------------------
@@ -95,8 +99,12 @@ def owner_description(job: dict[str, Any]) -> str:
 
 
 def initial_status(runs: list[Run], generation: int | None, now: str) -> BenchmarkStatus:
-    """The status a new sweep starts with: every run Pending, nothing started."""
+    """The status a new sweep starts with: every run Pending, nothing started (and, in rounds, the rounds
+    planned: a sweep that repeats until decided adds more)."""
+    rounds = max((run.repeat or 0 for run in runs), default=0) or None
     status = BenchmarkStatus(
+        rounds_planned=rounds,
+        order_seed=seed_for(runs[0].benchmark, runs[0].spec.sweep.order_seed) if rounds and runs[0].spec else None,
         phase=RUNNING,
         message=f"{len(runs)} runs planned",
         observed_generation=generation,
@@ -376,10 +384,10 @@ def _analyze(runs: list[RunStatus], spec: GPT2BenchmarkSpec | None) -> Any:
     # operator restarted after a crash should serve its sweeps again as soon as it can (docs/reliability.md).
     from gpt2bench.report.analysis import analyze
 
-    return analyze(runs, _camel(spec))
+    return analyze(runs, camel(spec))
 
 
-def _camel(spec: GPT2BenchmarkSpec | None) -> dict[str, Any] | None:
+def camel(spec: GPT2BenchmarkSpec | None) -> dict[str, Any] | None:
     return spec.model_dump(by_alias=True, exclude_none=True, mode="json") if spec else None
 
 

@@ -306,7 +306,7 @@ def _pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run
         raise Unreadable(rc.unreadable_reason(__version__, pinned_by, what)) from error
     except ValueError as error:  # the status (pydantic) or the annotation (JSON)
         raise Unreadable(rc.unreadable_reason(__version__, pinned_by, " ".join(str(error).split()))) from error
-    runs = plan_runs(benchmark)
+    runs = plan_runs(benchmark, rounds=status.rounds_planned)  # with the rounds a sweep added until decided
     planned, recorded = [r.name for r in runs], [r.name for r in status.runs or []]
     if planned != recorded:
         missing = sorted(set(recorded) - set(planned)) or sorted(set(planned) - set(recorded)) or recorded
@@ -373,8 +373,10 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
             entries[entry.name] = pods.follow_start(by_name[entry.name], entry, jobs[entry.job_name], benchmark.spec,
                                                     now)
     current = [entries[entry.name] for entry in old_runs]
+    current, runs, rounds = _add_round(fresh, benchmark, status, current, runs, now)
     current = _start_runs(fresh, benchmark, runs, current, jobs, now, logger)
     summary = rc.summarize(status, current, now, benchmark.spec)
+    summary.rounds_planned, summary.rounds_done, summary.stop_reason = rounds
     _export(fresh, summary)
     generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
     if generation > observed:  # written here, not by the update handler: one writer while Running
@@ -450,6 +452,27 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
             present[entry.job_name] = job
             current[name] = rc.mark_running(entry, now)
     return [current[entry.name] for entry in entries]
+
+
+def _add_round(owner: dict[str, Any], benchmark: Benchmark, status: BenchmarkStatus, current: list[RunStatus],
+               runs: list[Run], now: str) -> tuple[list[RunStatus], list[Run], tuple]:
+    """Repeat until decided (sweep.maxRepeats): once every planned run has finished, one more whole round while a
+    scale's fastest decision is unresolved and the budget allows (report.sequential, the local runner's rule), as
+    Pending entries; else why the sweep stops. The rule reads only the stored runs and times, so a restarted
+    operator continues it. Returns the entries, the runs planned and (rounds planned, rounds done, stop reason)."""
+    rounds = (status.rounds_planned, status.rounds_done, status.stop_reason)
+    if benchmark.spec.sweep.max_repeats is None or any(e.phase not in rc.TERMINAL_RUN_PHASES for e in current):
+        return current, runs, rounds
+    from gpt2bench.report.sequential import next_round
+
+    step = next_round(current, rc.camel(benchmark.spec), status.start_time, rc.parse_rfc3339(now))
+    if not step.add:
+        return current, runs, (status.rounds_planned, step.rounds_done, step.reason)
+    planned = (status.rounds_planned or 0) + 1
+    runs = plan_runs(benchmark, rounds=planned)
+    added = [collect.run_entry(run, phase=rc.PENDING) for run in runs if run.repeat == planned]
+    _event(owner, "Normal", "RoundAdded", step.reason)
+    return current + added, runs, (planned, step.rounds_done, None)
 
 
 def _deleted_since(owner: dict[str, Any]) -> bool:

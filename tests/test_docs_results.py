@@ -1,0 +1,53 @@
+"""The figures the docs quote come from committed results (docs/results/*): each generated section is what
+scripts/docs_results.py writes from its folder, and every figure in it is in that folder's files."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("docs_results", REPO / "scripts" / "docs_results.py")
+docs_results = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(docs_results)
+
+SECTIONS = [(path, match) for path in docs_results.DOCS
+            for match in docs_results.SECTION.finditer(path.read_text(encoding="utf-8"))]
+NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?%?")
+
+
+def figures(text: str) -> list[str]:
+    """The figures of a text: numbers with two digits or more, a decimal point or a percent sign (a single digit
+    is a count or a list marker: "2 repeats", "1×2")."""
+    return [f for f in NUMBER.findall(text) if len(re.sub(r"\D", "", f)) >= 2 or "." in f or "%" in f]
+
+
+def test_the_readme_quotes_the_default_sweep_from_committed_results():
+    readme = REPO / "README.md"
+    assert [m["folder"] for p, m in SECTIONS if p == readme] == ["docs/results/cpu-sweep"]
+    folder = REPO / "docs" / "results" / "cpu-sweep"
+    assert {"results.json", "results.md", "MACHINE.md"} <= {p.name for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize(("path", "match"), SECTIONS, ids=[f"{p.name}:{m['folder']}{m['kind'] or ''}"
+                                                           for p, m in SECTIONS])
+def test_each_section_is_what_its_results_give_and_every_figure_is_in_them(path, match):
+    head = match.group(0).split("\n", 1)[0]
+    doc, machine = docs_results.load(REPO / match["folder"])
+    assert match["body"] == docs_results.KINDS[match["kind"]](doc, machine), (
+        f"{path.name}: {match['folder']} is stale: python scripts/docs_results.py --write")
+    folder = REPO / match["folder"]
+    held = "\n".join((folder / name).read_text(encoding="utf-8") for name in ("results.md", "MACHINE.md"))
+    missing = [f for f in figures(match["body"]) if f not in held]
+    assert not missing, f"{path.name} quotes figures {match['folder']} does not hold: {missing} ({head})"
+
+
+def test_a_figure_that_is_not_in_the_results_is_caught(tmp_path):
+    """The checker itself: a hand-edited number is not in the folder's files."""
+    match = next(m for p, m in SECTIONS if p.name == "README.md")
+    folder = REPO / match["folder"]
+    held = (folder / "results.md").read_text(encoding="utf-8") + (folder / "MACHINE.md").read_text(encoding="utf-8")
+    assert "12,345,678" not in held and figures("ran 12,345,678 tokens/s on 1×2 CPU, +3.5%") == ["12,345,678", "3.5%"]
