@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HELM = ROOT / ".tools" / "bin" / "helm"
 CHART = ROOT / "helm" / "gpt2bench"
 SCRIPT = ROOT / "scripts" / "e2e-kind.sh"
+EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"  # what the e2e script and the notes apply
 KUBECTL = "/usr/bin/kubectl"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420),
@@ -230,6 +231,11 @@ def condition(benchmark: dict[str, Any], type_: str) -> str | None:
 
 # ------------------------------------------------------------------------------- the kind end to end
 
+def configurations(sweep: dict[str, Any]) -> int:
+    """Strategies × precisions × scales: one round's runs."""
+    return len(sweep["strategies"]) * len(sweep["precisions"]) * len(sweep["scales"])
+
+
 def bench_namespace() -> str:
     """The namespace the script creates and applies the example in."""
     return re.search(r"^BENCH_NAMESPACE=(\S+)$", SCRIPT.read_text(), re.M).group(1)
@@ -274,7 +280,9 @@ def test_the_kind_e2e_example_completes_with_the_operator_its_helm_install_makes
         (benchmark,) = benchmarks_everywhere(cluster)
     status = benchmark["status"]
     assert condition(benchmark, "Complete") == "True"
-    assert status["runsSucceeded"] == status["runsTotal"] == len(played.played) == 24
+    sweep = yaml.safe_load(EXAMPLE.read_text())["spec"]["sweep"]
+    assert status["runsSucceeded"] == status["runsTotal"] == len(played.played) == \
+        configurations(sweep) * (1 + sweep["repeats"]), "the breakdown round and `repeats` rounds, no more"
     assert status["backend"] == backend, "spec.backend auto resolves to what the cluster serves"
     report = (work / "report" / "results.md").read_text()
     assert "cpu-sweep" in report and report.strip() in proc.stdout, "the script writes and prints the cluster report"
@@ -379,7 +387,9 @@ def test_the_notes_commands_take_a_user_from_helm_install_to_a_complete_benchmar
     # the emulator prints a watch's later rows without the printer columns; the benchmark's row is what counts
     assert re.search(r"^NAME\s+PHASE\s+DONE\s+RUNS\s", watched) and re.search(r"^cpu-sweep\s", watched, re.M), watched
     as_yaml = next(out for command, out in outputs.items() if command.endswith("-o yaml"))
-    assert len(yaml.safe_load(as_yaml)["status"]["runs"]) == 24
+    sweep, runs = yaml.safe_load(EXAMPLE.read_text())["spec"]["sweep"], yaml.safe_load(as_yaml)["status"]["runs"]
+    rounds, extra = divmod(len(runs), configurations(sweep))
+    assert extra == 0 and 1 + sweep["repeats"] <= rounds <= 1 + sweep["maxRepeats"], len(runs)  # breakdown + rounds
     everywhere = next(out for command, out in outputs.items() if "--all-namespaces" in command)
     assert re.search(r"^gpt2bench-system\s+cpu-sweep\s+Succeeded\s", everywhere, re.M), everywhere
 

@@ -19,6 +19,7 @@ from gpt2bench.trainer import aggregates
 from gpt2bench.trainer.aggregates import StepTimes, ThinnedSteps, fold
 from gpt2bench.trainer.breakdown import PHASES, summarize_breakdown
 from gpt2bench.trainer.config import TrainConfig
+from gpt2bench.trainer.stationarity import halves_ratio
 from gpt2bench.trainer.metrics import MetricsProcessor
 from gpt2bench.trainer.summary import percentile, steps_line
 
@@ -41,6 +42,7 @@ def old_summarize(records, devices):
         "grad_norm": last.get("grad_norm"), "skipped_steps": sum(bool(r.get("skipped")) for r in records),
         "skipped_measured_steps": sum(bool(r.get("skipped")) for r in measured),
         "compile_seconds_in_measured_steps": sum(r.get("compile_seconds") or 0.0 for r in measured),
+        **halves_ratio(times),  # computed over the whole list; the trainer reads its spill file a chunk at a time
     }
 
 
@@ -122,7 +124,8 @@ def test_folded_figures_are_the_ones_computed_over_the_whole_list(steps, warmup)
         for key in ("steps", "measured_steps", "skipped_steps", "skipped_measured_steps"):
             assert new[key] == old[key], key
         for key in ("tokens_per_second", "tokens_per_second_per_device", "data_loading_seconds_mean",
-                    "compile_seconds_in_measured_steps"):  # sums in the same order (3.12's sum() compensates)
+                    "compile_seconds_in_measured_steps", "step_time_halves_ratio", "step_time_halves_low",
+                    "step_time_halves_high"):  # sums in the same order (3.12's sum() compensates)
             assert new[key] == (None if old[key] is None else pytest.approx(old[key], rel=1e-12, abs=0)), key
         assert_close(totals.breakdown.figures(), old_breakdown(records))
         peaks, energy = old_memory_and_energy(records)
