@@ -225,3 +225,38 @@ def test_every_package_folder_is_listed_for_installation():
             relative = init.parent.relative_to(REPO / folder).parts
             expected.add(".".join((name, *relative)))
     assert expected - set(setuptools["packages"]) == set()
+
+
+# Build outputs and caches: the only things a checkout may hold that a fresh clone lacks (at the root, and
+# Python's caches anywhere).
+ROOT_OUTPUTS = {".hypothesis", ".pytest_cache", ".ruff_cache", ".tools", ".venv", "build", "dist", "results", "out"}
+
+
+def ignored_sources(repo: Path) -> list[str]:
+    """Paths present in `repo` that git ignores and that are not build outputs or caches: files the tests and docs
+    find here and a fresh clone (CI's) does not have."""
+    if not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    listing = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory"],
+                             cwd=repo, capture_output=True, text=True, check=True).stdout
+    # the listing also names an untracked folder that holds only ignored files; check-ignore keeps the ignored
+    paths = subprocess.run(["git", "check-ignore", "--stdin"], cwd=repo, input=listing, capture_output=True,
+                           text=True).stdout.splitlines()
+    return [p for p in paths if Path(p).parts[0] not in ROOT_OUTPUTS
+            and not any(part == "__pycache__" or part.endswith((".egg-info", ".pyc")) for part in Path(p).parts)]
+
+
+def test_nothing_the_checkout_holds_is_ignored_unless_it_is_built():
+    """Today's bug: `results/` in .gitignore also matched docs/results/, so the README's measured figures and
+    their test passed here and failed on CI's fresh clone, which never had them."""
+    assert ignored_sources(REPO) == []
+
+
+def test_an_ignored_source_file_is_seen(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("results/\n")
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "results.json").write_text("{}")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "run.json").write_text("{}")
+    assert ignored_sources(tmp_path) == ["docs/results/"]

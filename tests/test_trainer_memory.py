@@ -19,8 +19,8 @@ from gpt2bench.trainer import aggregates
 from gpt2bench.trainer.aggregates import StepTimes, ThinnedSteps, fold
 from gpt2bench.trainer.breakdown import PHASES, summarize_breakdown
 from gpt2bench.trainer.config import TrainConfig
-from gpt2bench.trainer.stationarity import halves_ratio
 from gpt2bench.trainer.metrics import MetricsProcessor
+from gpt2bench.trainer.stationarity import halves_ratio
 from gpt2bench.trainer.summary import percentile, steps_line
 
 KINDS = ("allgather", "allreduce", "reduce_scatter")
