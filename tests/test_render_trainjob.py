@@ -291,7 +291,10 @@ def test_render_cli_backend_flag_and_first_line(capsys):
     out = capsys.readouterr()
     assert out.out.startswith("# backend: trainjob (--backend)\n")
     jobs = list(yaml.safe_load_all(out.out))
-    assert len(jobs) == 48 and {j["kind"] for j in jobs} == {"TrainJob", "NetworkPolicy"}  # 24 runs, a policy each
+    sweep = yaml.safe_load((EXAMPLES / "cpu-sweep.yaml").read_text())["spec"]["sweep"]
+    first_rounds = len(sweep["strategies"]) * len(sweep["precisions"]) * len(sweep["scales"]) * (1 + sweep["repeats"])
+    # the breakdown round and the `repeats` rounds (rounds added until decided are rendered when added), a policy each
+    assert len(jobs) == 2 * first_rounds and {j["kind"] for j in jobs} == {"TrainJob", "NetworkPolicy"}
     assert out.err == ""  # nothing in the CPU example that a TrainJob cannot apply
     assert main([example]) == 0  # spec.backend auto, rendered offline
     out = capsys.readouterr().out
