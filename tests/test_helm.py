@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -314,20 +315,27 @@ def test_dashboard_configmaps_equal_the_generated_dashboards(rendered) -> None:
         assert json.loads(text) == sources[name]  # {{run}} legends survive Helm's own templating
 
 
-def test_notes_render_next_steps(tmp_path: Path) -> None:
-    """NOTES.txt through the same template engine (helm template does not print NOTES)."""
-    chart = tmp_path / "gpt2bench"
+def render_notes(install_args: list[str], tmp_path: Path) -> str:
+    """The NOTES `helm install` would print, through helm's own template engine (`helm template` leaves NOTES
+    out): the chart copied with NOTES.txt moved into a ConfigMap that `tpl` renders."""
+    chart = Path(tempfile.mkdtemp(dir=tmp_path)) / "gpt2bench"
     shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("crds"))
     (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
     (chart / "templates" / "NOTES.txt").unlink()
     (chart / "templates" / "notes-check.yaml").write_text(
         'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: |\n'
         '{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n')
+    args = [str(chart) if arg == str(CHART) else arg for arg in install_args]
+    proc = subprocess.run([str(HELM), "template", *args, "--show-only", "templates/notes-check.yaml"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)["data"]["notes"]
 
+
+def test_notes_render_next_steps(tmp_path: Path) -> None:
+    """NOTES.txt through the same template engine (helm template does not print NOTES)."""
     def notes(*args: str) -> str:
-        out = helm("template", "bench", str(chart), "-n", "ops", "--show-only", "templates/notes-check.yaml",
-                   *args).stdout
-        return yaml.safe_load(out)["data"]["notes"]
+        return render_notes(["bench", str(CHART), "-n", "ops", *args], tmp_path)
 
     default = notes()
     assert "kubectl -n ops rollout status deployment/bench-gpt2bench" in default

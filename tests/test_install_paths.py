@@ -38,6 +38,7 @@ from kube.fixtures import GROUP, PLURAL, VERSION, api_client, install_crds, wait
 from kube.trainer_v2 import TrainerV2, serve_builtins
 from kube.training import TrainingOperator, trainer_summary
 from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
+from test_helm import render_notes
 
 from gpt2bench.local.replicas import free_port
 
@@ -59,23 +60,6 @@ def helm_template(install_args: list[str]) -> list[dict[str, Any]]:
     proc = subprocess.run([str(HELM), "template", *install_args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
-
-
-def render_notes(install_args: list[str], tmp_path: Path) -> str:
-    """The NOTES `helm install` would print, through helm's own template engine (`helm template` leaves NOTES
-    out): the chart copied with NOTES.txt moved into a ConfigMap that `tpl` renders."""
-    chart = tmp_path / "chart"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("crds"))
-    (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
-    (chart / "templates" / "NOTES.txt").unlink()
-    (chart / "templates" / "notes-check.yaml").write_text(
-        'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: |\n'
-        '{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n')
-    args = [str(chart) if arg == str(CHART) else arg for arg in install_args]
-    proc = subprocess.run([str(HELM), "template", *args, "--show-only", "templates/notes-check.yaml"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return yaml.safe_load(proc.stdout)["data"]["notes"]
 
 
 def operator_entrypoint() -> list[str]:

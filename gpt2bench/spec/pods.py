@@ -11,7 +11,7 @@ the CRD where CEL can say it (docs/validation.md, Pods).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -336,7 +336,22 @@ def _values_problem(operator: str, values: list[str]) -> str | None:
     return None
 
 
-class NodeSelectorRequirement(SpecModel):
+class _Requirement(SpecModel):
+    """A rule on a label: its key is a qualified name and its values fit its operator."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
+        errors = []
+        if problem := kubesyntax.qualified_name_problem(self.key):
+            errors.append((("key",), problem))
+        if problem := _values_problem(self.operator, self.values):
+            errors.append((("values",), problem))
+        if errors:
+            raise RuleError(errors)
+        return self
+
+
+class NodeSelectorRequirement(_Requirement):
     """A rule on a node label."""
 
     model_config = ConfigDict(json_schema_extra=cel((_VALUES_RULE, _VALUES_MESSAGE)))
@@ -346,16 +361,6 @@ class NodeSelectorRequirement(SpecModel):
     values: list[Annotated[str, Field(max_length=63, description="A label value (Gt/Lt: an integer).")]] = Field(
         default_factory=list, max_length=64, description="The values the operator compares.")
 
-    @model_validator(mode="after")
-    def _rules(self) -> NodeSelectorRequirement:
-        errors = []
-        if problem := kubesyntax.qualified_name_problem(self.key):
-            errors.append((("key",), problem))
-        if problem := _values_problem(self.operator, self.values):
-            errors.append((("values",), problem))
-        if errors:
-            raise RuleError(errors)
-        return self
 
 
 class NodeSelectorTerm(SpecModel):
@@ -388,7 +393,7 @@ class NodeAffinity(SpecModel):
         default_factory=list, max_length=16, description="Nodes the pods prefer.")
 
 
-class LabelSelectorRequirement(SpecModel):
+class LabelSelectorRequirement(_Requirement):
     """A rule on a pod label."""
 
     model_config = ConfigDict(json_schema_extra=cel((_VALUES_RULE, _VALUES_MESSAGE)))
@@ -398,16 +403,6 @@ class LabelSelectorRequirement(SpecModel):
     values: list[Annotated[LabelValue, Field(description="A label value.")]] = Field(
         default_factory=list, max_length=64, description="The values it compares.")
 
-    @model_validator(mode="after")
-    def _rules(self) -> LabelSelectorRequirement:
-        errors = []
-        if problem := kubesyntax.qualified_name_problem(self.key):
-            errors.append((("key",), problem))
-        if problem := _values_problem(self.operator, self.values):
-            errors.append((("values",), problem))
-        if errors:
-            raise RuleError(errors)
-        return self
 
 
 class LabelSelector(SpecModel):
