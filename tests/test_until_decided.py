@@ -153,3 +153,15 @@ def test_a_resumed_sweep_keeps_the_rounds_it_added_and_continues_the_same_rule(t
     doc = local_sweep.run_sweep(bench, runs, out, live=False, resumed=resumed, render=render).doc
     assert [r.phase for r in doc.runs] == ["Succeeded"] * 8 and doc.rounds_done == 4
     assert doc.stop_reason.startswith("max rounds: 4 rounds run")
+
+
+def test_the_local_runner_says_how_many_runs_it_may_add_beyond_the_planned_ones():
+    """`gpt2bench run`'s first line: the planned runs are the first rounds; with maxRepeats it says how many more may
+    follow (the quiet-machine sweep printed '36 of 36 runs' and then ran 60)."""
+    from gpt2bench.local.cli import _rounds_to_add
+
+    bench = benchmark({"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2, "maxRepeats": 5,
+                       "breakdown": "off", "scales": [{"processesPerNode": 2}]})
+    assert _rounds_to_add(bench, plan_runs(bench)) == ", then up to 6 more in 3 rounds while undecided (sweep.maxRepeats 5)"
+    fixed = benchmark({"strategies": [{"name": "ddp"}], "repeats": 2, "scales": [{"processesPerNode": 2}]})
+    assert _rounds_to_add(fixed, plan_runs(fixed)) == ""

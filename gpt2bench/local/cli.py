@@ -175,6 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     return max(codes)
 
 
+def _rounds_to_add(benchmark: Benchmark, runs: list) -> str:
+    """With sweep.maxRepeats the planned runs are the first rounds; say how many more the sweep may add."""
+    from gpt2bench.local.sweep import configuration_key
+
+    sweep = benchmark.spec.sweep
+    if sweep.max_repeats is None or not runs:
+        return ""
+    rounds = sweep.max_repeats - sweep.repeats
+    per_round = len({configuration_key(run) for run in runs})
+    return (f", then up to {rounds * per_round} more in {rounds} round{'s' * (rounds > 1)} while undecided "
+            f"(sweep.maxRepeats {sweep.max_repeats})")
+
+
 def _output(output: str | None, name: str, several: bool) -> Path:
     """results/<name> by default; --output itself for one benchmark, --output/<name> for each of several."""
     if output is None:
@@ -198,7 +211,8 @@ def _run_benchmark(benchmark: Benchmark, runs: list, total: int, directory: Path
             highlight=False,
         )
     kept = f", {len(resumed.kept)} kept from the earlier sweep" if resumed.kept else ""
-    console.print(f"{benchmark.name}: {len(runs)} of {total} runs{kept} -> {directory}", highlight=False)
+    console.print(f"{benchmark.name}: {len(runs)} of {total} runs{kept}{_rounds_to_add(benchmark, runs)} -> {directory}",
+                  highlight=False)
 
     stop = _Stop()
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
