@@ -39,6 +39,8 @@ def example(strategies: tuple[str, ...], steps: int | None = None, warmup: int |
     document["spec"]["sweep"] |= {"repeats": 1, "breakdown": "off", "precisions": ["fp32"],
                                   "strategies": [s for s in document["spec"]["sweep"]["strategies"]
                                                  if s["name"] in strategies]}
+    for key in ("maxRepeats", "minEffect", "budget"):  # this script adds the rounds, not the sweep's own rule
+        document["spec"]["sweep"].pop(key, None)
     training = document["spec"]["training"]
     if steps:
         training["steps"] = steps

@@ -148,3 +148,15 @@ def test_the_run_length_settles_where_doubling_stays_inside_the_interval():
     assert bench.settled(ratios, [12, 24, 48]) == 24  # horovod moved from 0.77 to 1.0 between 12 and 24 steps
     ratios[48]["horovod"] = interval(1.2)
     assert bench.settled(ratios, [12, 24, 48]) is None
+
+
+def test_the_round_benchmarks_run_exactly_their_own_rounds():
+    """bench_horovod_cpu and bench_run_length add the rounds themselves: the example they start from must not add
+    its own (the CPU example's maxRepeats did: runs of the base configurations appeared between the variants')."""
+    from gpt2bench.local.sweep import add_round
+
+    rounds = load("rounds")
+    benchmark, runs = rounds.example(("ddp", "horovod"), steps=6)
+    assert benchmark.spec.sweep.max_repeats is None and benchmark.spec.sweep.budget is None
+    assert [r.strategy.name for r in runs] == ["ddp", "horovod"]  # one round
+    assert add_round(argparse.Namespace(benchmark=benchmark, runs=runs), render=None) == []
