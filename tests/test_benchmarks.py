@@ -66,6 +66,9 @@ def test_the_fairness_benchmark_interleaves_ddp_horovod_and_ps_of_the_cpu_exampl
     assert not any(r.breakdown or r.profile for r in runs)  # throughput without the breakdown's hooks
     assert {(r.precision, r.world_size) for r in runs} == {("fp32", 2)}  # the same scale and precision
     assert benchmark.spec.training.steps == 8 and benchmark.spec.resources.requests["cpu"] == "2"
+    # its default --repeats 4 equals the example's maxRepeats: exactly those rounds, none added until decided
+    default, _ = load("bench_fairness").planned_runs(repeats=4)
+    assert default.spec.sweep.repeats == 4 and default.spec.sweep.max_repeats is None
 
 
 def test_breakdown_overhead_is_a_paired_geometric_mean_with_a_t_interval_and_a_verdict():
@@ -132,6 +135,10 @@ def test_the_horovod_settings_reach_every_rank_through_the_launchers_environment
     assert command[at + 1:at + 5] == ["-x", "OMPI_MCA_mpi_yield_when_idle", "-x", "HOROVOD_CYCLE_TIME"]
     (_, _, shipped), = variants["hvd-shipped"]
     assert "HOROVOD_CYCLE_TIME" not in str(shipped)
+    # every variant starts from Open MPI's busy-polling default: the rendered CPU fix is taken out
+    for label in ("hvd-shipped", "hvd-cycle"):
+        (_, _, job), = variants[label]
+        assert "mpi_yield_when_idle" not in str(job), label
     (_, run, _), = variants["ddp"]
     assert run.strategy.name == "ddp" and not run.breakdown
 

@@ -36,6 +36,11 @@ RSH_ARGS = f"-p {SSH_PORT} -o ConnectionAttempts=10"
 # each rank's own comes from its pod's sshd (SSHD_COMMAND).
 MPI_FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", OUTPUT_ENV, POD_CPUS_ENV,
                      "TORCHINDUCTOR_CACHE_DIR")
+# On CPU a rank has a core or less (its share of the pod's CPUs), and Open MPI's ranks busy-poll while they wait,
+# taking the core a neighbour computes on: yielding brought Horovod from 0.73x ddp's tokens/s to 1.02x at equal
+# threads (benchmarks/bench_horovod_cpu.py; docs/performance.md). GPU ranks keep Open MPI's default (not measured
+# there: no GPU was lent to this work).
+CPU_MCA = ("-mca", "mpi_yield_when_idle", "1")
 # The launcher runs `gpt2bench launch`, mpirun and one ssh client per worker, and trains nothing: small,
 # bounded, requests = limits (Guaranteed, never the first evicted). Not timed, so a CPU limit costs nothing.
 LAUNCHER_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
@@ -49,7 +54,7 @@ def mpirun_command(run: Run, user_env: list[str] = ()) -> list[str]:
     return [
         "gpt2bench", "launch", "--",
         "mpirun", "-np", str(run.world_size), "-mca", "plm_rsh_args", RSH_ARGS,
-        "-bind-to", "none", "-map-by", "slot", *forward,
+        "-bind-to", "none", "-map-by", "slot", *(() if run.devices_per_node else CPU_MCA), *forward,
         "gpt2bench", "train", *run.trainer_args(),
     ]  # fmt: skip
 
