@@ -44,6 +44,8 @@ def planned_runs(repeats: int, steps: int | None = None) -> tuple[Benchmark, lis
     hooks would time a different loop)."""
     document = yaml.safe_load(EXAMPLE.read_text())
     document["spec"]["sweep"] |= {"repeats": repeats, "breakdown": "off"}
+    for key in ("maxRepeats", "minEffect", "budget"):  # exactly `repeats` rounds: no rounds added until decided
+        document["spec"]["sweep"].pop(key, None)
     if steps:
         document["spec"]["training"] |= {"steps": steps, "warmupSteps": min(document["spec"]["training"]
                                                                             .get("warmupSteps", 0), steps // 2)}
