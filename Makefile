@@ -22,7 +22,9 @@ demo: install
 # Two pytest-xdist workers (the suite's target machine has 2 cores); whole files per worker, so that a module's
 # emulator, operator and order-dependent checks stay together (docs/ci.md, Suite time).
 WORKERS ?= 2
-PYTEST = $(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile
+# A worker that crashes (a native abort) fails the run at once: restarted workers under loadfile re-ran the
+# crashed test or waited for ever.
+PYTEST = $(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile --max-worker-restart=0
 
 test: install-test
 	$(PYTEST)

@@ -4,7 +4,10 @@ exposed communication where the step waits, exact bytes. Real collectives (gloo)
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -108,6 +111,32 @@ def test_a_known_size_allreduce_reports_its_bytes_exactly(tmp_path):
         dist.destroy_process_group()
     assert [(t.kind, t.bytes) for t in step.transfers] == [("allreduce", 77 * 4)]
     assert step.transfers[0].end is not None and len(step.windows) == 1
+
+
+GROUP_TEARDOWN = """
+import os, sys, tempfile
+import torch, torch.distributed as dist
+from gpt2bench.trainer.breakdown import CommTimer
+from gpt2bench.trainer.parallel.ddp import TimedAllReduce, timed_allreduce_hook
+clock = type("Clock", (), {"mark": staticmethod(lambda: 0.0)})()
+for _ in range(int(sys.argv[1])):
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tempfile.mkdtemp(), "s"), 1), rank=0,
+                            world_size=1)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 7))
+    model.register_comm_hook(TimedAllReduce(CommTimer(clock), dist.group.WORLD, 1), timed_allreduce_hook)
+    model(torch.randn(3, 10)).sum().backward()
+    dist.destroy_process_group()
+    del model
+"""
+
+
+def test_the_timed_hook_never_makes_gloos_thread_destroy_its_own_group(tmp_path):
+    """The hook's completion callback runs on gloo's worker thread. When it held the hook's state (and so the
+    process group), the group could die there, and its thread joined itself: the process aborted ("Resource
+    deadlock avoided"), within 100 such teardowns here; it took down a pytest worker once. 200 in a row now."""
+    proc = subprocess.run([sys.executable, "-c", GROUP_TEARDOWN, "200"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 # ------------------------------------------------------------------ real runs (torchrun, 2 ranks, gloo)

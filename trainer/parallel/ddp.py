@@ -84,11 +84,15 @@ def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them as o
     if last:
         state.comm.close_window()  # the reducer waits for this window's buckets at the end of backward
     delay = state.delay if last else None
+    # The callback runs on gloo's worker thread and must not hold `state` (which holds the process group): if its
+    # reference were the group's last, the group would be destroyed on its own worker thread, which then joins
+    # itself and aborts the process ("Resource deadlock avoided").
+    comm = state.comm
 
     def done(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
         if delay:
             time.sleep(delay)  # test hook: a slower network, seen only by this all-reduce's completion
-        state.comm.complete(transfer)
+        comm.complete(transfer)
         return future.value()
 
     return allreduce_hook(state.group, bucket).then(done)
