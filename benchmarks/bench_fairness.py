@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from rounds import fixed_rounds
 
 from gpt2bench.local import sweep as local_sweep
 from gpt2bench.plan import Run, plan_runs
@@ -43,9 +44,7 @@ def planned_runs(repeats: int, steps: int | None = None) -> tuple[Benchmark, lis
     """The example's ddp, horovod and ps fp32 runs, `repeats` rounds, as the plan orders them (no breakdown: its
     hooks would time a different loop)."""
     document = yaml.safe_load(EXAMPLE.read_text())
-    document["spec"]["sweep"] |= {"repeats": repeats, "breakdown": "off"}
-    for key in ("maxRepeats", "minEffect", "budget"):  # exactly `repeats` rounds: no rounds added until decided
-        document["spec"]["sweep"].pop(key, None)
+    fixed_rounds(document["spec"]["sweep"], repeats)
     if steps:
         document["spec"]["training"] |= {"steps": steps, "warmupSteps": min(document["spec"]["training"]
                                                                             .get("warmupSteps", 0), steps // 2)}

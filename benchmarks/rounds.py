@@ -31,16 +31,22 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "examples" / "cpu-
 Variant = tuple[Benchmark, Run, dict[str, Any]]  # a planned run and its rendered job
 
 
+def fixed_rounds(sweep: dict[str, Any], repeats: int) -> None:
+    """The example's sweep (as YAML) set to exactly `repeats` rounds with no breakdown round: its
+    repeat-until-decided fields, which would add rounds of their own, dropped."""
+    sweep |= {"repeats": repeats, "breakdown": "off"}
+    for key in ("maxRepeats", "minEffect", "budget"):
+        sweep.pop(key, None)
+
+
 def example(strategies: tuple[str, ...], steps: int | None = None, warmup: int | None = None) -> tuple[Benchmark,
                                                                                                         list[Run]]:
     """The CPU example's fp32 runs of `strategies`, one round, no breakdown hooks (they would time another
     loop), `steps` and `warmup` overridden where given."""
     document = yaml.safe_load(EXAMPLE.read_text())
-    document["spec"]["sweep"] |= {"repeats": 1, "breakdown": "off", "precisions": ["fp32"],
-                                  "strategies": [s for s in document["spec"]["sweep"]["strategies"]
-                                                 if s["name"] in strategies]}
-    for key in ("maxRepeats", "minEffect", "budget"):  # this script adds the rounds, not the sweep's own rule
-        document["spec"]["sweep"].pop(key, None)
+    document["spec"]["sweep"] |= {"precisions": ["fp32"], "strategies": [
+        s for s in document["spec"]["sweep"]["strategies"] if s["name"] in strategies]}
+    fixed_rounds(document["spec"]["sweep"], 1)  # this script adds the rounds, not the sweep's own rule
     training = document["spec"]["training"]
     if steps:
         training["steps"] = steps

@@ -25,7 +25,16 @@ from gpt2bench import report
 from gpt2bench.files import FolderBusy
 from gpt2bench.jobkinds import BACKENDS, OFFLINE_BACKEND
 from gpt2bench.local.preflight import preflight
-from gpt2bench.local.sweep import FolderRefused, Resumed, Stopped, prepare_folder, run_sweep, select_runs, with_steps
+from gpt2bench.local.sweep import (
+    FolderRefused,
+    Resumed,
+    Stopped,
+    configuration_key,
+    prepare_folder,
+    run_sweep,
+    select_runs,
+    with_steps,
+)
 from gpt2bench.plan import plan_runs
 from gpt2bench.report.export import RESULTS_CSV
 from gpt2bench.spec.model import Benchmark
@@ -177,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _rounds_to_add(benchmark: Benchmark, runs: list) -> str:
     """With sweep.maxRepeats the planned runs are the first rounds; say how many more the sweep may add."""
-    from gpt2bench.local.sweep import configuration_key
-
     sweep = benchmark.spec.sweep
     if sweep.max_repeats is None or not runs:
         return ""

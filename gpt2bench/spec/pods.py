@@ -362,7 +362,6 @@ class NodeSelectorRequirement(_Requirement):
         default_factory=list, max_length=64, description="The values the operator compares.")
 
 
-
 class NodeSelectorTerm(SpecModel):
     """Requirements that must all hold."""
 
@@ -402,7 +401,6 @@ class LabelSelectorRequirement(_Requirement):
     operator: LabelOperator = Field(description="In, NotIn, Exists or DoesNotExist.")
     values: list[Annotated[LabelValue, Field(description="A label value.")]] = Field(
         default_factory=list, max_length=64, description="The values it compares.")
-
 
 
 class LabelSelector(SpecModel):
