@@ -51,3 +51,29 @@ def test_a_figure_that_is_not_in_the_results_is_caught(tmp_path):
     folder = REPO / match["folder"]
     held = (folder / "results.md").read_text(encoding="utf-8") + (folder / "MACHINE.md").read_text(encoding="utf-8")
     assert "12,345,678" not in held and figures("ran 12,345,678 tokens/s on 1×2 CPU, +3.5%") == ["12,345,678", "3.5%"]
+
+
+PERFORMANCE = REPO / "docs" / "performance.md"
+# A benchmark's table in performance.md: its section links the benchmark's printed output, committed beside its
+# results (docs/results/NAME/output.md).
+BENCHMARK_SECTION = re.compile(r"\]\(results/(?P<folder>[\w.-]+)/output\.md\)(?P<body>.*?)(?=^## |\Z)", re.S | re.M)
+
+
+def table_figures(text: str) -> list[str]:
+    return [f for line in text.splitlines() if line.startswith("|") for f in figures(line)]
+
+
+@pytest.mark.parametrize("match", list(BENCHMARK_SECTION.finditer(PERFORMANCE.read_text(encoding="utf-8"))),
+                         ids=lambda m: m["folder"])
+def test_every_figure_of_a_benchmark_table_is_in_its_committed_output(match):
+    output = (REPO / "docs" / "results" / match["folder"] / "output.md").read_text(encoding="utf-8")
+    quoted = table_figures(match["body"])
+    assert quoted, "the section quotes a table"
+    assert [f for f in quoted if f not in output] == []
+
+
+def test_a_benchmark_figure_missing_from_its_output_is_caught():
+    assert table_figures("| ddp | 1,805 | 0.73 [0.66, 0.81] |\n|---|---:|---|\nprose 9.99\n") == [
+        "1,805", "0.73", "0.66", "0.81"]
+    output = (REPO / "docs" / "results" / "bench-horovod-cpu" / "output.md").read_text(encoding="utf-8")
+    assert "0.74" not in output  # a ratio it does not hold would be reported
