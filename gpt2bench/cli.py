@@ -10,6 +10,8 @@ import importlib
 import os
 import sys
 
+from gpt2bench.protocol import FORKED_COMMANDS, FORKSERVER_ENV
+
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gpt2bench.local.cli", "run a GPT2Benchmark YAML on this machine, no cluster needed"),
@@ -32,6 +34,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
@@ -45,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"gpt2bench: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    if own_command_line and command in FORKED_COMMANDS and FORKSERVER_ENV in os.environ:
+        from gpt2bench.local.forkclient import hand_over
+
+        hand_over([sys.argv[0], *argv])  # returns only when the server cannot take it
     module = importlib.import_module(COMMANDS[command][0])
     code = int(module.main(rest) or 0)
     if getattr(module, "EXIT_WITHOUT_DESTRUCTORS", False):

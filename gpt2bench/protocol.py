@@ -48,6 +48,12 @@ DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104 (a pod's metrics are scraped f
 # The pid of the `gpt2bench run` that started the replica: every `gpt2bench train` under it (torchrun's workers,
 # mpirun's ranks) stops when that process is gone, however it ended (trainer/lifeline.py).
 RUNNER_PID_ENV = "GPT2BENCH_RUNNER_PID"
+# The socket of the local runner's fork server (gpt2bench/local/forkserver.py): a `gpt2bench train`, `gpt2bench
+# launch` or torchrun started under the runner asks it for a process that has torch and transformers imported
+# already. Unset in a pod. `GPT2BENCH_FORKSERVER=off` in the runner's environment turns the server off.
+FORKSERVER_ENV = "GPT2BENCH_FORKSERVER_SOCKET"
+FORKSERVER_SWITCH_ENV = "GPT2BENCH_FORKSERVER"
+FORKED_COMMANDS = ("train", "launch")  # the `gpt2bench` commands that ask the fork server themselves (gpt2bench.cli)
 
 # ------------------------------------------------------------------ the jobs a run becomes
 PYTORCHJOB_API = "kubeflow.org/v1"

@@ -211,6 +211,12 @@ class LocalRun(RunStatus):
     phase: LocalRunPhase = Field(description="Pending, Running, Succeeded, Failed, Interrupted or Skipped.")
     run_dir: str | None = None
     steps_file: str | None = None
+    job_seconds: float | None = Field(None, description="Its job here: the first process started to the last one's "
+                                                        "exit seen (monotonic clock).")
+    overhead_seconds: float | None = Field(
+        None, description="Start-up per run: jobSeconds minus results.trainSeconds (worker 0's first step to the "
+                          "end of its last), i.e. launchers, interpreters, imports, rendezvous, data, model, and "
+                          "everything after the last step until the job has ended (docs/local.md).")
 
 
 class BestRun(StatusModel):

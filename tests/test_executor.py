@@ -272,3 +272,14 @@ def test_pods_share_this_machines_cores_capped_by_their_rendered_budget(tmp_path
     # in a container limited to 1.5 CPUs (rounded up to 2 whole cores) the 6 cores it can see are not its own
     monkeypatch.setattr("gpt2bench.trainer.cores.cgroup_cpu_quota", lambda: 1.5)
     assert [r.env["GPT2BENCH_POD_CPUS"] for r in share_machine(replicas(None, 3))] == ["0.666667"] * 3
+
+
+def test_the_job_ends_when_its_last_process_exits_not_at_the_next_poll(tmp_path):
+    """The executor waits on each process's pidfd: a job whose process exits at once is over at once, however long
+    the interval between its progress ticks; the job's time is measured (docs/local.md, Start-up per run)."""
+    job = pytorchjob(container([sys.executable, "-c", "pass"]))
+    started = time.monotonic()
+    outcome = execute_job(job, tmp_path / "run", poll_seconds=60)
+    took = time.monotonic() - started
+    assert outcome.phase == "Succeeded" and took < 20
+    assert 0 < outcome.seconds <= took

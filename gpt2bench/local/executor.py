@@ -19,16 +19,24 @@ gets its own GPT2BENCH_OUTPUT_DIR and GPT2BENCH_TERMINATION_LOG under the run's 
 its pod's emptyDir and /dev/termination-log). Replicas asking for `nvidia.com/gpu` get disjoint
 CUDA_VISIBLE_DEVICES, as the device plugin would give each pod its own GPUs.
 
+Under `gpt2bench run`, whose fork server has imported torch and transformers once for the sweep (forkserver.py),
+a replica whose program is a Python script of this interpreter (torchrun) starts through the stand-in
+forkclient.py, and `gpt2bench train|launch` ask the server themselves: the same processes, started without their
+imports. Replicas that use GPUs never do.
+
 Job outcome: Succeeded when every started replica exits 0; the first failure (or the job's
 runPolicy.activeDeadlineSeconds) kills the remaining replicas' process trees. backoffLimit restarts are
-not reproduced: a failed run is reported, not retried.
+not reproduced: a failed run is reported, not retried. Each replica's exit is seen at once (the loop waits on
+their pidfds), and the job's time is measured from its first start to its last exit (`JobOutcome.seconds`).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +46,7 @@ from typing import Any
 
 from gpt2bench import diagnosis
 from gpt2bench import jobkinds as kinds
+from gpt2bench.local import forkclient
 from gpt2bench.local.processes import die_with_parent, kill_tree, private_tmpdir
 from gpt2bench.local.replicas import (
     JobSpecError,
@@ -49,7 +58,7 @@ from gpt2bench.local.replicas import (
     share_machine,
 )
 from gpt2bench.local.trainjob import trainjob_replicas
-from gpt2bench.protocol import TRAINJOB_CONTAINER
+from gpt2bench.protocol import FORKED_COMMANDS, FORKSERVER_ENV, TRAINJOB_CONTAINER
 
 KILL_GRACE_SECONDS = 5.0
 
@@ -74,6 +83,7 @@ class JobOutcome:
     primary: Replica  # the replica whose output dir holds steps.jsonl (Master-0 / Launcher-0)
     exit_codes: dict[str, int | None]
     cause: str | None = None  # the first replica that failed, how and what it said (gpt2bench.diagnosis)
+    seconds: float | None = None  # first replica started -> last one's exit seen (monotonic); None: none started
 
 
 def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, dict] | None = None) -> list[Replica]:
@@ -242,12 +252,17 @@ def start(replica: Replica, base_env: dict[str, str], cwd: str | None = None) ->
     replica.output_dir.mkdir(parents=True, exist_ok=True)
     replica.termination_log.unlink(missing_ok=True)
     env = {**base_env, **replica.env}
+    argv = replica.argv
+    if replica.gpus:  # a forked child could not use a GPU the server's imports had touched: fresh processes only
+        env.pop(FORKSERVER_ENV, None)
+    elif FORKSERVER_ENV in env and not _hands_over_itself(argv, env):
+        argv = forked_argv(argv, env)
     with open(replica.log_path, "wb") as log:
         # A new session: the terminal's Ctrl-C reaches only `gpt2bench run`, which then stops the
         # replicas itself, in order, instead of every process dying half-way through a write. A
         # parent-death signal: a runner killed outright takes the replica with it (processes.py).
         replica.process = subprocess.Popen(
-            replica.argv,
+            argv,
             env=env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
@@ -256,6 +271,22 @@ def start(replica: Replica, base_env: dict[str, str], cwd: str | None = None) ->
             start_new_session=True,
             preexec_fn=die_with_parent(),
         )
+
+
+def forked_argv(argv: list[str], env: dict[str, str]) -> list[str]:
+    """The command that runs `argv` as a child of the fork server when its program is a Python script of this
+    interpreter (torchrun), through the stand-in forkclient.py (which runs the program itself if the server
+    refuses); any other program as it is."""
+    program = shutil.which(argv[0], path=env.get("PATH"))
+    interpreter = forkclient.python_script(program) if program else None
+    if interpreter is None or not os.path.samefile(interpreter, sys.executable):
+        return argv
+    return [sys.executable, "-m", forkclient.__name__, *argv]
+
+
+def _hands_over_itself(argv: list[str], env: dict[str, str]) -> bool:
+    """`gpt2bench train|launch` asks the fork server itself (gpt2bench.cli)."""
+    return Path(argv[0]).name == "gpt2bench" and len(argv) > 1 and argv[1] in FORKED_COMMANDS
 
 
 # ---------------------------------------------------------------- outcome
@@ -325,9 +356,12 @@ def execute_job(
     primary = replicas[0]
     base_env = dict(os.environ if base_env is None else base_env)
 
+    t0: float | None = None  # when the first replica starts
+
     def finished(phase: str, reason: str | None, cause: str | None = None) -> JobOutcome:
+        seconds = time.monotonic() - t0 if t0 is not None else None
         codes = {r.name: (r.process.returncode if r.process else None) for r in replicas}
-        return JobOutcome(phase, reason, termination_message(primary), started, _now(), primary, codes, cause)
+        return JobOutcome(phase, reason, termination_message(primary), started, _now(), primary, codes, cause, seconds)
 
     available = visible_gpus() if gpus is None else gpus
     blocked = unschedulable(replicas, available, job["metadata"]["name"])
@@ -344,12 +378,14 @@ def execute_job(
             return finished("Failed", diagnosis.cannot_start_here(wait, hint))
 
     deadline_s = kinds.active_deadline(job)
-    t0 = time.monotonic()
     tmpdir = private_tmpdir(base_env)  # removed below, once every process is gone
     base_env = {**base_env, "TMPDIR": tmpdir}
+    exits: list[int] = []  # a pidfd per replica: its exit wakes the loop at once
     try:
+        t0 = time.monotonic()
         for replica in replicas:
             start(replica, base_env)
+            exits.append(os.pidfd_open(replica.process.pid))
         while True:
             codes = [r.process.poll() for r in replicas]
             failed = next((r for r, c in zip(replicas, codes) if c not in (None, 0)), None)
@@ -365,9 +401,11 @@ def execute_job(
                 return finished("Failed", f"DeadlineExceeded: ran longer than activeDeadlineSeconds={deadline_s:g}")
             if on_tick is not None:
                 on_tick(primary, elapsed)
-            time.sleep(poll_seconds)
+            select.select([fd for fd, code in zip(exits, codes) if code is None], [], [], poll_seconds)
     finally:
         _stop_all(replicas, grace_seconds)
+        for fd in exits:
+            os.close(fd)
         shutil.rmtree(tmpdir, ignore_errors=True)  # its link to torch.compile's cache, not the cache
 
 

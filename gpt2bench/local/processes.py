@@ -10,7 +10,8 @@ Cleaning up: a job's processes get a TMPDIR of their own, removed once they are 
 
 Stopping: process groups alone are not enough: mpirun puts each rank in a process group of its own, and a rank
 left behind keeps a port and a CPU busy. Linux /proc is read directly; elsewhere only the group is
-signalled.
+signalled. `kill_tree` stops a child of this process, `stop_tree` any process whose end its caller can tell (the
+fork server's relays stop their children's trees with it: forkserver.py).
 """
 
 from __future__ import annotations
@@ -93,17 +94,24 @@ def _signal(pids: list[int], pgid: int | None, sig: int) -> None:
 
 def kill_tree(process: subprocess.Popen, grace: float = 5.0) -> None:
     """SIGTERM the process, its group and every descendant; SIGKILL what is left after `grace`."""
-    tree = process_tree(process.pid)
-    if process.poll() is not None and not tree:
-        return
-    _signal(tree, process.pid, signal.SIGTERM)
+    if stop_tree(process.pid, lambda: process.poll() is not None, grace):
+        process.wait()
+
+
+def stop_tree(pid: int, ended: Callable[[], bool], grace: float = 5.0) -> bool:
+    """SIGTERM the process `pid`, its group and every descendant; SIGKILL what is left after `grace`. `ended`: whether
+    `pid` itself has ended (its parent knows). True when something had to be killed."""
+    tree = process_tree(pid)
+    if ended() and not tree:
+        return False
+    _signal(tree, pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if process.poll() is not None and not process_tree(process.pid):
-            return
+        if ended() and not process_tree(pid):
+            return False
         time.sleep(0.1)
-    _signal(tree + process_tree(process.pid), process.pid, signal.SIGKILL)
-    process.wait()
+    _signal(tree + process_tree(pid), pid, signal.SIGKILL)
+    return True
 
 
 _TMPDIR_PREFIX = "gpt2bench-job-"  # + the runner's pid: a runner killed outright cannot remove its folder

@@ -30,6 +30,7 @@ import yaml
 
 from gpt2bench import collect
 from gpt2bench.files import held, holding, write_atomic
+from gpt2bench.local import forkserver
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
 from gpt2bench.local.progress import Display
 from gpt2bench.plan import Run, order_seed, plan_runs
@@ -138,6 +139,9 @@ class Sweep:
         self.save()
 
 
+FORKSERVER_LOG = "forkserver.log"  # what the fork server forked and refused, and why (gpt2bench/local/forkserver.py)
+
+
 def run_directory(directory: Path, run: Run) -> Path:
     return directory / "runs" / run.name
 
@@ -155,6 +159,7 @@ def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display,
     def on_tick(_primary: Replica, _elapsed: float) -> None:
         display.tick(run_dir)
 
+    timing: dict[str, float] = {}
     try:
         outcome = execute_job(job, run_dir, base_env=base_env, on_tick=on_tick)
     except JobSpecError as exc:
@@ -177,7 +182,16 @@ def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display,
             start_time=started,
             completion_time=rfc3339(outcome.completion_time),
         )
-    sweep.set_entry(index, _with_files(local_entry(entry), sweep.directory, run_dir))
+        timing = job_timing(outcome.seconds, entry)
+    sweep.set_entry(index, _with_files(local_entry(entry, **timing), sweep.directory, run_dir))
+
+
+def job_timing(job_seconds: float | None, entry: RunStatus) -> dict[str, float]:
+    """The run's job time here and its start-up per run: what of it was not worker 0's training (docs/local.md)."""
+    if job_seconds is None:
+        return {}
+    train = entry.results.train_seconds if entry.results else None
+    return {"job_seconds": job_seconds, **({"overhead_seconds": job_seconds - train} if train is not None else {})}
 
 
 def _with_files(entry: LocalRun, directory: Path, run_dir: Path) -> LocalRun:
@@ -276,9 +290,10 @@ def run_sweep(
 def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None,
              render: Callable[[Benchmark, Run], dict]) -> None:
     benchmark, runs = sweep.benchmark, sweep.runs
-    base_env = child_env()
     live = console.is_terminal if live is None else live
-    with Display(console, len(runs), benchmark.spec.training.steps, live) as display:
+    cpu_runs = any(not run.devices_per_node for run in runs)  # the fork server serves CPU jobs only
+    with forkserver.serving(child_env(), sweep.directory / FORKSERVER_LOG, wanted=cpu_runs) as base_env, \
+            Display(console, len(runs), benchmark.spec.training.steps, live) as display:
         try:
             index = 0
             while index < len(runs):  # `runs` grows while rounds are added (add_round)

@@ -1,0 +1,394 @@
+"""The local runner's fork server (gpt2bench/local/forkserver.py) and its stand-in (forkclient.py), as real processes.
+
+One real server per module (its real imports: torch and transformers' GPT-2), and a probe program that reports what
+it started with. Each property is checked against the same probe run as a fresh process: a forked child must see
+what a fresh one sees (descriptors, environment, signals, umask, working directory, module search path, standard
+streams, threads), and its parent must see what it would have seen (exit codes, deaths by signal, signals passed
+on, nothing left behind when the stand-in or the runner is killed outright).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import mmap
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpt2bench.local import forkclient, forkserver
+from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
+
+PROBE = """#!{python}
+import json, os, signal, sys, tempfile, time
+
+mode, out, fd = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+
+def disposition(signum):
+    handler = signal.getsignal(signum)
+    return {{signal.SIG_IGN: "ignored", signal.SIG_DFL: "default", signal.default_int_handler: "KeyboardInterrupt"}}.get(
+        handler, "other")
+
+
+seen = {{
+    "pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "umask": os.umask(0o022), "env": dict(os.environ),
+    "path": sys.path, "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")
+                                    if os.path.exists(f"/proc/self/fd/{{f}}")),
+    "fd": os.read(fd, 100).decode(), "threads": len(os.listdir("/proc/self/task")),
+    "signals": {{s.name: disposition(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE,
+                                                 signal.SIGUSR1, signal.SIGXFSZ)}},
+    "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "comm": open("/proc/self/comm").read().strip(), "tempdir": tempfile.gettempdir(),
+    "stdout": [sys.stdout.line_buffering, sys.stdout.write_through], "stderr": sys.stderr.line_buffering,
+    "affinity": sorted(os.sched_getaffinity(0)), "group_leader": os.getpgid(0) == os.getpid(),
+    "session_leader": os.getsid(0) == os.getpid(), "main": __name__, "file": __file__,
+}}
+with open(out, "w") as f:
+    json.dump(seen, f)
+if mode == "exit7":
+    sys.exit(7)
+if mode == "raise":
+    raise RuntimeError("boom from the probe")
+if mode == "usr1":
+    os.kill(os.getpid(), signal.SIGUSR1)
+if mode == "term":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+if mode == "print":
+    print("line one", flush=False)
+    sys.stdout.write("no newline, never flushed by hand")
+    sys.exit(0)
+if mode in ("term", "sleep"):
+    sleeper = __import__("subprocess").Popen(["sleep", "300"])
+    with open(out + ".pids", "w") as f:
+        json.dump([os.getpid(), sleeper.pid], f)
+    time.sleep(300)
+"""
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("probe") / "probe"
+    path.write_text(PROBE.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real fork server (the runner's `serving`), its environment and its log."""
+    folder = tmp_path_factory.mktemp("server")
+    base = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    base.pop(FORKSERVER_SWITCH_ENV, None)
+    log = folder / "forkserver.log"
+    with forkserver.serving(base, log) as env:
+        assert FORKSERVER_ENV in env, log.read_text()
+        yield env, log
+
+
+def launch(probe: Path, mode: str, out: Path, env: dict[str, str], forked: bool,
+           ignore_hup: bool = True) -> subprocess.Popen:
+    """The probe as the executor starts a replica (new session, restored signals), fresh or through the stand-in;
+    a pipe with a word in it on an extra descriptor, SIGHUP ignored and SIGUSR2 blocked by its starter."""
+    read, write = os.pipe()
+    os.write(write, b"hello")
+    os.close(write)
+
+    def starter() -> None:
+        if ignore_hup:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+
+    argv = [str(probe), mode, str(out), str(read)]
+    if forked:
+        argv = [sys.executable, "-m", forkclient.__name__, *argv]
+    try:
+        return subprocess.Popen(argv, env=env, cwd=out.parent, pass_fds=(read,), umask=0o027, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=starter)
+    finally:
+        os.close(read)
+
+
+def job_env(server_env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """What the executor gives a replica: the server's environment, a TMPDIR of the job's own, and variables the
+    runner, the Kubeflow operators and launchers set per process."""
+    tmp.mkdir(exist_ok=True)
+    return {**server_env, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1", "RANK": "0", "MASTER_PORT": "29511",
+            "GPT2BENCH_OUTPUT_DIR": str(tmp)}
+
+
+def wait_file(path: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.stat().st_size:
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- what the child starts with
+def test_a_forked_child_starts_as_a_fresh_process_would(server, probe, tmp_path):
+    env, log = server
+    env = job_env(env, tmp_path / "tmp")
+    seen = {}
+    for forked in (False, True):
+        out = tmp_path / f"seen-{forked}.json"
+        process = launch(probe, "plain", out, env, forked)
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+        seen[forked] = json.loads(out.read_text())
+        seen[forked]["client"] = process.pid
+    fresh, child = seen[False], seen[True]
+    assert fresh["pid"] == fresh["client"] and child["pid"] != child["client"]  # really forked, by the server
+    assert "forked" in log.read_text()
+    # the server's imports set torch's compile-cache folder; a fresh trainer's imports set it the same way
+    cache = child["env"].pop("TORCHINDUCTOR_CACHE_DIR")
+    assert cache == os.path.join(env["TMPDIR"], f"torchinductor_{getpass.getuser()}")
+    for key in ("pid", "client"):
+        del fresh[key], child[key]
+    assert child["argv"].pop(2) == str(tmp_path / "seen-True.json")  # where each writes: the one difference asked
+    assert fresh["argv"].pop(2) == str(tmp_path / "seen-False.json")
+    assert child == fresh
+    assert fresh["fd"] == "hello" and fresh["umask"] == 0o027 and fresh["threads"] == 1
+    assert fresh["signals"] == {"SIGHUP": "ignored", "SIGINT": "KeyboardInterrupt", "SIGTERM": "default",
+                                "SIGPIPE": "ignored", "SIGUSR1": "default", "SIGXFSZ": "ignored"}
+    assert fresh["blocked"] == [signal.SIGUSR2] and fresh["session_leader"] and fresh["comm"] == "probe"
+    assert fresh["stdout"] == [False, True] and fresh["tempdir"] == env["TMPDIR"] and fresh["main"] == "__main__"
+
+
+def test_output_left_in_buffers_is_written_as_a_fresh_interpreter_would(server, probe, tmp_path):
+    env = {**job_env(server[0], tmp_path / "tmp")}
+    env.pop("PYTHONUNBUFFERED")  # buffered: what the program leaves unflushed goes out at its end
+    printed = {}
+    for forked in (False, True):
+        process = launch(probe, "print", tmp_path / f"seen-{forked}.json", env, forked)
+        out, _ = process.communicate(timeout=120)
+        printed[forked] = (process.returncode, out)
+    assert printed[True] == printed[False] == (0, b"line one\nno newline, never flushed by hand")
+
+
+# ---------------------------------------------------------------- what its parent sees
+@pytest.mark.parametrize("mode, code, said", [
+    ("exit7", 7, None),
+    ("usr1", -signal.SIGUSR1, None),
+    ("raise", 1, 'RuntimeError: boom from the probe'),
+])
+def test_the_stand_in_ends_as_the_child_ended(server, probe, tmp_path, mode, code, said):
+    env = job_env(server[0], tmp_path / "tmp")
+    ends = {}
+    for forked in (False, True):
+        process = launch(probe, mode, tmp_path / f"seen-{forked}.json", env, forked)
+        _, err = process.communicate(timeout=120)
+        ends[forked] = (process.returncode, err.decode())
+    assert ends[True][0] == ends[False][0] == code
+    if said:  # the traceback starts at the script's own frame, as a fresh interpreter prints it
+        assert ends[True][1] == ends[False][1] and said in ends[True][1]
+        assert "runpy" not in ends[True][1] and "forkserver" not in ends[True][1]
+
+
+def test_a_signal_to_the_stand_in_reaches_the_child(server, probe, tmp_path):
+    """What torchrun and mpirun do to stop a worker: SIGTERM to the process they started (here, the stand-in)."""
+    env = job_env(server[0], tmp_path / "tmp")
+    out = tmp_path / "seen.json"
+    process = launch(probe, "term", out, env, forked=True)
+    wait_file(Path(f"{out}.pids"))
+    child, sleeper = json.loads(Path(f"{out}.pids").read_text())
+    assert child != process.pid
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 3  # the child's handler ran and exited 3
+    deadline = time.monotonic() + 15  # and what it left in its process group goes, as with a pod
+    while alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child) and not alive(sleeper)
+
+
+def test_a_stand_in_killed_outright_takes_the_child_and_its_tree_along(server, probe, tmp_path):
+    env = job_env(server[0], tmp_path / "tmp")
+    out = tmp_path / "seen.json"
+    process = launch(probe, "sleep", out, env, forked=True)
+    wait_file(Path(f"{out}.pids"))
+    child, sleeper = json.loads(Path(f"{out}.pids").read_text())
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 20  # SIGTERM, then SIGKILL after the relay's grace
+    while (alive(child) or alive(sleeper)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child) and not alive(sleeper)
+
+
+def test_the_server_and_its_children_go_when_the_runner_is_killed(tmp_path, probe):
+    """A runner killed outright (SIGKILL): its server gets the parent-death signal, each relay the server's, and
+    each child its relay's: nothing of the sweep keeps running."""
+    runner = tmp_path / "runner.py"
+    runner.write_text(f"""
+import json, os, subprocess, sys, time
+from gpt2bench.local import forkserver
+env = {{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}}
+with forkserver.serving(env, __import__("pathlib").Path({str(tmp_path / 'log')!r})) as env:
+    read, write = os.pipe()
+    os.write(write, b"x")
+    client = subprocess.Popen([sys.executable, "-m", "gpt2bench.local.forkclient", {str(probe)!r}, "sleep",
+                               {str(tmp_path / 'seen.json')!r}, str(read)], env=env, pass_fds=(read,))
+    print(json.dumps([os.getpid(), client.pid]), flush=True)
+    time.sleep(300)
+""")
+    process = subprocess.Popen([sys.executable, str(runner)], stdout=subprocess.PIPE, text=True)
+    try:
+        _, client = json.loads(process.stdout.readline())
+        wait_file(tmp_path / "seen.json.pids")
+        child, sleeper = json.loads((tmp_path / "seen.json.pids").read_text())
+        server = [int(p) for p in re.findall(r"forkserver\[(\d+)\] forked", (tmp_path / "log").read_text())][0]
+    finally:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + 20
+    while any(map(alive, (server, child, sleeper, client))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(alive, (server, child, sleeper, client)))  # the stand-in too: its relay is gone
+
+
+# ---------------------------------------------------------------- when it refuses
+def test_a_variable_read_on_import_sends_the_program_to_a_fresh_process(server, probe, tmp_path):
+    env, log = server
+    env = {**job_env(env, tmp_path / "tmp"), "PYTHONHASHSEED": "7"}
+    out = tmp_path / "seen.json"
+    process = launch(probe, "plain", out, env, forked=True)
+    assert process.wait(timeout=120) == 0, process.stderr.read()
+    assert json.loads(out.read_text())["pid"] == process.pid  # it ran itself: the stand-in became the program
+    assert "environment variable PYTHONHASHSEED differs from the server's (unset there)" in log.read_text()
+
+
+def test_which_differences_the_server_accepts():
+    server = {"PATH": "/bin", "OMP_NUM_THREADS": "2", "HOME": "/root"}
+    launched = {**server, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "RANK": "1", "LOCAL_RANK": "1",
+                "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x", "OMPI_COMM_WORLD_RANK": "1",
+                "PMIX_RANK": "1", "GPT2BENCH_OUTPUT_DIR": "/o", "PET_NNODES": "1", "TMPDIR": "/t",
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": "/c"}
+    assert forkserver.env_difference(server, launched) is None
+    for name, value in (("PATH", "/usr/bin"), ("PYTHONPATH", "/x"), ("LD_PRELOAD", "x.so"), ("MKL_NUM_THREADS", "1"),
+                        ("TRANSFORMERS_VERBOSITY", "info"), ("HOME", None)):
+        wanted = {**server, name: value} if value is not None else {k: v for k, v in server.items() if k != name}
+        assert forkserver.env_difference(server, wanted).startswith(f"environment variable {name} differs")
+    assert forkserver.env_difference(server, {**server, "OMP_NUM_THREADS": "4,2"}) == \
+        "OMP_NUM_THREADS='4,2' is not one number"
+
+
+def test_only_scripts_of_the_servers_interpreter_are_handed_over(tmp_path):
+    script = tmp_path / "s"
+    for first, expected in ((f"#!{sys.executable}\n", sys.executable), (f"#!{sys.executable} -E\n", None),
+                            ("#!/bin/sh\n", None), ("print(1)\n", None)):
+        script.write_text(first)
+        assert forkclient.python_script(str(script)) == expected
+    assert forkclient.python_script(str(tmp_path / "missing")) is None
+    assert forkserver._same_interpreter(sys.executable, sys.executable)
+    assert not forkserver._same_interpreter(sys.executable, os.path.realpath(sys.executable)) or \
+        os.path.dirname(os.path.realpath(sys.executable)) == os.path.dirname(sys.executable)
+
+
+# ---------------------------------------------------------------- memory as a fresh process's
+def rss(pid: int | str = "self") -> int:
+    return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) * 1024
+
+
+def test_a_child_has_the_file_pages_its_server_read_in_its_resident_set(tmp_path):
+    """A fork copies no page-table entry of a file mapping, so a child's resident set (what the memory peak reads)
+    would miss the shared libraries its server's imports read; `populate` maps them in again."""
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(1024 * 1024) * 32)
+    with open(data, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        sum(mapped[i] for i in range(0, len(mapped), mmap.PAGESIZE))  # read: in this process's page tables
+        runs = forkserver.resident_file_pages()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            before = rss()
+            forkserver.populate(runs)
+            os.write(write, json.dumps([before, rss()]).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        before, after = json.loads(os.read(read, 100))
+        parent = rss()
+        mapped.close()
+    assert parent - before > 30 * 2**20  # the 32 MiB file, missing from the child's count
+    assert abs(after - parent) < 4 * 2**20
+
+
+# ---------------------------------------------------------------- start-up per run
+def test_start_up_per_run_is_the_job_time_less_worker_0s_training():
+    from gpt2bench.local.sweep import job_timing
+    from gpt2bench.status import RunResults, RunStatus
+
+    entry = RunStatus(name="r", strategy="ddp", precision="fp32", nodes=1, devices_per_node=0, processes_per_node=2,
+                      job_kind="PyTorchJob", job_name="r", phase="Succeeded", results=RunResults(train_seconds=3.25))
+    assert job_timing(4.5, entry) == {"job_seconds": 4.5, "overhead_seconds": 1.25}
+    assert job_timing(4.5, entry.model_copy(update={"results": None})) == {"job_seconds": 4.5}  # a failed run
+    assert job_timing(None, entry) == {}  # no process started (a job refused before it)
+
+
+# ---------------------------------------------------------------- real sweeps
+def horovod_importable() -> bool:
+    return subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True,
+                          check=False).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
+    """Every strategy of the CPU example (fp32, 4 steps) through `gpt2bench run`, with the fork server (the default)
+    and without it (GPT2BENCH_FORKSERVER=off): torchrun, its workers, `gpt2bench launch` and mpirun's ranks are all
+    forked, none refused, and every run's loss curve is the fresh run's, to the last bit. Each run's job time and
+    start-up per run are in results.json."""
+    from gpt2bench.local.replicas import free_port
+    from gpt2bench.report.steps import read_steps
+
+    document = yaml.safe_load((Path(__file__).resolve().parents[1] / "manifests/examples/cpu-sweep.yaml").read_text())
+    document["spec"]["sweep"].update(precisions=["fp32"], repeats=1, breakdown="off")
+    for key in ("maxRepeats", "minEffect", "budget"):
+        document["spec"]["sweep"].pop(key)
+    document["spec"].setdefault("metrics", {})["port"] = free_port()
+    example = tmp_path / "sweep.yaml"
+    example.write_text(yaml.safe_dump(document))
+    (tmp_path / "tmp").mkdir()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "TMPDIR": str(tmp_path / "tmp")}
+    docs = {}
+    for mode in ("on", "off"):
+        out = tmp_path / mode
+        done = subprocess.run([sys.executable, "-m", "gpt2bench", "run", str(example), "--steps", "4", "--output",
+                               str(out)], env={**env, FORKSERVER_SWITCH_ENV: mode}, capture_output=True, text=True,
+                              timeout=900, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        docs[mode] = json.loads((out / "results.json").read_text())
+    log = (tmp_path / "on" / "forkserver.log").read_text()
+    assert not (tmp_path / "off" / "forkserver.log").exists()
+    assert "refused" not in log and "not serving" not in log, log
+    forks = re.findall(r"forked \['[^']*/([\w-]+)', '([\w-]+)'", log)
+    strategies = [s["name"] for s in document["spec"]["sweep"]["strategies"]]
+    assert forks.count(("torchrun", "--no-python")) == len(strategies) - 1  # every PyTorchJob's launcher
+    assert forks.count(("gpt2bench", "launch")) == 1  # the MPIJob's
+    assert forks.count(("gpt2bench", "train")) == 1 + 1 + 2 + 2 + 2 + 3  # single, dataparallel, ddp, fsdp, horovod, ps
+    horovod = horovod_importable()
+    for on, off in zip(docs["on"]["runs"], docs["off"]["runs"], strict=True):
+        assert on["name"] == off["name"]
+        if on["strategy"] == "horovod" and not horovod:
+            continue
+        assert on["phase"] == off["phase"] == "Succeeded", (on, off)
+        curves = [[s["loss"] for s in read_steps(tmp_path / mode / run["stepsFile"])] for mode, run in
+                  (("on", on), ("off", off))]
+        assert curves[0] == curves[1] and len(curves[0]) == 4, on["name"]
+        for run in (on, off):
+            assert run["overheadSeconds"] == pytest.approx(run["jobSeconds"] - run["results"]["trainSeconds"])
+            assert 0 < run["overheadSeconds"] < run["jobSeconds"]
