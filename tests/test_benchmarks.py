@@ -167,3 +167,35 @@ def test_the_round_benchmarks_run_exactly_their_own_rounds():
     assert benchmark.spec.sweep.max_repeats is None and benchmark.spec.sweep.budget is None
     assert [r.strategy.name for r in runs] == ["ddp", "horovod"]  # one round
     assert add_round(argparse.Namespace(benchmark=benchmark, runs=runs), render=None) == []
+
+
+def _startup_record(overhead: float, job: float, loss: float | None = 3.5, tps: float = 1000.0) -> dict:
+    return {"phase": "Succeeded" if loss is not None else "Failed", "overhead_seconds": overhead, "job_seconds": job,
+            "worker_startup": overhead / 2, "train": job - overhead, "tokens_per_second": tps,
+            "peak_memory": 2**30, "final_loss": loss}
+
+
+def test_start_up_per_run_is_compared_forked_against_fresh_within_rounds():
+    """Rounds where forked took 0.2 and 0.25 of fresh's start-up: the geometric mean of the two, with
+    mean(ln r) ± t(0.975, 1) · s / √2 (t = 12.7062, tabled); the share sums start-up over job time."""
+    bench = load("bench_startup")
+    estimate, low, high = bench.paired([1.0, 1.0], [5.0, 4.0])
+    logs = [math.log(0.2), math.log(0.25)]
+    half = 12.7062 * statistics.stdev(logs) / math.sqrt(2)
+    assert estimate == pytest.approx(math.sqrt(0.2 * 0.25))
+    assert (low, high) == pytest.approx((math.exp(statistics.fmean(logs) - half),
+                                         math.exp(statistics.fmean(logs) + half)), rel=1e-4)
+    assert bench.paired([1.0, None, 2.0], [5.0, 4.0, None]) is None  # one round where both have a figure
+    assert bench.share([_startup_record(1.0, 4.0), _startup_record(3.0, 4.0), {"phase": "Failed"}]) == 0.5
+    records = {"ddp": {"fresh": [_startup_record(5.0, 9.0), _startup_record(4.0, 8.0)],
+                       "forked": [_startup_record(1.0, 5.0), _startup_record(1.0, 5.0, loss=3.25)]},
+               "single": {"fresh": [_startup_record(3.0, 6.0), _startup_record(3.0, 6.0)],
+                          "forked": [_startup_record(0.75, 3.75), _startup_record(1.25, 4.25)]}}
+    lines = bench.report(records, {"fresh": [0.99, 1.01], "forked": [1.0, 1.0]})
+    ddp = next(line for line in lines if line.startswith("| ddp |"))
+    assert ddp.startswith("| ddp | 4.50 | 1.00 | 0.22 [") and ddp.endswith("| 1/2 |")  # the second loss differs
+    assert "| 2.25 | 0.50 | 2.25 | 0.50 |" in ddp  # worker 0 (half of each, here), then the rest
+    assert "| single | 3.00 | 1.00 | 0.32 [" in "\n".join(lines)  # √(0.75 / 3 × 1.25 / 3)
+    # every strategy's runs together: fresh 3, 3, 4, 5 -> 3.50; forked 0.75, 1, 1, 1.25 -> 1.00
+    assert "median start-up per run, every strategy: fresh 3.50 s, forked 1.00 s (target <= 1.5 s: ok)" in lines[-7]
+    assert "| fresh | 52 % | 1.000 |" in lines and "| forked | 22 % | 1.000 |" in lines  # 15 / 29 and 4 / 18

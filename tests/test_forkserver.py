@@ -298,6 +298,17 @@ def test_only_scripts_of_the_servers_interpreter_are_handed_over(tmp_path):
         os.path.dirname(os.path.realpath(sys.executable)) == os.path.dirname(sys.executable)
 
 
+def test_a_server_that_is_off_or_cannot_serve_leaves_every_process_fresh(tmp_path, monkeypatch):
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)}
+    with forkserver.serving({**env, FORKSERVER_SWITCH_ENV: "off"}, tmp_path / "log") as served:
+        assert FORKSERVER_ENV not in served and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(forkserver, "BOOTSTRAP", "import sys; print('cannot serve', file=sys.stderr); sys.exit(1)")
+    with forkserver.serving(env, tmp_path / "log") as served:
+        assert served == env
+    assert (tmp_path / "log").read_text() == "cannot serve\n"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("gpt2bench-")]  # its folder gone with it
+
+
 # ---------------------------------------------------------------- memory as a fresh process's
 def rss(pid: int | str = "self") -> int:
     return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) * 1024

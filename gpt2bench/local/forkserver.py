@@ -59,7 +59,7 @@ from typing import Any, NoReturn
 
 from gpt2bench.local import forkclient
 from gpt2bench.local.processes import die_with_parent, kill_tree, private_tmpdir, stop_tree
-from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
+from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV, RUNNER_PID_ENV
 
 # What a training process imports before its first step, and what torchrun and `gpt2bench launch` import. Not
 # horovod (it loads MPI, which must initialise in the process that uses it).
@@ -112,12 +112,16 @@ def serving(env: dict[str, str], log: Path, wanted: bool = True) -> Iterator[dic
     process = None
     try:
         with open(log, "ab") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, served[FORKSERVER_ENV]], env=served, cwd=folder,
+            process = subprocess.Popen(  # the runner's pid in its environment, as every replica's: it is the sweep's
+                [sys.executable, "-c", BOOTSTRAP, served[FORKSERVER_ENV]],
+                env={**served, RUNNER_PID_ENV: str(os.getpid())}, cwd=folder,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=out, start_new_session=True,
                 preexec_fn=die_with_parent())
-        ready = _wait_ready(process, START_SECONDS)
-        yield served if ready else env
+        if not _wait_ready(process, START_SECONDS):  # its reason is in the log; every process runs fresh
+            kill_tree(process, grace=1.0)
+            yield env
+            return
+        yield served
     finally:
         if process is not None:
             kill_tree(process, grace=1.0)
