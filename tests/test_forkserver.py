@@ -286,6 +286,28 @@ def test_which_differences_the_server_accepts():
         "OMP_NUM_THREADS='4,2' is not one number"
 
 
+def test_a_server_whose_imports_started_a_thread_or_changed_the_environment_does_not_serve(monkeypatch):
+    """The server's checks on itself after its imports: the BLAS pools it loaded first are the only threads allowed
+    (a fork copies none, and only those libraries start theirs again in the child), and its environment is what the
+    requests are compared with."""
+    import threading
+
+    pools = forkserver.blas_threads()
+    environ = dict(os.environ)
+    assert forkserver.unforkable(environ, pools) is None
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert forkserver.unforkable(environ, pools) == "1 threads started while importing: a fork would copy none of them"
+    finally:
+        stop.set()
+        thread.join()
+    monkeypatch.setenv("SOMETHING_AN_IMPORT_SET", "1")
+    assert forkserver.unforkable(environ, pools) == \
+        "the imports changed environment variables ['SOMETHING_AN_IMPORT_SET']"
+
+
 def test_only_scripts_of_the_servers_interpreter_are_handed_over(tmp_path):
     script = tmp_path / "s"
     for first, expected in ((f"#!{sys.executable}\n", sys.executable), (f"#!{sys.executable} -E\n", None),

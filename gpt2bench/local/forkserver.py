@@ -12,7 +12,8 @@ command line, environment, working directory, umask, CPU affinity, signal mask a
 its own, standard streams buffered as its environment says, and its program run as `__main__`. Nothing runs in the
 server while a run trains (it waits in accept), the child shares no thread (a fork copies only the calling one) and
 no torch state (the server ran no torch operation; the thread pools of the BLAS libraries numpy and scipy load are
-shut down at fork by their own handlers and started again on first use), and the child's clocks start at its fork
+shut down at fork by their own handlers and started again on first use; any other thread started by the imports
+keeps the server from serving), and the child's clocks start at its fork
 (`startupSeconds` counts from there).
 
 The server refuses (`admissible`), and the program then runs as a fresh process of its own, whenever the child
@@ -143,9 +144,10 @@ def _wait_ready(process: subprocess.Popen, seconds: float) -> bool:
 def main(address: str) -> int:
     """Import, check, serve. Returns only in a child (what its program returns), or when the server cannot serve."""
     environ = dict(os.environ)  # what the imports saw, hence what a request's environment is compared with
+    pools = blas_threads()
     for name in PRELOAD:
         importlib.import_module(name)
-    refusal = unforkable(environ)
+    refusal = unforkable(environ, pools)
     if refusal:
         log(f"not serving: {refusal}")
         return 1
@@ -164,26 +166,29 @@ def main(address: str) -> int:
     run_program(child.request["argv"])
 
 
-def unforkable(environ: dict[str, str]) -> str | None:
-    """Why a child of this process would not be like a fresh one (None: it would). `environ`: before the imports."""
+def unforkable(environ: dict[str, str], pools: set[str]) -> str | None:
+    """Why a child of this process would not be like a fresh one (None: it would). `environ`: before the imports;
+    `pools`: the BLAS libraries' threads (`blas_threads`)."""
     if changed := [k for k in set(environ) | set(os.environ) if environ.get(k) != os.environ.get(k)
                    and k not in SET_BY_IMPORTS]:
         return f"the imports changed environment variables {sorted(changed)}"
     with open("/proc/self/maps", encoding="utf-8") as maps:
         if any(re.search(r"/libcuda\.so", line) for line in maps):
             return "the CUDA driver is loaded: a forked child could not use it"
-    threads = len(os.listdir("/proc/self/task")) - 1
-    pools = blas_pools()
-    if threads > pools:
-        return f"{threads} threads run beside the main one, {pools} of them BLAS pools that fork handles"
+    others = set(os.listdir("/proc/self/task")) - pools - {str(os.getpid())}
+    if others:
+        return f"{len(others)} threads started while importing: a fork would copy none of them"
     return None
 
 
-def blas_pools() -> int:
-    """The OpenBLAS libraries loaded (numpy's, scipy's): each starts one pool of threads at load, and shuts it
-    down before a fork by its own pthread_atfork handler (the child starts it again when it first needs it)."""
-    with open("/proc/self/maps", encoding="utf-8") as maps:
-        return len({line.split()[-1] for line in maps if re.search(r"openblas[^/]*\.so", line)})
+def blas_threads() -> set[str]:
+    """The threads numpy's and scipy's OpenBLAS start as they load (imported first, alone, to tell them apart): each
+    library stops its pool before a fork with its own pthread_atfork handler, and the child starts it again when it
+    first needs it. Any other thread keeps the server from serving (`unforkable`)."""
+    import numpy  # noqa: F401
+    import scipy.linalg  # noqa: F401
+
+    return set(os.listdir("/proc/self/task")) - {str(os.getpid())}
 
 
 def log(message: str) -> None:
