@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__, collect
 from gpt2bench import jobkinds as kinds
-from gpt2bench.plan import Run, plan_runs
+from gpt2bench.plan import Run, configuration_of, plan_runs, stopped_configurations
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
     COMPONENT_LABEL,
@@ -306,7 +306,9 @@ def _pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run
         raise Unreadable(rc.unreadable_reason(__version__, pinned_by, what)) from error
     except ValueError as error:  # the status (pydantic) or the annotation (JSON)
         raise Unreadable(rc.unreadable_reason(__version__, pinned_by, " ".join(str(error).split()))) from error
-    runs = plan_runs(benchmark, rounds=status.rounds_planned)  # with the rounds a sweep added until decided
+    # with the rounds a sweep added until decided, for the configurations that were still racing
+    runs = plan_runs(benchmark, rounds=status.rounds_planned,
+                     stopped=stopped_configurations(status.runs or [], status.rounds_planned or 0))
     planned, recorded = [r.name for r in runs], [r.name for r in status.runs or []]
     if planned != recorded:
         missing = sorted(set(recorded) - set(planned)) or sorted(set(planned) - set(recorded)) or recorded
@@ -376,7 +378,11 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
     current, runs, rounds = _add_round(fresh, benchmark, status, current, runs, now)
     current = _start_runs(fresh, benchmark, runs, current, jobs, now, logger)
     summary = rc.summarize(status, current, now, benchmark.spec)
-    summary.rounds_planned, summary.rounds_done, summary.stop_reason = rounds
+    summary.rounds_planned, summary.rounds_done, summary.stop_reason, summary.racing, summary.dropped = rounds
+    if summary.phase != rc.RUNNING:
+        summary.racing = 0  # nothing runs on
+    elif summary.racing is None:  # fixed rounds: every configuration runs every round
+        summary.racing = len({configuration_of(entry) for entry in current})
     _export(fresh, summary)
     generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
     if generation > observed:  # written here, not by the update handler: one writer while Running
@@ -459,20 +465,35 @@ def _add_round(owner: dict[str, Any], benchmark: Benchmark, status: BenchmarkSta
     """Repeat until decided (sweep.maxRepeats): once every planned run has finished, one more whole round while a
     scale's fastest decision is unresolved and the budget allows (report.sequential, the local runner's rule), as
     Pending entries; else why the sweep stops. The rule reads only the stored runs and times, so a restarted
-    operator continues it. Returns the entries, the runs planned and (rounds planned, rounds done, stop reason)."""
-    rounds = (status.rounds_planned, status.rounds_done, status.stop_reason)
+    operator continues it. Returns the entries, the runs planned and (rounds planned, rounds done, stop reason,
+    configurations still racing, configurations the race dropped so far); a newly dropped configuration gets a
+    ConfigurationDropped Event."""
+    rounds = (status.rounds_planned, status.rounds_done, status.stop_reason, status.racing, status.dropped)
     if benchmark.spec.sweep.max_repeats is None or any(e.phase not in rc.TERMINAL_RUN_PHASES for e in current):
         return current, runs, rounds
-    from gpt2bench.report.sequential import next_round
+    from gpt2bench.report.sequential import next_round, race_stops
 
     step = next_round(current, rc.camel(benchmark.spec), status.start_time, rc.parse_rfc3339(now))
     if not step.add:
-        return current, runs, (status.rounds_planned, step.rounds_done, step.reason)
+        _post_drops(owner, status.dropped, step.dropped)
+        return current, runs, (status.rounds_planned, step.rounds_done, step.reason, 0, step.dropped or None)
+    _post_drops(owner, status.dropped, step.dropped)
     planned = (status.rounds_planned or 0) + 1
-    runs = plan_runs(benchmark, rounds=planned)
+    runs = plan_runs(benchmark, rounds=planned, stopped=race_stops(current, step.racing, planned))
     added = [collect.run_entry(run, phase=rc.PENDING) for run in runs if run.repeat == planned]
     _event(owner, "Normal", "RoundAdded", step.reason)
-    return current + added, runs, (planned, step.rounds_done, None)
+    return current + added, runs, (planned, step.rounds_done, None, len(step.racing), step.dropped or None)
+
+
+def _post_drops(owner: dict[str, Any], before: list[Any] | None, now: list[Any]) -> None:
+    """One Event per configuration the race dropped since the last step: which, after which round, and why."""
+    known = {d.configuration for d in before or []}
+    for dropped in now:
+        if dropped.configuration not in known:
+            _event(owner, "Normal", "ConfigurationDropped",
+                   f"{dropped.configuration} dropped after round {dropped.round}: {dropped.behind} is "
+                   f"{dropped.ratio - 1:+.1%} faster (at least {dropped.low - 1:+.1%} at the race's level); it runs no "
+                   "more rounds")
 
 
 def _deleted_since(owner: dict[str, Any]) -> bool:
