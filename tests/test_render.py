@@ -373,8 +373,8 @@ def test_render_cli_prints_a_yaml_stream(capsys):
     out = capsys.readouterr().out
     objects = list(yaml.safe_load_all(out))
     jobs = [o for o in objects if o["kind"] != "NetworkPolicy"]
-    assert len(jobs) == 36 and "&id" not in out  # 6 strategies x 2 precisions x (2 repeats + the breakdown round)
-    assert [j["kind"] for j in jobs].count("MPIJob") == 6  # horovod: 2 precisions x 3 rounds
+    assert len(jobs) == 40 and "&id" not in out  # 5 strategies x 2 precisions x (3 repeats + the breakdown round)
+    assert [j["kind"] for j in jobs].count("MPIJob") == 8  # horovod: 2 precisions x 4 rounds
     for job in jobs:
         validate_job(job)
     # each run's NetworkPolicy comes just before its job, named as it (tests/test_policy.py checks them)
