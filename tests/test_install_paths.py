@@ -373,11 +373,25 @@ def test_every_readme_helm_install_makes_an_operator_watching_the_namespace_step
     assert shortcut["KUBECONFIG"].endswith("/gpt2bench-e2e-pytorchjob/kubeconfig")
 
 
+def chart_readme_blocks() -> list[list[str]]:
+    return [shell_lines(block) for block in re.findall(r"^```bash\n(.*?)^```", (CHART / "README.md").read_text(),
+                                                        re.M | re.S)]
+
+
+def chart_readme_applies() -> list[str]:
+    """The kubectl lines of the chart README's block that installs the chart and applies the example (the
+    release path's install, from the chart folder: run after the README's step 2)."""
+    (lines,) = [lines for lines in chart_readme_blocks()
+                if lines[0].startswith("helm install") and any(line.startswith("kubectl apply") for line in lines)]
+    assert lines[0] == "helm install gpt2bench ./helm/gpt2bench --namespace gpt2bench-system --create-namespace"
+    return [line for line in lines if line.startswith("kubectl ")]
+
+
 def test_the_chart_readmes_installs_render_and_its_example_goes_where_the_operator_watches() -> None:
     """The chart's README: each `helm install` renders with real helm (its values files included), and the
-    block that applies the example applies it into the namespace that install's operator watches."""
-    text = (CHART / "README.md").read_text()
-    blocks = [shell_lines(block) for block in re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S)]
+    block that applies the example applies it into the namespace that install's operator watches (that block's
+    kubectl lines run in the README-then-NOTES walk below)."""
+    blocks = chart_readme_blocks()
     installs = [(lines, line) for lines in blocks for line in lines if line.startswith("helm install gpt2bench ")]
     assert len(installs) == 3, installs
     for lines, line in installs:
@@ -500,7 +514,7 @@ def run_in_order(commands: list[str], env: dict[str, str], cwd: Path, log: Path)
 
 def test_the_readme_then_the_notes_take_a_user_from_helm_install_to_a_finished_benchmark(tmp_path: Path) -> None:
     """The README's step 2, as pasted after its release path (NS, CHART as that block sets them; the files as
-    a checkout has them), then every command the rendered NOTES print, in order, with the real kubectl, against
+    a checkout has them), the chart README's apply and follow, then every command the rendered NOTES print, in order, with the real kubectl, against
     the operator that install makes. The README's apply starts the sweep; the NOTES' is the same object again,
     so their waits must come back too (one that applied elsewhere would wait for ever). Earlier bugs: the notes
     applied the example without `-n`, into a namespace the operator does not watch; both waited for
@@ -525,6 +539,7 @@ def test_the_readme_then_the_notes_take_a_user_from_helm_install_to_a_finished_b
         with chart_operator(cluster, objects, log), Controllers(cluster, "pytorchjob"):
             deployment_rolled_out(cluster, objects)
             readme = run_in_order(step2, env, checkout, log)
+            run_in_order(chart_readme_applies(), env, checkout, log)  # the chart README's: the same install
             outputs = run_in_order([local_copy(c) for c in commands], env, checkout, log)
         (benchmark,) = benchmarks_everywhere(cluster)
     assert condition(benchmark, "Finished") == condition(benchmark, "Complete") == "True"
