@@ -224,11 +224,14 @@ class BestRun(StatusModel):
     tokens_per_second: float = Field(description="The geometric mean of its runs' global tokens/s.")
 
 
-# Condition types of a GPT2Benchmark, as batch Jobs have them (`kubectl wait --for=condition=Complete`):
-# Ready (results are there: Succeeded or PartiallySucceeded), Complete (every run finished and at least one
-# has results), Failed (no run succeeded, or the spec is invalid), Queued (a run's job is suspended, waiting
-# for its queue), and SpecChangeIgnored. Each carries the generation it was decided on.
+# Condition types of a GPT2Benchmark, as batch Jobs have them: Ready (results are there: Succeeded or
+# PartiallySucceeded), Complete (every run finished and at least one has results), Failed (no run succeeded, or
+# the spec is invalid), Finished (the sweep ended, whichever way: Complete or Failed, reason the phase; what
+# `kubectl wait --for=condition=Finished` waits for, since waiting for Complete hangs when the sweep fails),
+# Queued (a run's job is suspended, waiting for its queue), and SpecChangeIgnored. Each carries the generation
+# it was decided on.
 READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
+FINISHED_CONDITION = "Finished"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 SPEC_UNREADABLE = "SpecUnreadable"  # the operator running cannot read the spec a sweep was pinned with
 
@@ -397,7 +400,7 @@ class Condition(StatusModel):
 
     type: str = Field(max_length=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                                                 r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-                      description="Ready, Complete, Failed, Queued or SpecChangeIgnored.")
+                      description="Ready, Complete, Failed, Finished, Queued or SpecChangeIgnored.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
                         description="Why, in one CamelCase word.")
@@ -445,7 +448,8 @@ class BenchmarkStatus(StatusModel):
     analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
     conditions: list[Condition] | None = Field(
-        None, description="Ready, Complete, Failed, Queued: `kubectl wait --for=condition=Complete`.",
+        None, description="Ready, Complete, Failed, Finished, Queued. `kubectl wait --for=condition=Finished` ends "
+                          "when the sweep does, whichever way (its reason is the phase); Complete: with results.",
         json_schema_extra=CONDITIONS_LIST)
 
 

@@ -315,17 +315,18 @@ def test_dashboard_configmaps_equal_the_generated_dashboards(rendered) -> None:
         assert json.loads(text) == sources[name]  # {{run}} legends survive Helm's own templating
 
 
-def render_notes(install_args: list[str], tmp_path: Path) -> str:
+def render_notes(install_args: list[str], tmp_path: Path, source: Path = CHART) -> str:
     """The NOTES `helm install` would print, through helm's own template engine (`helm template` leaves NOTES
-    out): the chart copied with NOTES.txt moved into a ConfigMap that `tpl` renders."""
+    out): the chart (`source`, named by its path in `install_args`) copied with NOTES.txt moved into a
+    ConfigMap that `tpl` renders."""
     chart = Path(tempfile.mkdtemp(dir=tmp_path)) / "gpt2bench"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("crds"))
+    shutil.copytree(source, chart, ignore=shutil.ignore_patterns("crds"))
     (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
     (chart / "templates" / "NOTES.txt").unlink()
     (chart / "templates" / "notes-check.yaml").write_text(
         'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: |\n'
         '{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n')
-    args = [str(chart) if arg == str(CHART) else arg for arg in install_args]
+    args = [str(chart) if arg == str(source) else arg for arg in install_args]
     proc = subprocess.run([str(HELM), "template", *args, "--show-only", "templates/notes-check.yaml"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -345,6 +346,22 @@ def test_notes_render_next_steps(tmp_path: Path) -> None:
     monitored = notes("-f", str(CHART / "ci" / "monitoring-values.yaml"))
     assert "PodMonitor bench-gpt2bench-trainer" in monitored and "Monitoring is off" not in monitored
     assert "namespace ml-benchmarks only" in notes("-f", str(CHART / "ci" / "namespaced-values.yaml"))
+
+
+def test_notes_say_loudly_when_the_runtimes_were_skipped_for_want_of_trainer_v2(tmp_path: Path) -> None:
+    """Installed before Trainer v2, the chart (trainerRuntimes.install=auto) silently left the runtimes out, and
+    every TrainJob run failed later. Its notes now say so, with the upgrade that installs them."""
+    def notes(*args: str) -> str:
+        return render_notes(["bench", str(CHART), "-n", "ops", *args], tmp_path)
+
+    skipped = notes()
+    assert "runtimes were NOT installed" in skipped
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    assert (f"helm upgrade bench oci://ghcr.io/gpt2bench/charts/gpt2bench --version {version} -n ops --reuse-values "
+            "--set trainerRuntimes.install=true") in skipped
+    for args in (("--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"),
+                 ("--set", "trainerRuntimes.install=true"), ("--set", "trainerRuntimes.install=false")):
+        assert "NOT installed" not in notes(*args), args
 
 
 def test_chart_crd_equals_manifests_crd() -> None:

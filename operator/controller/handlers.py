@@ -1,7 +1,8 @@
 """kopf handlers for GPT2Benchmarks and their jobs: thin, each hands over to `sweep` (wiring) and
 `reconcile` (decisions).
 
-- startup: all settings in one place (timeouts on every API request: kopf's and the client's);
+- startup: all settings in one place (timeouts on every API request: kopf's and the client's), then
+  what the cluster lacks for the runs, in the log (`prerequisites`);
 - probe: /healthz fails when something has been in flight longer than it can take (`liveness`);
 - create/resume, job events, the timer (a sweep not yet started or Running, every --poll-interval
   seconds: a restart, a lost event, a start that met an error), spec edits: each one `sweep.advance`s the
@@ -24,7 +25,7 @@ import kopf
 from gpt2bench.protocol import MANAGED_BY, MANAGED_BY_LABEL
 from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
-from . import apiclient, kube, liveness, metrics, sweep
+from . import apiclient, kube, liveness, metrics, prerequisites, sweep
 from . import reconcile as rc
 from .jobkinds import JOB_KINDS
 
@@ -86,6 +87,7 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
         logger.info("metrics on :%d/metrics", metrics.serve(int(port)))
     logger.info("gpt2bench operator: jobs watched; safety-net poll every %.1f s; API timeout %.1f s",
                 POLL_SECONDS, timeouts.read)
+    prerequisites.report(logger)  # what the cluster lacks (job kinds, runtimes), before any run fails for it
 
 
 @kopf.on.probe(id="progress")

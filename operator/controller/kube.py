@@ -126,6 +126,20 @@ def served_job_kinds() -> set[str]:
     return kinds.served_job_kinds(discovery)
 
 
+def runtimes_missing(names: list[str]) -> list[str]:
+    """Of these ClusterTrainingRuntimes, those the cluster does not have (404); other errors raise."""
+    group, version = TRAINJOB_API.split("/")
+    missing = []
+    for name in names:
+        try:
+            _custom().get_cluster_custom_object(group, version, RUNTIME_PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            missing.append(name)
+    return missing
+
+
 def missing_reason(kind: FollowedKind) -> str:
     """Why `kind` cannot be created here: what the cluster serves instead, and what to install."""
     return missing_kind_reason(kind, [v for v in served_versions(kind.group, kind.plural) if v != kind.version])
