@@ -368,3 +368,31 @@ def test_a_sweep_that_repeats_until_decided_adds_whole_rounds_and_says_why_it_st
     assert status["racing"] == 0 and "dropped" not in status  # alike: nothing dropped, and nothing runs on
     added = [e["message"] for e in benchmarks.events("until") if e["reason"] == "RoundAdded"]
     assert len(added) == 1 and added[0].startswith("round 3 added for the 2 configurations still racing at 1×2 CPU")
+
+
+def test_the_race_on_the_cluster_drops_the_beaten_and_creates_jobs_for_the_survivors_only(cluster, benchmarks, trainer):
+    """ddp and fsdp alike, ps at half their speed: after round 3 the race drops ps (a ConfigurationDropped Event,
+    status.dropped, the Racing column at 2), round 4 creates jobs for ddp and fsdp only, and the sweep stops at
+    maxRepeats with ps run 3 times and the others 4 (issue 35: beaten configurations cost no more GPU-hours)."""
+    sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}, {"name": "ps"}], "repeats": 3, "maxRepeats": 4,
+             "breakdown": "off", "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}
+    benchmarks.create(benchmark("race", sweep=sweep))
+    assert wait_for(lambda: benchmarks.status("race").get("runsTotal"), what="runsTotal") == 9
+
+    def speed(t: TrainingOperator, job: dict, i: int) -> None:
+        t.succeed(job, (500.0 if "-ps-" in job["metadata"]["name"] else 1000.0) * (1 + (i % 3) / 1000))
+
+    play(trainer, "race", 9, speed)
+    racing = wait_for(lambda: (s := benchmarks.status("race")).get("roundsPlanned") == 4 and s, what="round 4")
+    assert racing["racing"] == 2 and [d["configuration"] for d in racing["dropped"]] == ["race-ps-fp32-1x2"]
+    table = cluster.kubectl("get", "gpt2benchmark", "race").stdout.split()
+    assert table[table.index("race") + 4] == "2"  # RACING, after PHASE DONE RUNS
+    play(trainer, "race", 2, speed)  # round 4: two jobs, not three
+    status = wait_for(lambda: (s := benchmarks.status("race")).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert sorted(r["name"] for r in status["runs"] if r["repeat"] == 4) == ["race-ddp-fp32-1x2-r4",
+                                                                             "race-fsdp-fp32-1x2-r4"]
+    assert len(trainer.jobs("race")) == 11 and status["racing"] == 0
+    dropped = [e["message"] for e in benchmarks.events("race") if e["reason"] == "ConfigurationDropped"]
+    assert len(dropped) == 1 and dropped[0].startswith("race-ps-fp32-1x2 dropped after round 3: race-")
+    fastest = status["analysis"]["recommended"]
+    assert fastest["dropped"][0]["configuration"] == "race-ps-fp32-1x2" and fastest["dropped"][0]["round"] == 3
