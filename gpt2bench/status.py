@@ -540,10 +540,10 @@ def best_run(runs: list[RunStatus]) -> BestRun | None:
         key = (run.strategy, run.precision, run.nodes, run.devices_per_node, run.processes_per_node)
         suffix = f"-r{run.repeat}" if run.repeat else ""
         name = run.name[: -len(suffix)] if suffix and run.name.endswith(suffix) else run.name
-        found.setdefault(key, (name, run, []))[2].append(math.log(tps))
+        found.setdefault(key, (name, run, []))[2].append(tps)
     best = None
-    for name, run, logs in found.values():
-        value = math.exp(sum(logs) / len(logs))
+    for name, run, values in found.values():  # values all alike: that value (exp(ln x) may differ from x in a bit)
+        value = values[0] if len(set(values)) == 1 else math.exp(sum(map(math.log, values)) / len(values))
         if best is None or value > best.tokens_per_second:
             best = BestRun(run=name, strategy=run.strategy, precision=run.precision, tokens_per_second=value)
     return best

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 import time
 
@@ -18,6 +17,7 @@ import yaml
 from kube.fixtures import (
     REPO,
     benchmark,
+    kubectl_table,
     operator_calls,
     wait_for,
 )
@@ -30,12 +30,6 @@ TERMINAL = ("Succeeded", "Failed")
 DRIFT = {1: 1.01, 2: 0.99, 3: 1.0}  # a round's shared effect on every run's tokens/s
 
 
-def columns(header: str) -> list[tuple[str, int, int | None]]:
-    """`kubectl get` columns: (name, start, end) by where each header starts (values may hold spaces)."""
-    starts = [m.start() for m in re.finditer(r"\S+", header)]
-    names = header.split()
-    return [(name, start, starts[i + 1] if i + 1 < len(starts) else None) for i, (name, start) in
-            enumerate(zip(names, starts))]
 
 
 def _finished(job: dict) -> bool:
@@ -165,8 +159,7 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
     table = cluster.kubectl("get", "gpt2benchmark", "scales").stdout.split()
     assert table[:9] == ["NAME", "PHASE", "DONE", "RUNS", "RACING", "RECOMMENDED", "DECISION", "AGE", "WAITING"]
     assert table[9:16] == ["scales", "Succeeded", "12", "12", "0", "scales-ddp-fp32-1x2", "clear"]
-    header, *rows = (line for line in cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout.splitlines())
-    wide = {name: rows[0][start:end].strip() for name, start, end in columns(header)}
+    (wide,) = kubectl_table(cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout)
     assert (wide["BACKEND"], wide["BEST"], wide["VERDICT"]) == ("pytorchjob", "ddp", "ddp fp32 is the fastest (95 %)")
     assert float(wide["TOKENS/S"]) == pytest.approx(1990 * gm, rel=1e-3)  # the same geometric mean
 
