@@ -5,8 +5,8 @@ kinds of facts, and both paths turn them into words here, so that the same fault
 and on a cluster (tests/test_diagnosis_table.py):
 
 - `PodEnd`: a pod's container that ended badly (or the pod itself: evicted, lost with its node), when, and
-  the last meaningful line it printed. `first_failure` picks the first by time: the cause, not the peers
-  that failed because of it.
+  the last meaningful line it printed. `first_failure` picks the first by time, and within the same second
+  by how it ended: the cause, not the peers that failed because of it.
 - `PodWait`: a pod that has not started, and why (not scheduled, an image not pulled, a bad config ...), in
   the scheduler's and the kubelet's own words.
 
@@ -91,11 +91,61 @@ def exit_how(code: int, reason: str | None = None) -> str:
     return f"exited with code {code}"
 
 
-def first_failure(ends: Iterable[PodEnd]) -> PodEnd | None:
-    """The pod that failed first (by time; those without a time last, in the order given)."""
+# What a rank prints when a peer failed first: its connection to the peer closed or reset, a collective that
+# waited for the peer until its timeout (NCCL's watchdog, gloo's, Horovod's and the trainer's), NCCL's word for a
+# peer gone. Never the cause while another pod ended in the same second (upstream's wordings: gloo
+# transport/tcp/pair.cc, unbound_buffer.cc; torch ProcessGroupNCCL.cpp; NCCL's ncclRemoteError; horovod
+# common/operations.cc; trainer/parallel/horovod.py).
+PEER_FAILURE = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|[Ww]atchdog caught collective operation timeout|"
+    r"ProcessGroupNCCL's watchdog|NCCL communicator was aborted|remote process exited or there was a network error|"
+    r"Timed out waiting \d+ms for (?:recv|send) operation|Horovod has been shut down|"
+    r"waited more than [\d.]+ s \(--timeout-seconds\) for the other ranks")
+_RANK_KILLED = re.compile(r"^rank \d+ killed by SIG")
+# Signals that ask a process to stop: what a job's controller, JobSet, torchrun or mpirun send the peers of a
+# failed process (and the kubelet a deleted pod) before killing them. A pod stopped so was stopped, not the cause.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def end_rank(end: PodEnd) -> int:
+    """How telling an end is among those of the same second (lower: more likely the cause): the pod's own end
+    (evicted, lost with its node: its containers were killed for it) 0, OOMKilled 1, killed by another signal
+    than a stop (SIGKILL, SIGSEGV, SIGABRT...; or torchrun's root cause: a rank killed by one) 2, another reason
+    of the runtime's (StartError ...) 3, a plain exit 4, a plain exit whose last line says a peer failed first
+    (PEER_FAILURE) 5, stopped by a STOP_SIGNALS signal (its peers' teardown) 6."""
+    if end.container is None:
+        return 0
+    if end.how.startswith("OOMKilled"):
+        return 1
+    if end.how.startswith("killed by"):
+        return 6 if end.how.split()[2] in STOP_SIGNALS else 2
+    if _RANK_KILLED.match(end.line or "") and end.line.split()[3] not in STOP_SIGNALS:
+        return 2
+    if not end.how.startswith("exited with"):
+        return 3
+    return 5 if PEER_FAILURE.search(end.line or "") else 4
+
+
+def _second(end: PodEnd) -> datetime.datetime:
+    """When the end came, to the second (a container's finishedAt has 1 s resolution); no time: last."""
+    at = _time(end.at)
+    return at.replace(microsecond=0) if at else datetime.datetime.max.replace(tzinfo=datetime.UTC)
+
+
+def first_seconds(ends: Iterable[PodEnd]) -> list[PodEnd]:
+    """The ends of the earliest second (all of them when none has a time): the candidates for the cause."""
     listed = list(ends)
-    far = datetime.datetime.max.replace(tzinfo=datetime.UTC)
-    return min(listed, key=lambda end: _time(end.at) or far, default=None)
+    earliest = min(map(_second, listed), default=None)
+    return [end for end in listed if _second(end) == earliest]
+
+
+def first_failure(ends: Iterable[PodEnd]) -> PodEnd | None:
+    """The pod that failed first: by the second it ended (those without a time last); within one second, and
+    among the ends a local runner saw in one poll, by how it ended (`end_rank`: an OOMKill or a signal before a
+    plain exit, a peer's failure reported last), then in the order given. Two pods of a job that fails usually
+    end in the same second: the victim's "Connection closed by peer" must not be named over the cause."""
+    listed = list(ends)
+    return min(listed, key=lambda end: (_second(end), end_rank(end)), default=None)
 
 
 def failure_reason(first: PodEnd | None, controller: str | None = None) -> str | None:

@@ -175,9 +175,11 @@ def test_a_container_the_kubelet_cannot_create_fails_its_run_at_the_startup_limi
 
 
 @pytest.mark.faults
-def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure(benchmarks, trainer):
-    """The worker fails first (OOMKilled, restarted under OnFailure: lastState keeps it); the master fails 3 s
-    later because its peer went. The reason names the worker, how, and what it printed last."""
+def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_failure_in_the_same_second(benchmarks, trainer):
+    """The worker is OOMKilled (restarted under OnFailure: lastState keeps it) and the master fails because its
+    peer went, in the same second (finishedAt has 1 s resolution: the usual case), the master listed first. The
+    reason names the worker, how, and what it printed last (issue 37, item 4: the tie went to list order, naming
+    the master's "Connection closed by peer")."""
     name = "oom"
     create(benchmarks, name, ["ddp"])
     job = first_job(trainer, name)
@@ -185,10 +187,10 @@ def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure
     master, worker = trainer.create_pods(job)
     trainer.running(master)
     trainer.running(worker)
+    trainer.terminate(master, 1, log="RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:29500\n",
+                      finished_at="2026-11-26T10:00:01Z")
     trainer.terminate(worker, 137, reason="OOMKilled", log=OOM_LOG, finished_at="2026-11-26T10:00:01Z",
                       restarted=True)
-    trainer.terminate(master, 1, log="RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:29500\n",
-                      finished_at="2026-11-26T10:00:04Z")
     failed_at = time.monotonic()
     trainer.fail(job, "Worker")
     reason = run_entry(benchmarks, name)["reason"]
@@ -196,8 +198,28 @@ def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure
                       f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                       f"capacity of 79.1 GiB of which 1.2 GiB is free.; PyTorchJobFailed: PyTorchJob "
                       f"{job['metadata']['name']} is failed because 1 Worker replica(s) failed.")
-    FIGURES["worker-oomkilled-first"] = {"injected": 1, "failed_after_job_failed_s": seconds_since(failed_at),
-                                         "runs_lost": 0, "reason": reason}
+    FIGURES["worker-oomkilled-same-second"] = {"injected": 1, "failed_after_job_failed_s": seconds_since(failed_at),
+                                               "runs_lost": 0, "reason": reason}
+
+
+@pytest.mark.faults
+def test_a_local_replica_killed_in_the_poll_its_peer_failed_in_is_the_reason(tmp_path):
+    """Locally the runner polls its replicas every 0.25 s (here 2 s): the master's "Connection closed by peer" and
+    the worker's SIGKILL seen in one poll are the same tie, told apart by the same rule as on the cluster."""
+    started = time.monotonic()
+    peer_gone = [sys.executable, "-c", "import sys, time; time.sleep(0.3); "
+                 "sys.stderr.write('RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500\\n'); sys.exit(1)"]
+    killed = [sys.executable, "-c", "import os, signal, time; time.sleep(0.6); os.kill(os.getpid(), signal.SIGKILL)"]
+    document = benchmark("tie", [{"name": "ddp"}])
+    document["spec"]["sweep"]["scales"] = TWO_NODES
+    bench = load_benchmark(document)
+    job = render_job(bench, plan_runs(bench)[0])
+    for replica, command in (("Master", peer_gone), ("Worker", killed)):
+        job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]["command"] = command
+    outcome = execute_job(job, tmp_path, gpus=[], grace_seconds=2, poll_seconds=2.0)
+    assert outcome.reason == "pod tie-ddp-fp32-2x1-worker-0 (container pytorch) killed by SIGKILL (exit code 137)"
+    FIGURES["local-replicas-same-poll"] = {"injected": 1, "runs_lost": 0, "run_seconds": seconds_since(started),
+                                           "reason": outcome.reason}
 
 
 # --- the same fault, the same words: the cluster (the operator) and the local runner ------------------------
