@@ -203,10 +203,12 @@ def cannot_start_here(wait: PodWait, detail: str = "") -> str:
 
 # ------------------------------------------------------------------ what a container printed
 
-# Prefixes launchers add to their children's lines: horovodrun's `[1]<stderr>:`, mpirun's `[1,0]<stdout>:`
-_TAG = re.compile(r"^\[\d+(?:,\d+)?\]<(?:stdout|stderr)>:\s?")
+# Prefixes launchers add to their children's lines: horovodrun's `[1]<stderr>:` (its rank), mpirun's
+# `[1,0]<stdout>:` (its job, then its rank)
+_TAG = re.compile(r"^\[(?:\d+,)?(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?")
 # A Python logging header (the trainer's `2026-01-01 10:00:00,123 rank1 ERROR `)
-_LOG_HEADER = re.compile(r"^\d{4}-\d\d-\d\d[ T][\d:.,]+\s+(?:rank\d+\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+")
+_LOG_HEADER = re.compile(r"^\d{4}-\d\d-\d\d[ T][\d:.,]+\s+(?:rank(?P<rank>\d+)\s+)?"
+                         r"(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+")
 _ERROR = re.compile(r"(Error|Exception|error:|ERROR|not found|No module named|Killed|Aborted|terminate called|"
                     r"Timed out|timed out|waited more than|[Oo]ut of memory)")
 # Lines that say nothing of the cause: tracebacks' frames, the launchers' own accounts of a child's failure.
@@ -232,7 +234,7 @@ def _plain(line: str) -> str:
 
 def _says_nothing(line: str) -> bool:
     header = _LOG_HEADER.match(line)
-    if header and header.group(1) in ("DEBUG", "INFO"):  # progress, the resolved config: never a cause
+    if header and header.group(2) in ("DEBUG", "INFO"):  # progress, the resolved config: never a cause
         return True
     body = line[header.end():] if header else line
     return (not body or body.startswith((SUMMARY_PREFIX.strip(), STEPS_PREFIX.strip())) or body[:1] in "{["
@@ -246,19 +248,36 @@ def last_meaningful_line(text: str | None) -> str | None:
     config, summary lines, INFO lines, the launchers' banners); None when nothing is left."""
     if not text:
         return None
-    lines = [_plain(line) for line in text.splitlines()[-300:]]
-    lines = [line for line in lines if line and not _says_nothing(line)]
     parts = []
     root = _ROOT_CAUSE.search(text)
     if root:
         rank, code, signame = root.group(1), root.group(2), root.group(4)
         parts.append(f"rank {rank} " + (f"killed by {signame}" if signame else f"exited with code {code}"))
-    errors = [line for line in lines if _ERROR.search(line)]
-    if errors or lines:
-        line = (errors or lines)[-1]
-        header = _LOG_HEADER.match(line)
-        parts.append(line[header.end():] if header else line)
+    line = _last_said(text)
+    if line is not None:
+        header = _LOG_HEADER.match(_plain(line))
+        parts.append(_plain(line)[header.end():] if header else _plain(line))
     return clean_reason("; ".join(parts))[:LINE_LIMIT] or None
+
+
+def _last_said(text: str) -> str | None:
+    """The line (as printed) `last_meaningful_line` reads: the last error-looking one, else the last not noise."""
+    lines = [line for line in text.splitlines()[-300:] if _plain(line) and not _says_nothing(_plain(line))]
+    errors = [line for line in lines if _ERROR.search(_plain(line))]
+    return (errors or lines or [None])[-1]
+
+
+def rank_said(text: str | None) -> str | None:
+    """`rank N: <its last meaningful line>` when that line of a launcher's output (mpirun, horovodrun) came from
+    one of its ranks (the launcher's tag, else the trainer's log header names it); None when it is the launcher's
+    own (`ORTE was unable to reach daemon ...`) or nothing was said."""
+    line = _last_said(text or "")
+    if line is None:
+        return None
+    tag, header = _TAG.match(line), _LOG_HEADER.match(_plain(line))
+    rank = (tag and tag.group("rank")) or (header and header.group("rank"))
+    said = _plain(line)[header.end():] if header else _plain(line)
+    return clean_reason(f"rank {rank}: {said}")[:LINE_LIMIT] if rank is not None else None
 
 
 def container_said(termination_message: str | None, log_tail: str | None = None) -> str | None:

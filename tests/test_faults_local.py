@@ -184,14 +184,17 @@ def test_a_killed_runner_takes_its_ranks_along_and_resume_finishes_only_the_rest
     first_steps = out / first["stepsFile"]
     first_mtime = first_steps.stat().st_mtime_ns
 
-    assert report([str(out), "--quiet"]) == 0  # the next look
+    capsys.readouterr()
+    assert report([str(out), "--quiet"]) == 0  # the next look: it says so, and how to finish the sweep
+    assert f"the sweep in {out} was interrupted with 1 of 2 runs finished: `gpt2bench run FILE --resume --output " \
+           f"{out}`" in capsys.readouterr().err
     looked = results(out)
     assert looked["phase"] == "Interrupted" and (looked["runs"][1]["phase"], looked["runs"][1]["reason"]) == (
         "Interrupted", ABANDONED)
 
     capsys.readouterr()
     assert run([str(sweep), "--steps", STEPS, "--output", str(out)]) == 2
-    assert "--resume keeps them and runs the rest" in capsys.readouterr().err
+    assert "was interrupted with 1 of 2 runs finished: `gpt2bench run FILE --resume" in capsys.readouterr().err
     assert results(out) == looked  # refused: nothing touched
 
     resumed = gpt2bench("run", str(sweep), "--steps", STEPS, "--output", str(out), "--resume", env=env)
