@@ -8,8 +8,11 @@ still gets to the transition's next state: no state may be left for good because
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
+from fault_figures import FIGURES
 from kube.faults import OWN_CLIENT, FailCalls
 from kube.fixtures import benchmark, run_entry, wait_for
 
@@ -187,6 +190,32 @@ def test_a_finished_run_is_recorded_and_the_next_started_though_one_call_of_the_
     wait_for(lambda: reasons(benchmarks, name).count("RunSucceeded") == 2, what="2 RunSucceeded")
     wait_for(lambda: "SweepSucceeded" in reasons(benchmarks, name), what="SweepSucceeded")
     assert reasons(benchmarks, name).count("SweepSucceeded") == 1
+    benchmarks.delete(name)
+
+
+@pytest.mark.faults
+def test_one_404_on_the_list_of_jobs_of_a_served_kind_fails_no_run(cluster, benchmarks, trainer):
+    """Issue 37, item 1: one 404 on the step's list of PyTorchJobs (an API server instance whose CRD informer has
+    not synced, CRDs re-applied during an upgrade) took the kind for "not served": every active run of it Failed
+    with a false reason and the running job was orphaned. Discovery serves the kind, so the 404 is transient: the
+    step is tried again, and every result is kept."""
+    name = "list-404"
+    benchmarks.create(benchmark(name, [{"name": "single"}, {"name": "ddp"}]))
+    first = wait_for(lambda: trainer.jobs(name), what="the first job")[0]
+    trainer.start(first)
+    wait_for(lambda: run_entry(benchmarks.status(name), 0).get("phase") == "Running", what="Running")
+    lists = r"/namespaces/default/pytorchjobs$"
+    with FailCalls(404, times=1, method="GET", path=lists, agents=OWN_CLIENT).install(cluster) as fault:
+        trainer.succeed(first, 10.0)
+        wait_for(lambda: fault.hits == 1, what="the 404 met")
+        play_one(trainer, name, 20.0)
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") not in (None, "Pending", "Running") and s,
+                      what="finished")
+    assert [(r["phase"], (r.get("results") or {}).get("tokensPerSecond")) for r in status["runs"]] == [
+        ("Succeeded", 10.0), ("Succeeded", 20.0)], [r.get("reason") for r in status["runs"]]
+    assert status["phase"] == "Succeeded" and len(trainer.jobs(name)) == 2
+    FIGURES["list-404"] = {"injected": fault.hits, "runs": 2, "runs_lost": 0, "runs_twice": 0,
+                           "final_phase": status["phase"]}
     benchmarks.delete(name)
 
 
