@@ -337,6 +337,32 @@ def test_a_benchmark_deleted_mid_run_takes_its_jobs_and_pods_with_it(env):
                                     "final_phase": "deleted", "orphan_jobs": 0}
 
 
+def test_a_benchmark_is_deleted_while_no_operator_runs_and_its_jobs_go_with_it(env):
+    """Issue 37, item 2: kopf held a finalizer on every running benchmark (for its per-benchmark timer), so with
+    no operator (`operator.replicas: 0`, a crash loop, after `helm uninstall`) `kubectl delete` hung, the jobs kept
+    their GPUs and the namespace stayed Terminating. Now no handler needs a finalizer: the API server deletes the
+    benchmark at once and its garbage collector the jobs it owns."""
+    name = "no-operator"
+    env.benchmarks.create(benchmark(name, sweep=SIX_RUNS))
+    job = wait_for(lambda: env.trainer.jobs(name), 20, what="the first job")[0]
+    env.trainer.start(job)
+    wait_for(lambda: run_entry(env.benchmarks.status(name), 0).get("phase") == "Running", 20, what="Running")
+    time.sleep(1.0)  # kopf acts on the Running status's event within milliseconds (an earlier one added a finalizer)
+    assert not env.benchmarks.get(name)["metadata"].get("finalizers"), "no finalizer while it runs"
+    env.operator.stop()
+    try:
+        started = time.monotonic()
+        deleted = env.cluster.kubectl("delete", "gpt2benchmark", name, "--timeout=20s", check=False)
+        took = time.monotonic() - started
+        assert deleted.returncode == 0, deleted.stderr
+        assert not env.benchmarks.exists(name) and env.trainer.jobs(name) == [], "its jobs went with it (GC)"
+    finally:
+        env.operator.start()
+    FIGURES["benchmark-deleted-no-operator"] = {"injected": 1, "runs_lost": 0, "runs_twice": 0,
+                                                "final_phase": "deleted", "kubectl_delete_seconds": round(took, 1),
+                                                "orphan_jobs": 0}
+
+
 def test_a_benchmark_deleted_while_its_poll_runs_is_gone_within_seconds(env):
     """kopf keeps its finalizer until the benchmark's timer has stopped. A poll (the timer's handler, in a
     thread) still running at deletion is re-checked only every `cancellation_polling` seconds (kopf's default:

@@ -293,16 +293,31 @@ def get_benchmark(namespace: str, name: str) -> dict[str, Any] | None:
         raise
 
 
-def patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
-    """Merge-patch the benchmark's status (lists such as `runs` and `conditions` are replaced whole)."""
-    _custom().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
-                                                     {"status": status})
+def _precondition(resource_version: str | None) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": resource_version}} if resource_version else {}
 
 
-def annotate_benchmark(namespace: str, name: str, annotations: dict[str, str]) -> None:
-    """Merge-patch the benchmark's annotations (the pinned spec)."""
-    _custom().patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name,
-                                             {"metadata": {"annotations": annotations}})
+def patch_status(namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+                 ) -> dict[str, Any]:
+    """Merge-patch the benchmark's status (lists such as `runs` and `conditions` are replaced whole); with
+    `resource_version` (that of the benchmark the step read), only if it is still that version: the API server
+    answers 409 Conflict when another writer came first, and the step runs again on what is stored now, so no
+    update is lost. Returns the benchmark as written."""
+    return _custom().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
+                                                            {**_precondition(resource_version), "status": status})
+
+
+def annotate_benchmark(namespace: str, name: str, annotations: dict[str, str], resource_version: str | None = None
+                       ) -> dict[str, Any]:
+    """Merge-patch the benchmark's annotations (the pinned spec), conditional as `patch_status`."""
+    patch = _precondition(resource_version)
+    patch.setdefault("metadata", {})["annotations"] = annotations
+    return _custom().patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name, patch)
+
+
+def conflict(exc: BaseException) -> bool:
+    """A conditional write another writer came before (409 Conflict)."""
+    return isinstance(exc, ApiException) and exc.status == 409
 
 
 # --- pods ---------------------------------------------------------------------------------------------
@@ -359,6 +374,13 @@ def termination_message(pod: dict[str, Any] | None, container: str | None = None
             if terminated.get("message"):
                 return terminated["message"]
     return None
+
+
+def benchmark_events(namespace: str, uid: str | None) -> list[dict[str, Any]]:
+    """The Events about the benchmark of `uid` (involvedObject.uid), as the API returns them."""
+    response = _core().list_namespaced_event(namespace, field_selector=f"involvedObject.uid={uid}",
+                                             _preload_content=False)
+    return json.loads(response.data).get("items", [])
 
 
 # --- config maps (per-step records) -------------------------------------------------------------------
