@@ -19,15 +19,23 @@ import subprocess
 import sys
 
 from gpt2bench.collect import summary_json
-from gpt2bench.diagnosis import executable_not_found, exit_how, last_meaningful_line
+from gpt2bench.diagnosis import executable_not_found, exit_how, last_meaningful_line, rank_said
 from gpt2bench.files import DEFAULT_TERMINATION_LOG, termination_log_path, write_termination_message
 from gpt2bench.protocol import MAX_TERMINATION_MESSAGE, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 
 
-def failure_summary(reason: str, tail: list[str]) -> str:
-    """A compact failed summary: `reason`, then the last meaningful line of the output's tail, if any."""
-    said = last_meaningful_line("\n".join(tail))
-    reason = reason + (f": {said}" if said else "")
+def failure_summary(reason: str, tail: list[str], killed: bool = False) -> str:
+    """A compact failed summary. When a rank said why last (`rank 1: horovod: the all-reduce ... waited more than
+    4 s ...`), that first and how the command ended after it, in brackets: the rank's reason is the run's, on the
+    cluster (the launcher pod's termination message) as locally. Else, or when the command was `killed` (the
+    launcher pod deleted: that is the cause), `reason` then the last meaningful line of the output's tail."""
+    text = "\n".join(tail)
+    rank = None if killed else rank_said(text)
+    if rank:
+        reason = f"{rank} ({reason})"
+    else:
+        said = last_meaningful_line(text)
+        reason = reason + (f": {said}" if said else "")
     return json.dumps({"status": "failed", "reason": reason[: MAX_TERMINATION_MESSAGE - 64]}, separators=(",", ":"))
 
 
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
     if summary is None:
-        message = failure_summary(no_summary_reason(command[0], code), tail)
+        message = failure_summary(no_summary_reason(command[0], code), tail, killed=code > 128)
     else:
         message = summary
     if path is not None:

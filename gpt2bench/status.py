@@ -528,6 +528,17 @@ def settle_abandoned(doc: ResultsDocument, directory: str | os.PathLike) -> Resu
     return doc.model_copy(update={"runs": interrupt_runs(doc.runs, ABANDONED), "phase": INTERRUPTED})
 
 
+def interrupted_note(doc: ResultsDocument, directory: str | os.PathLike) -> str | None:
+    """What `gpt2bench report` and `gpt2bench run` say of a folder whose sweep was interrupted (Ctrl-C, a closed
+    terminal, its runner killed: `settle_abandoned`): how far it got and how to finish it; None otherwise."""
+    if doc.phase != INTERRUPTED:
+        return None
+    finished = sum(run.phase in (SUCCEEDED, FAILED) for run in doc.runs)
+    return (f"the sweep in {directory} was interrupted with {finished} of {len(doc.runs)} runs finished: "
+            f"`gpt2bench run FILE --resume --output {directory}` (FILE: GPT2Benchmark {doc.benchmark}'s file) keeps "
+            f"them and runs the rest")
+
+
 # ------------------------------------------------------------------ rules over runs
 def best_run(runs: list[RunStatus]) -> BestRun | None:
     """The configuration with the highest geometric mean tokens/s over its succeeded decision runs (every run

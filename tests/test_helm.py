@@ -105,8 +105,9 @@ def test_long_names_are_truncated_to_63() -> None:
 def test_defaults_watch_the_release_namespace_with_a_role(rendered) -> None:
     docs = rendered["default-values.yaml"]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "RoleBinding",
-                                           "Service", "ServiceAccount"], "monitoring objects must be off by default"
+    assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "Role",
+                                           "RoleBinding", "RoleBinding", "Service", "ServiceAccount"], \
+        "monitoring objects must be off by default"
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:2] == ["operator", "--namespace=gpt2bench-system"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
@@ -119,8 +120,14 @@ def test_defaults_watch_the_release_namespace_with_a_role(rendered) -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
     assert set(roles) == {"bench-gpt2bench-framework", "bench-gpt2bench-edit", "bench-gpt2bench-view"}
-    role = one(docs, "Role")
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "bench-gpt2bench")
     assert role["metadata"]["namespace"] == "gpt2bench-system"
+    lease = one(docs, "Role", "-leader")  # the Lease that makes one operator active: in its own namespace only
+    assert lease["metadata"]["namespace"] == "gpt2bench-system"
+    assert lease["rules"][1] == {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                 "resourceNames": ["bench-gpt2bench-leader"], "verbs": ["get", "update"]}
+    assert "--leader-elect" in container["args"] and "--leader-election-id=bench-gpt2bench-leader" in container["args"]
+    assert "--leader-election-namespace=gpt2bench-system" in container["args"]
     app_rules = role["rules"]
     assert any("gpt2benchmarks/status" in r["resources"] for r in app_rules)
     assert any({"pytorchjobs", "mpijobs"} <= set(r["resources"]) and "create" in r["verbs"] for r in app_rules)
@@ -133,7 +140,8 @@ def test_defaults_watch_the_release_namespace_with_a_role(rendered) -> None:
 
 def test_all_namespaces_uses_cluster_roles_and_digests_pin_the_images(rendered) -> None:
     docs = rendered["all-namespaces-values.yaml"]
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding", "NetworkPolicy")]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding", "NetworkPolicy")
+                and not d["metadata"]["name"].endswith("-leader")], "only the leader election's Lease is namespaced"
     app = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "bench-gpt2bench")
     assert any("pods/log" in r["resources"] for r in app["rules"])
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
@@ -182,10 +190,10 @@ def test_namespaced_scenario_uses_a_role_in_the_watched_namespace(rendered) -> N
     assert container["args"][-1] == "--verbose"
     assert container["image"] == "registry.example.com/ml/gpt2bench:0.1.0-rc1"
     assert container["imagePullPolicy"] == "Always"
-    role = one(docs, "Role")
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "bench-operator")
     assert role["metadata"]["namespace"] == "ml-benchmarks"
     assert any("gpt2benchmarks" in r["resources"] for r in role["rules"])
-    binding = one(docs, "RoleBinding")
+    binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "bench-operator")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bench-operator"}
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpt2bench-operator", "namespace": "gpt2bench-system"}]
@@ -207,7 +215,7 @@ def test_rbac_rules_are_labelled_framework_or_application() -> None:
     (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
     (["--set", "trainerImage.registry=x"], "registry"),
     (["--set", "rbac.aggregateToDefaultRoles=yes"], "aggregateToDefaultRoles"),
-    (["--set", "operator.replicas=2"], "replicas"),
+    (["--set", "operator.replicas=-1"], "replicas"),
     (["--set", "service.type=External"], "type"),
     (["--set", "unknownKey=1"], "unknownKey"),
     (["--set", "prometheusRule.disabled.NoSuchAlert=true"], "NoSuchAlert"),

@@ -103,6 +103,20 @@ def test_no_summary_writes_a_failure_with_the_output_tail(tmp_path):
                                  "daemon on node worker-1")
 
 
+@pytest.mark.parametrize("tag", ["[1,1]<stderr>:", "[1]<stderr>:", ""], ids=["mpirun", "horovodrun", "header"])
+def test_a_ranks_reason_comes_first_when_the_launcher_ends_without_a_summary(tmp_path, tag):
+    """Issue 37, item 7: rank 1 gave up (rank 0, the reporter, printed no summary); the reason led with
+    "mpirun exited with code 1 without a GPT2BENCH_SUMMARY line". The rank's words come first now, whichever
+    launcher tagged them (or only the trainer's log header names the rank)."""
+    said = "horovod: the all-reduce of the gradients waited more than 4 s (--timeout-seconds) for the other ranks"
+    done = run_launch(["sh", "-c", f"echo '{tag}2026-11-26 10:00:09,000 rank1 ERROR {said}'; "
+                                   "echo 'Primary job  terminated normally, but 1 process returned a non-zero exit "
+                                   "code.'; exit 1"], tmp_path)
+    assert done.returncode == 1
+    summary = parse_termination_message((tmp_path / "termination-log").read_text())
+    assert summary["reason"] == f"rank 1: {said} (sh exited with code 1 without a GPT2BENCH_SUMMARY line)"
+
+
 @pytest.mark.faults
 def test_a_launcher_killed_before_the_summary_says_so_without_dumping_the_config(tmp_path):
     """mpirun killed (the launcher pod deleted, a node drained): the reason says by what, and the last line

@@ -19,6 +19,7 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.protocol import OUTPUT_DIR
 from gpt2bench.render import render_all, render_job
 from gpt2bench.render.cli import main
+from gpt2bench.render.pods import OUTPUT_BASE_MIB, STEP_RECORD_BYTES, output_size_limit
 from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, STRATEGIES
 from gpt2bench.spec.validation import SpecError, load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
@@ -84,9 +85,23 @@ def test_pytorchjob_topology_command_and_outputs():
         assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
         assert "resources" not in c or "nvidia.com/gpu" not in c["resources"].get("limits", {})
         volumes = replicas[role]["template"]["spec"]["volumes"]
-        assert {"name": "output", "emptyDir": {}} in volumes
+        steps = int(flag(c["command"], "--steps"))
+        assert {"name": "output", "emptyDir": {"sizeLimit": output_size_limit(steps)}} in volumes
         assert c["volumeMounts"][0] == {"name": "output", "mountPath": OUTPUT_DIR}
     assert replicas["Master"]["template"] is not replicas["Worker"]["template"]
+
+
+def test_the_output_folder_is_bounded_by_what_its_steps_write():
+    """Issue 37, item 8: steps.jsonl grows ~920 B a step in an emptyDir without sizeLimit: a 1,000,000-step run
+    could fill its node's disk. The limit covers every step at STEP_RECORD_BYTES (a bound of the trainer's record,
+    tests/test_trainer_metrics.py) and its spilled step time, over a fixed base."""
+    for steps, mib in ((12, 257), (1_000_000, 256 + 1961)):
+        assert output_size_limit(steps) == f"{mib}Mi"
+        assert mib * 2**20 >= steps * (STEP_RECORD_BYTES + 8) + OUTPUT_BASE_MIB * 2**20
+    (job,) = render_all(benchmark({"training": {"steps": 1_000_000, "warmupSteps": 1},
+                                   "sweep": {"strategies": [{"name": "single"}]}}))
+    volumes = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
+    assert volumes[0] == {"name": "output", "emptyDir": {"sizeLimit": "2217Mi"}}
 
 
 def test_single_node_job_has_no_worker_replicas():

@@ -352,10 +352,11 @@ def execute_job(
             start(replica, base_env)
         while True:
             codes = [r.process.poll() for r in replicas]
-            failed = next((r for r, c in zip(replicas, codes) if c not in (None, 0)), None)
-            if failed is not None:  # the first to fail (its peers, stopped now, would fail because of it)
+            failed = [r for r, c in zip(replicas, codes) if c not in (None, 0)]
+            if failed:  # the first to fail (its peers, stopped now, would fail because of it); those that
+                # ended within one poll are told apart as the operator tells apart pods of the same second
                 _stop_all(replicas, grace_seconds)
-                cause = replica_end(job, failed).describe()
+                cause = diagnosis.first_failure(replica_end(job, replica) for replica in failed).describe()
                 return finished("Failed", cause, cause)
             if all(c == 0 for c in codes):
                 return finished("Succeeded", None)

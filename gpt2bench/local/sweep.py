@@ -50,6 +50,7 @@ from gpt2bench.status import (
     RunStatus,
     best_run,
     interrupt_runs,
+    interrupted_note,
     overall_phase,
     settle_abandoned,
 )
@@ -353,7 +354,9 @@ def prepare_folder(benchmark: Benchmark, plan: list[Run], chosen: list[Run], dir
     previous = settle_abandoned(previous, directory)
     finished = {entry.name: entry for entry in previous.runs if entry.phase in KEPT_PHASES}
     if not resume:
+        note = interrupted_note(previous, directory)
         raise FolderRefused(
+            f"{note}; --overwrite starts again, or give another --output" if note else
             f"{directory} already holds results of {previous.benchmark} ({previous.phase}: {len(finished)} of "
             f"{len(previous.runs)} runs finished): --resume keeps them and runs the rest, --overwrite starts "
             "again, or give another --output")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +140,21 @@ def budget_env(benchmark: Benchmark) -> dict[str, str]:
     return {} if cpu is None else {POD_CPUS_ENV: format(quantity_value(cpu).normalize(), "f")}
 
 
+# The output folder (an emptyDir) grows with the steps: worker 0's steps.jsonl record of each step (about 920 B
+# measured; at most STEP_RECORD_BYTES: tests/test_trainer_metrics.py) and its step time, spilled for the
+# percentiles (8 B), plus what does not grow (the summary, an NCCL log): OUTPUT_BASE_MIB. Its sizeLimit keeps a
+# long run (up to 1,000,000 steps: 2 GiB) from filling the node's disk; past it the kubelet evicts the pod,
+# which the run's reason then says.
+STEP_RECORD_BYTES = 2048
+STEP_TIME_BYTES = 8
+OUTPUT_BASE_MIB = 256
+
+
+def output_size_limit(steps: int) -> str:
+    """The output emptyDir's sizeLimit for a run of `steps` steps (MiB)."""
+    return f"{OUTPUT_BASE_MIB + math.ceil(steps * (STEP_RECORD_BYTES + STEP_TIME_BYTES) / 2**20)}Mi"
+
+
 # torch.compile's caches (inductor's FX graphs and Triton kernels, which it keeps under its own folder) under
 # ~/.cache with the Hugging Face downloads: a volume mounted there (spec.pods.volumes) shares them all.
 COMPILE_CACHE_DIR = f"{TRAINER_HOME}/.cache/torchinductor"
@@ -162,11 +178,12 @@ def container_env(benchmark: Benchmark) -> list[dict[str, Any]]:
 WRITABLE_PATHS = {"tmp": "/tmp", "cache": f"{TRAINER_HOME}/.cache", "triton": f"{TRAINER_HOME}/.triton"}
 
 
-def pod_volumes(gpus: int, user: list[VolumeSpec] = ()) -> tuple[list[dict], list[dict]]:
-    """The pod's volumes and the training container's mounts: the output folder, the writable paths, /dev/shm
-    on GPUs, then the user's (spec.pods.volumes). A user's volume at a cache path replaces that emptyDir."""
+def pod_volumes(gpus: int, user: list[VolumeSpec] = (), steps: int = 0) -> tuple[list[dict], list[dict]]:
+    """The pod's volumes and the training container's mounts: the output folder (bounded for a run of `steps`
+    steps), the writable paths, /dev/shm on GPUs, then the user's (spec.pods.volumes). A user's volume at a cache
+    path replaces that emptyDir."""
     replaced = {volume.mount_path.rstrip("/") for volume in user}
-    volumes = [{"name": "output", "emptyDir": {}}]
+    volumes = [{"name": "output", "emptyDir": {"sizeLimit": output_size_limit(steps)}}]
     mounts = [{"name": "output", "mountPath": OUTPUT_DIR}]
     for name, path in WRITABLE_PATHS.items():
         if path in replaced:
@@ -290,7 +307,7 @@ class RunPods:
         if trains:
             labels[ROLE_LABEL] = TRAINER_ROLE
         annotations = {**spec.metrics.pod_annotations, **pods.annotations}
-        volumes, mounts = pod_volumes(gpus, pods.volumes)
+        volumes, mounts = pod_volumes(gpus, pods.volumes, spec.training.steps)
         container = {
             "name": container["name"],
             "image": self.image,

@@ -6,8 +6,9 @@ and why a failed one failed. The words are `gpt2bench.diagnosis`'s, which the lo
   admission, end Failed with what they waited for; their job is deleted (its pods with it) and the sweep goes
   on. Until then the run's `waiting` says what it waits for. Once every pod has started (`podsStartedTime`),
   its pods are no longer read.
-- A failed job: every pod is read, the first that failed (by time) is named with how it ended and the last
-  meaningful line of its container's log (of the container before its restart, when it restarted).
+- A failed job: every pod is read, the first that failed (by time; within the same second, by how it ended and
+  whether its last line blames a peer) is named with how it ended and the last meaningful line of its
+  container's log (of the container before its restart, when it restarted).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from . import kube
 from . import reconcile as rc
 
 LOG_LINES, LOG_BYTES = 200, 64 * 1024  # of a failed container's log: its last meaningful line is in there
+TIED_LOGS = 8  # logs read of the pods that failed in the same second (a 64-node job's peers all fail in one)
 
 
 def _time(text: str | None) -> datetime.datetime | None:
@@ -83,13 +85,22 @@ def follow_start(run: Run, entry: RunStatus, job: dict[str, Any], spec: GPT2Benc
 
 def failure(job: dict[str, Any], controller: str | None, now: str) -> tuple[str | None, str | None]:
     """(cause, reason) of a failed job: the first of its pods that failed, how and what its container said last;
-    the reason adds the job controller's words. (None, controller) when no pod says anything."""
-    pods = kube.job_pods(job)
-    first = diagnosis.first_failure(diagnosis.pod_ends(pods, _time(now)))
-    if first is not None and first.container is not None:
-        pod = next(p for p in pods if p["metadata"]["name"] == first.pod)
-        container, terminated, restarted = diagnosis.failed_container(pod)
-        tail = None if terminated.get("reason") in diagnosis.START_FAILURES else kube.pod_log_tail(
-            job["metadata"]["namespace"], first.pod, container, LOG_LINES, LOG_BYTES, previous=restarted)
-        first = dataclasses.replace(first, line=diagnosis.terminated_said(terminated, tail))
+    the reason adds the job controller's words. (None, controller) when no pod says anything. Pods that ended in
+    the same second are told apart by how they ended and what they said (`diagnosis.first_failure`), so the logs
+    of those (at most TIED_LOGS) are read."""
+    pods = {pod["metadata"]["name"]: pod for pod in kube.job_pods(job)}
+    ends = diagnosis.pod_ends(pods.values(), _time(now))
+    candidates = [end for end in diagnosis.first_seconds(ends) if end.container is not None][:TIED_LOGS]
+    said = {end.pod: _said(job, pods[end.pod]) for end in candidates}
+    first = diagnosis.first_failure(dataclasses.replace(end, line=said[end.pod]) if end.pod in said else end
+                                    for end in ends)
     return (first.describe() if first else None), diagnosis.failure_reason(first, controller)
+
+
+def _said(job: dict[str, Any], pod: dict[str, Any]) -> str | None:
+    """What a failed pod's container said: its termination message or the tail of its log (of the container
+    before its restart, when it restarted); the runtime's words when it never ran."""
+    container, terminated, restarted = diagnosis.failed_container(pod)
+    tail = None if terminated.get("reason") in diagnosis.START_FAILURES else kube.pod_log_tail(
+        job["metadata"]["namespace"], pod["metadata"]["name"], container, LOG_LINES, LOG_BYTES, previous=restarted)
+    return diagnosis.terminated_said(terminated, tail)
