@@ -425,22 +425,30 @@ def seconds(timeout: str) -> float:
 
 
 def test_the_waits_end_either_way_and_their_timeouts_cover_the_examples_planned_runs(tmp_path: Path) -> None:
-    """`kubectl wait --for=condition=Complete --timeout=1h` hung the full hour when the sweep failed, and 36 to
-    60 runs take longer than an hour on a kind node. README and NOTES now wait for Finished, as long as the
-    example's most runs (its breakdown round and every round up to maxRepeats) at the e2e's allowance a run."""
+    """`kubectl wait --for=condition=Complete --timeout=1h` hung the full hour when the sweep failed, and the
+    example's runs take longer than an hour on a kind node. README and NOTES now wait for Finished, as long as the
+    example can take at the e2e's allowance a run: its planned runs (the breakdown round and the first rounds),
+    then rounds only while they fit its budget (sweep.budget.wallSeconds; each a round of at most every
+    configuration), or every round up to maxRepeats where it has no budget."""
     from gpt2bench.plan import plan_runs
     from gpt2bench.spec.validation import load_benchmarks_file
 
     (example,) = load_benchmarks_file(str(EXAMPLE))
-    most_runs = len(plan_runs(example, rounds=example.spec.sweep.max_repeats))
     per_run = int(re.search(r"\$\{E2E_SECONDS_PER_RUN:-(\d+)\}", SCRIPT.read_text()).group(1))
+    planned = len(plan_runs(example)) * per_run
+    budget = example.spec.sweep.budget.wall_seconds if example.spec.sweep.budget else None
+    configurations = len({(r.strategy.name, r.precision) for r in plan_runs(example)})
+    if budget:
+        most = max(planned, budget) + configurations * per_run  # the round it last added may end past the budget
+    else:
+        most = len(plan_runs(example, rounds=example.spec.sweep.max_repeats)) * per_run
     notes = render_notes(["gpt2bench", str(CHART), "-n", "gpt2bench-system"], tmp_path)
     waits = [line for line in [*quick_start().splitlines(), *notes.splitlines()] if "kubectl wait" in line
              and "gpt2benchmark/" in line]
     assert len(waits) == 2, waits
     for wait in waits:
         assert "--for=condition=Finished" in wait, wait
-        assert seconds(re.search(r"--timeout=(\S+)", wait).group(1)) >= most_runs * per_run, (wait, most_runs)
+        assert seconds(re.search(r"--timeout=(\S+)", wait).group(1)) >= most, (wait, most)
 
 
 # -------------------------------------------------------------------------------------- the NOTES
