@@ -241,3 +241,6 @@ def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_
     baseline = two_nodes(start_trainer, args, {"GPT2BENCH_FABRIC": "none"})
     assert baseline.returncode == 0 and baseline.summary["status"] == "succeeded", baseline.describe()
     assert baseline.summary["transport"] == "NET/Socket" and "over sockets (NET/Socket)" in baseline.summary["note"]
+    from gpt2bench.trainer.cores import available_cpus
+
+    assert baseline.summary["compile_threads"] == available_cpus()  # one rank per "node": the whole budget

@@ -108,3 +108,11 @@ def test_one_pod_that_will_never_start_makes_the_run_a_start_wait_whatever_the_o
     assert wait.kind == START and wait.words == "pod a-worker-0 (container node) ErrImagePull: not found"
     only_capacity = classify([pods[0], pods[2]], 3, {"a-worker-1": [TRIGGERED]})
     assert only_capacity.kind == CAPACITY
+
+
+def test_the_local_runners_no_gpu_words_read_as_a_start_that_will_not_come():
+    """The local runner refuses at once a run this machine cannot hold, in the words a scheduler uses for a node
+    that can never take the pod; the operator reads the same words as never starting (not as busy GPUs)."""
+    from gpt2bench.local.executor import NO_ROOM_FOR_GPUS
+
+    assert classify([pod("p", unschedulable=NO_ROOM_FOR_GPUS)], 1, {}).kind == START
