@@ -209,15 +209,15 @@ def test_a_trainer_started_as_the_pods_are_fails_at_once_where_rdma_was_asked_fo
     assert "spec.fabric.require rdma" in (home / "termination-log").read_text()
 
 
-def two_nodes(start_trainer, args: list[str], env: dict[str, str]):
-    """Two torchrun "nodes" of one process each (each its own torchrun, as two pods are): the run's nodes are 2."""
+def two_nodes(start_trainer, args: list[str], env: dict[str, str], per_node: int = 1):
+    """Two torchrun "nodes" of `per_node` processes each (each its own torchrun, as two pods are)."""
     from conftest import free_port, gpt2bench_executable
 
     port = free_port()
 
     def node(rank: int):
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
-                    "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                    "--nproc-per-node", str(per_node), "--master-addr", "127.0.0.1", "--master-port", str(port),
                     "--no-python", "--", gpt2bench_executable(), "train"]
         return start_trainer(args, launcher=launcher, env=env, expect_rc=None)
 
@@ -244,3 +244,13 @@ def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_
     from gpt2bench.trainer.cores import available_cpus
 
     assert baseline.summary["compile_threads"] == available_cpus()  # one rank per "node": the whole budget
+
+
+@pytest.mark.slow  # four trainer processes
+def test_parameter_servers_across_two_nodes_report_gloo_over_tcp(start_trainer):
+    """ps's messages are gloo's whatever the devices: a run across two "nodes" (a server and a worker on each)
+    records gloo/TCP as its transport, as NCCL runs record theirs."""
+    run = two_nodes(start_trainer, ["--strategy", "ps", "--ps-servers", "2", "--steps", "3", "--warmup-steps", "1",
+                                    "--no-breakdown"], {}, per_node=2)
+    assert run.returncode == 0 and run.summary["status"] == "succeeded", run.describe()
+    assert run.summary["transport"] == "gloo/TCP"
