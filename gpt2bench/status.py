@@ -139,6 +139,11 @@ class RunResults(StatusModel):
     nodes_used: int | None = Field(
         None, description="Distinct nodes the run's pods ran on (downward API); fewer than `nodes` means pods "
                           "shared a machine.")
+    can_lock_memory: bool | None = Field(
+        None, description="Every rank could lock the memory RDMA registers (RLIMIT_MEMLOCK unlimited or at least "
+                          "16 GiB, or CAP_IPC_LOCK in effect): docs/clusters.md, Pinned memory.")
+    memlock_bytes: int | None = Field(
+        None, description="The lowest RLIMIT_MEMLOCK of any rank, bytes (absent: unlimited everywhere).")
     bus_bandwidth_share: float | None = Field(
         None, description="bus_bandwidth_achieved / bus_bandwidth_probed: what the strategy got of what the "
                           "network gives.")
@@ -151,6 +156,9 @@ class RunResults(StatusModel):
                           "the largest if they differ).")
     cores_per_rank: float | None = Field(
         None, description="CPU cores each process may use: its pod's CPU budget / the processes in the pod.")
+    compile_threads: int | None = Field(
+        None, description="torch.compile's (inductor's) compile worker processes per rank: its share of the pod's "
+                          "cores, unless the pod's env sets TORCHINDUCTOR_COMPILE_THREADS.")
     step_time_halves_ratio: float | None = Field(
         None, description="Step time of the second half of the measured steps / the first half's (geometric means): "
                           "below 1 the run was still getting faster.")
@@ -183,8 +191,16 @@ class RunStatus(StatusModel):
     waiting: str | None = Field(
         None, description="While its job is queued or its pods start: what it waits for (the pod, and the "
                           "scheduler's or the kubelet's reason and message).")
+    waiting_kind: Literal["capacity", "start"] | None = Field(
+        None, description="What `waiting` is: capacity that may still come (a scale-up, busy nodes, a gang, an image "
+                          "pulling: runPolicy.capacitySeconds), or a start that will not come by waiting (an image "
+                          "that cannot be pulled, a bad config, no node that fits: runPolicy.startupSeconds).")
+    waiting_since: str | None = Field(
+        None, description="Since when its pods wait for what `waitingKind` says (a pod re-created after the run "
+                          "started: since that pod's creation).", json_schema_extra=DATE_TIME)
     pods_started_time: str | None = Field(
-        None, description="When every pod of its job had started (runPolicy.startupSeconds no longer applies).",
+        None, description="When every pod of its job had started (runPolicy.startupSeconds no longer applies, "
+                          "except to a pod re-created later).",
         json_schema_extra=DATE_TIME)
     results: RunResults | None = Field(None, description="The trainer's summary figures (docs/metrics.md).")
 
@@ -202,6 +218,9 @@ def fabric_warnings(run: RunStatus) -> list[str]:
                         f"shared a machine, so it is no {run.nodes}-node figure")
     if run.nodes > 1 and figures.transport and "NET/Socket" in figures.transport:
         warnings.append(f"{run.name}: NCCL's traffic between nodes went over sockets (NET/Socket), not the "
+                        "cluster's fabric (docs/clusters.md)")
+    if run.nodes > 1 and run.devices_per_node and figures.transport == "gloo/TCP":
+        warnings.append(f"{run.name}: the parameter servers' messages between nodes went over gloo (TCP), not the "
                         "cluster's fabric (docs/clusters.md)")
     return warnings
 

@@ -93,6 +93,7 @@ STAGES = [
     ("gpt2bench.render",),
     ("gpt2bench.collect",),
     ("gpt2bench.diagnosis",),
+    ("gpt2bench.startwait",),
     ("gpt2bench.launch",),
     ("gpt2bench.report",),
     ("gpt2bench.local", "gpt2bench.controller"),

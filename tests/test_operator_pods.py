@@ -228,7 +228,10 @@ def test_a_local_replica_killed_in_the_poll_its_peer_failed_in_is_the_reason(tmp
 CRASH = [sys.executable, "-c", f"import sys; sys.stderr.write({OOM_LOG!r}); sys.exit(1)"]
 KILLED = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
 WAIT = [sys.executable, "-c", "import time; time.sleep(60)"]
-NO_GPU = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+# kube-scheduler's words for a pod no node can ever take (since kubernetes#131345: every node "Preemption is not
+# helpful"); the local runner says the same of this machine (local/executor.py NO_ROOM_FOR_GPUS)
+NO_GPU = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: 1 Preemption "
+          "is not helpful for scheduling.")
 
 
 def _local(name: str, strategies: list[str], scales: list[dict], tmp_path, commands: dict[str, list[str]],

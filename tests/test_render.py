@@ -189,10 +189,12 @@ def test_run_policy_scheduling_and_placement():
         assert policy["schedulingPolicy"] == {"minAvailable": pods, "queue": "research", "priorityClass": "high"}
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
         replica_specs = job["spec"].get("pytorchReplicaSpecs") or job["spec"]["mpiReplicaSpecs"]
-        for replica in replica_specs.values():
+        for replica_type, replica in replica_specs.items():
             pod = replica["template"]["spec"]
             assert replica["restartPolicy"] == "OnFailure"  # restarts allowed by backoffLimit
-            assert pod["nodeSelector"] == {"pool": "gpu"} and pod["priorityClassName"] == "high"
+            # the GPU nodes' selector: not on an MPIJob's launcher, which trains nothing (docs/clusters.md)
+            assert pod.get("nodeSelector") == (None if replica_type == "Launcher" else {"pool": "gpu"})
+            assert pod["priorityClassName"] == "high"
             assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
@@ -239,13 +241,15 @@ def test_horovod_mpijob_launcher_and_workers():
     validate_job(job)
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
     s = job["spec"]
-    assert s["slotsPerWorker"] == 4 and s["launcherCreationPolicy"] == "WaitForWorkersReady"
+    # created with the workers, so that a gang of every pod can be met (tests/test_gang.py); it waits for their sshd
+    assert s["slotsPerWorker"] == 4 and s["launcherCreationPolicy"] == "AtStartup"
     # non-root, as mpi-operator's examples/v2beta1/pi: keys in the image user's ~/.ssh, sshd on 2222
     assert s["mpiImplementation"] == "OpenMPI" and s["sshAuthMountPath"] == "/home/gpt2bench/.ssh"
     launcher, worker = s["mpiReplicaSpecs"]["Launcher"], s["mpiReplicaSpecs"]["Worker"]
     assert (launcher["replicas"], worker["replicas"]) == (1, 2)
     command = container(job, "Launcher")["command"]
-    assert command[:4] == ["gpt2bench", "launch", "--", "mpirun"]
+    # the launcher waits for the workers' sshd as long as the run may wait to start, then runs mpirun
+    assert command[:6] == ["gpt2bench", "launch", "--wait-seconds", "2400", "--", "mpirun"]
     assert flag(command, "-np") == "8" and "--allow-run-as-root" not in command
     assert command[command.index("plm_rsh_args") - 1] == "-mca"
     assert flag(command, "plm_rsh_args") == "-p 2222 -o ConnectionAttempts=10"  # mpirun ssh's to the workers' sshd

@@ -205,7 +205,7 @@ def test_horovod_trainjob_runs_mpirun_on_the_mpi_runtime_with_gpus_on_every_host
     trainer = job["spec"]["trainer"]
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 4)  # hosts x slots = 8 ranks
     command = trainer["command"]
-    assert command[:4] == ["gpt2bench", "launch", "--", "mpirun"] and flag(command, "-np") == "8"
+    assert command[:6] == ["gpt2bench", "launch", "--wait-seconds", "2400", "--", "mpirun"] and flag(command, "-np") == "8"
     assert flag(command, "plm_rsh_args") == "-p 2222 -o ConnectionAttempts=10"  # the non-root sshd's port
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 4
     pods = effective_pods(job)

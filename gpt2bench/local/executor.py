@@ -196,14 +196,20 @@ def assign_gpus(replicas: list[Replica], available: list[str]) -> str | None:
     return blocked.describe() if blocked else None
 
 
+# What kube-scheduler says of a pod that a one-node cluster (this machine) can never take: too few GPUs in all,
+# not busy ones, so preemption cannot help (NodeResourcesFit's UnschedulableAndUnresolvable, kubernetes#131345).
+# The operator reads these words as a start that will not come (gpt2bench.startwait), as the local runner does.
+NO_ROOM_FOR_GPUS = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
+                    "1 Preemption is not helpful for scheduling.")
+
+
 def unschedulable(replicas: list[Replica], available: list[str], job_name: str) -> diagnosis.PodWait | None:
     """Give each replica its own GPUs, in order; the first replica that finds too few left is Unschedulable,
     worded as the scheduler words it for a one-node cluster (this machine is that node)."""
     start = 0
     for replica in replicas:
         if replica.gpus > len(available) - start:
-            return diagnosis.PodWait(pod_name(job_name, replica), "Unschedulable",
-                                     "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+            return diagnosis.PodWait(pod_name(job_name, replica), "Unschedulable", NO_ROOM_FOR_GPUS)
         if replica.gpus:
             replica.env["CUDA_VISIBLE_DEVICES"] = ",".join(available[start : start + replica.gpus])
             start += replica.gpus

@@ -352,6 +352,23 @@ def job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
     return json.loads(response.data).get("items", [])
 
 
+def pod_events(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events about one pod (by its uid: a re-created pod of the same name has its own), as the API returns
+    them: the scheduler's, the kubelet's, the cluster autoscaler's."""
+    metadata = pod.get("metadata") or {}
+    if not metadata.get("uid"):
+        return []
+    try:
+        response = _core().list_namespaced_event(metadata["namespace"],
+                                                 field_selector=f"involvedObject.uid={metadata['uid']}",
+                                                 _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 403:  # an older Role without events list: the pods' own states still tell most waits
+            return []
+        raise
+    return json.loads(response.data).get("items", [])
+
+
 def delete_job(job: dict[str, Any]) -> None:
     """Delete a job and, through the garbage collector, its pods (a 404 is done already)."""
     kind = JOB_KINDS[job["kind"]]
