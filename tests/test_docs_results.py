@@ -54,8 +54,9 @@ def test_a_figure_that_is_not_in_the_results_is_caught(tmp_path):
 
 
 PERFORMANCE = REPO / "docs" / "performance.md"
-# A benchmark's table in performance.md: its section links the benchmark's printed output, committed beside its
-# results (docs/results/NAME/output.md).
+ANALYSIS = REPO / "docs" / "analysis.md"  # the selection race's calibration table
+# A benchmark's table in performance.md or analysis.md: its section links the benchmark's printed output, committed
+# beside its results (docs/results/NAME/output.md).
 BENCHMARK_SECTION = re.compile(r"\]\(results/(?P<folder>[\w.-]+)/output\.md\)(?P<body>.*?)(?=^## |\Z)", re.S | re.M)
 
 
@@ -63,7 +64,8 @@ def table_figures(text: str) -> list[str]:
     return [f for line in text.splitlines() if line.startswith("|") for f in figures(line)]
 
 
-@pytest.mark.parametrize("match", list(BENCHMARK_SECTION.finditer(PERFORMANCE.read_text(encoding="utf-8"))),
+@pytest.mark.parametrize("match", [m for doc in (PERFORMANCE, ANALYSIS)
+                                   for m in BENCHMARK_SECTION.finditer(doc.read_text(encoding="utf-8"))],
                          ids=lambda m: m["folder"])
 def test_every_figure_of_a_benchmark_table_is_in_its_committed_output(match):
     output = (REPO / "docs" / "results" / match["folder"] / "output.md").read_text(encoding="utf-8")

@@ -37,8 +37,9 @@ def said(cluster: EmulatedCluster, caplog: pytest.LogCaptureFixture) -> tuple[li
         kube.configure()
     with caplog.at_level(logging.INFO, logger="test.prerequisites"):
         prerequisites.report(logging.getLogger("test.prerequisites"))
-    return ([r.getMessage() for r in caplog.records if r.levelno == logging.INFO],
-            [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING])
+    ours = [r for r in caplog.records if r.name == "test.prerequisites"]  # not the emulator's access log
+    return ([r.getMessage() for r in ours if r.levelno == logging.INFO],
+            [r.getMessage() for r in ours if r.levelno == logging.WARNING])
 
 
 def test_the_operator_says_at_start_which_kinds_are_missing_and_what_to_install(tmp_path, caplog):

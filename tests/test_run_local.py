@@ -243,7 +243,7 @@ def test_ctrl_c_mid_sweep_leaves_a_consistent_folder(tmp_path, example, child_en
             "--steps",
             "3",
             "--only",
-            "single-|dataparallel-fp32",
+            "single-|ddp-fp32",
             "--output",
             str(out),
         ],
