@@ -217,3 +217,24 @@ def test_twenty_noisy_rounds_and_extreme_figures_decide_without_a_crash():
     analysis = analyze(scenarios.runs(identical, identical.values(5, 1, seed=1)[0]), spec)
     assert next(r for r in analysis.recommendations if r.objective == "fastest").decision == "equivalent"
     assert rng is not None
+
+
+def test_a_configuration_with_a_long_name_keeps_racing_past_round_nine():
+    """Run names are shortened with a hash to fit their suffix, so -r9 and -r10 of a long-named configuration
+    strip to different names: the next round is planned by configuration, not by name."""
+    from gpt2bench.plan import plan_runs, stopped_configurations
+    from gpt2bench.report.sequential import race_stops
+    from gpt2bench.spec.validation import load_benchmark
+
+    name = "a-benchmark-whose-name-is-long-enough-to-be-shortened"
+    bench = load_benchmark({"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": {"name": name},
+                            "spec": {"sweep": {"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 3,
+                                               "maxRepeats": 12, "breakdown": "off",
+                                               "scales": [{"processesPerNode": 2}]}}})
+    runs = plan_runs(bench, rounds=10)
+    assert runs[-1].name[: -len("-r10")] != runs[0].name[: -len("-r1")]  # the names strip apart
+    entries = [type("Entry", (), {"name": r.name, "repeat": r.repeat, "strategy": r.strategy.name,
+                                  "precision": r.precision, "nodes": r.nodes, "processes_per_node": r.procs_per_node,
+                                  "devices_per_node": r.devices_per_node, "profile": False})() for r in runs]
+    racing = [runs[0].name[: -len("-r1")], runs[1].name[: -len("-r1")]]  # the names analysis gives them
+    assert race_stops(entries, racing, 11) == stopped_configurations(entries, 10) == {}

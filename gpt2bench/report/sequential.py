@@ -73,8 +73,11 @@ def race_stops(entries: list[RunStatus], racing: list[str], planned: int) -> dic
     """The configurations that run no more (plan_runs' `stopped`): those stopped before, and every one not racing
     now, stopped after the round before `planned`."""
     stopped = stopped_configurations(entries, planned - 1)
+    # by configuration, not by name: a long name is shortened with a hash to fit its -r<k> (or -prof) suffix, so
+    # one configuration's runs may strip to different names
+    still = {configuration_of(entry) for entry in entries if configuration_name(entry) in racing}
     for entry in entries:
-        if entry.repeat and configuration_name(entry) not in racing:
+        if entry.repeat and configuration_of(entry) not in still:
             stopped.setdefault(configuration_of(entry), planned - 1)
     return stopped
 
