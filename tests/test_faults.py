@@ -565,6 +565,10 @@ def test_a_fixed_spec_whose_start_meets_errors_through_an_operator_restart_start
         env.benchmarks.patch_spec(name, {"resources": {"limits": {"cpu": "2"}}})
         pending = wait_for(lambda: (s := env.benchmarks.status(name)).get("phase") == "Pending" and s, 20,
                            what="Pending")
+        # kopf posts Events from a queue after the status is written: killed before it drains, the Event is
+        # lost (Events are best effort; the status says why). This test is about the restart, so it waits.
+        wait_for(lambda: "SweepNotStarted" in [e["reason"] for e in env.benchmarks.events(name)], 20,
+                 what="the SweepNotStarted Event")
         env.operator.kill()
         env.operator.start()
         tried = forbidden.hits
