@@ -1,6 +1,6 @@
 # The README's two commands: `scripts/install.sh && .venv/bin/gpt2bench run …` (= `make demo`) and `make test`.
 # Everything runs from the checkout's virtual environment, which scripts/install.sh makes (.venv; VENV=... for
-# another): its python, gpt2bench, torchrun, horovodrun and test tools come first on PATH, then .tools/bin (helm).
+# another): its python, gpt2bench, torchrun, horovodrun and test tools come first on PATH, then .tools/bin (helm, kubectl).
 VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(CURDIR)/.tools/bin:$(PATH)

@@ -104,6 +104,8 @@ def summary_results(summary: dict[str, Any]) -> RunResults:
             raw = sum(v for v in raw.values() if _number(v) is not None) if raw else None
         if field.annotation == str | None:
             value = clean_reason(raw)[:200] if isinstance(raw, str) and raw.strip() else None
+        elif field.annotation == bool | None:
+            value = raw if isinstance(raw, bool) else None
         else:
             value = _number(raw)
             value = int(value) if value is not None and field.annotation == int | None else value

@@ -23,7 +23,9 @@ import dataclasses
 import hashlib
 import random
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpt2bench.jobkinds import JOB_KINDS, job_kind_for, max_job_name_length, resolve_backend
 from gpt2bench.protocol import OUTPUT_ENV
@@ -224,16 +226,22 @@ def rounds_of(spec: GPT2BenchmarkSpec, rounds: int | None = None) -> list[tuple[
     return first + [(k, False) for k in range(1, rounds + 1)]
 
 
-def plan_runs(benchmark: Benchmark, backend: str | None = None, rounds: int | None = None) -> list[Run]:
+def plan_runs(benchmark: Benchmark, backend: str | None = None, rounds: int | None = None,
+              stopped: Mapping[str, int] | None = None) -> list[Run]:
     """All runs of the sweep, in start order, with unique DNS-safe names, as jobs of `backend`
     (see resolved_backend). `rounds`: the decision rounds planned so far (default `sweep.repeats`; a sweep that
-    repeats until decided plans one more each time it adds one: the runs before it stay as they were)."""
+    repeats until decided plans one more each time it adds one: the runs before it stay as they were).
+    `stopped`: configurations (by `configuration_of`) that the selection race stopped, with the last round each
+    runs in; they have no run in a later round (the others keep their places in its order)."""
     spec = benchmark.spec
     backend = resolved_backend(benchmark, backend)
     configs, seed = _configurations(spec), order_seed(benchmark)
+    stopped = stopped or {}
     runs: list[Run] = []
     for round_, profile in rounds_of(spec, rounds):
         for c in configs if round_ is None else round_order(configs, seed, round_):
+            if round_ and not profile and stopped.get(_key(c), round_) < round_:
+                continue
             runs.append(
                 Run(
                     name=run_name(benchmark.name, c.strategy.name, c.precision, c.nodes, c.gpus or c.workers,
@@ -258,6 +266,32 @@ def plan_runs(benchmark: Benchmark, backend: str | None = None, rounds: int | No
     if len(set(names)) != len(names):  # cannot happen with the keys above; guard the contract anyway
         raise ValueError(f"run names collide: {names}")
     return runs
+
+
+Key = tuple[str, str, int, int, int]  # strategy, precision, nodes, processes per node (servers included), GPUs/node
+
+
+def _key(c: _Configuration) -> Key:
+    return c.strategy.name, c.precision, c.nodes, c.workers + c.strategy.servers // c.nodes, c.gpus
+
+
+def configuration_of(entry: Any) -> Key:
+    """A run's configuration, from a planned Run or a status entry (RunStatus): what `stopped` is keyed by."""
+    if isinstance(entry, Run):
+        return entry.strategy.name, entry.precision, entry.nodes, entry.procs_per_node, entry.devices_per_node
+    return entry.strategy, entry.precision, entry.nodes, entry.processes_per_node, entry.devices_per_node
+
+
+def stopped_configurations(entries: Iterable[Any], rounds: int) -> dict[Key, int]:
+    """From a sweep's runs (status entries or planned Runs): each configuration whose last decision round is
+    before `rounds` (the rounds planned), with that last round: what `plan_runs(stopped=...)` needs to plan the
+    same runs again."""
+    last: dict[Key, int] = {}
+    for entry in entries:
+        if entry.repeat and not getattr(entry, "profile", False):
+            key = configuration_of(entry)
+            last[key] = max(last.get(key, 0), entry.repeat)
+    return {key: round_ for key, round_ in last.items() if round_ < rounds}
 
 
 def gpu_hours(runs: list[Run], seconds_per_run: float) -> float:

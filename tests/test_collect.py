@@ -59,6 +59,7 @@ SUMMARY = {
     "cores_per_rank": 0.5,
     "transport": "NET/IB",
     "nodes_used": 2,
+    "can_lock_memory": False, "memlock_bytes": 8388608, "compile_threads": 2,  # a boolean kept as one
     "node_names": ["gpu-a", "gpu-b"],  # in the summary, not the status (a list per rank)
     "data_seconds_mean": 0.001, "forward_seconds_mean": 0.05, "backward_seconds_mean": 0.1,
     "optimizer_seconds_mean": 0.02, "other_seconds_mean": 0.001, "comm_seconds_mean": 0.04,
@@ -105,6 +106,7 @@ def test_results_are_camel_case_and_complete():
     assert results["commBytesPerStep"] == 27867136 + 8
     assert results["busKind"] == "allreduce" and results["busBandwidthShare"] == 0.75
     assert (results["transport"], results["nodesUsed"]) == ("NET/IB", 2) and "nodeNames" not in results
+    assert results["canLockMemory"] is False and results["memlockBytes"] == 8388608
     assert "commBusBandwidth" not in results and "probeBusBandwidth" not in results
     camel = {"tokensPerSecond": 10.0, "finalLoss": 2.0}
     assert _summary_results(camel) == camel  # camelCase summaries work too
@@ -256,7 +258,7 @@ def test_a_real_trainer_summary_line(runs, run_schema):
               "commHiddenRatio", "commBytesPerStep", "energyJoulesPerMillionTokens", "energySource",
               "energyUnavailableReason", "busKind", "busBandwidthAchieved", "busBandwidthProbed",
               "busBandwidthShare", "transport", "nodesUsed", "firstLoss", "stepTimeHalvesRatio",
-              "stepTimeHalvesLow", "stepTimeHalvesHigh"}
+              "stepTimeHalvesLow", "stepTimeHalvesHigh", "canLockMemory", "memlockBytes", "compileThreads"}
     assert set(entry["results"]) == set(RESULT_FIELDS) - absent
     assert entry["results"]["tokensPerSecond"] == pytest.approx(721.08, abs=0.01)
     run_schema.validate(entry)

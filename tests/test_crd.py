@@ -332,7 +332,7 @@ def operator_status() -> dict:
 def test_status_as_the_operator_writes_it_is_accepted(schema):
     status = operator_status()
     assert status["phase"] == "PartiallySucceeded" and status["best"]["tokensPerSecond"] == 10.5
-    assert status["analysis"]["recommended"]["run"] == "b-ddp-fp32-1x2" and len(status["analysis"]["findings"]) == 7
+    assert status["analysis"]["recommended"]["run"] == "b-ddp-fp32-1x2" and len(status["analysis"]["findings"]) == 6
     document = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": "b"}}
     document |= {"spec": {"sweep": {"strategies": [{"name": "ddp"}]}}, "status": status}
     jsonschema.Draft4Validator(strict(schema)).validate(document)

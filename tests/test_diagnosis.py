@@ -4,6 +4,7 @@ them against the emulated cluster and the local runner)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 from gpt2bench import diagnosis
@@ -36,6 +37,35 @@ def test_the_first_pod_that_failed_by_time_is_the_cause_whatever_the_order():
     master = pod("j-master-0", state=terminated(1, at="2026-11-25T10:00:09Z"))
     first = diagnosis.first_failure(diagnosis.pod_ends([master, worker], NOW))
     assert first.pod == "j-worker-0" and first.how == "exited with code 1"
+
+
+def test_within_one_second_how_a_pod_ended_decides_and_a_peers_failure_comes_last():
+    """finishedAt has 1 s resolution: a job's pods that fail together usually share it. The victim (its peer's
+    connection closed) is listed first here; the OOMKill, the signal or the real error is the cause."""
+    same = "2026-11-25T10:00:01Z"
+    master = diagnosis.PodEnd("j-master-0", "exited with code 1", "pytorch", same,
+                              "RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:29500")
+    oom = diagnosis.PodEnd("j-worker-0", "OOMKilled (exit code 137)", "pytorch", same)
+    killed = diagnosis.PodEnd("j-worker-1", "killed by SIGKILL (exit code 137)", "pytorch", same)
+    crashed = diagnosis.PodEnd("j-worker-2", "exited with code 1", "pytorch", same, "ValueError: bad batch")
+    evicted = diagnosis.PodEnd("j-worker-3", "Evicted: The node was low on resource: memory.", at=same)
+    assert diagnosis.first_failure([master, crashed]) == crashed
+    assert diagnosis.first_failure([master, crashed, killed]) == killed
+    assert diagnosis.first_failure([master, crashed, killed, oom]) == oom
+    assert diagnosis.first_failure([master, oom, evicted]) == evicted
+    watchdog = diagnosis.PodEnd("j-master-0", "exited with code 1", "pytorch", same,
+                                "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+                                "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.")
+    assert diagnosis.first_failure([watchdog, crashed]) == crashed
+    earlier = diagnosis.PodEnd("j-master-0", "exited with code 1", "pytorch", "2026-11-25T10:00:00Z",
+                               "Timed out waiting 4000ms for recv operation to complete")
+    assert diagnosis.first_failure([crashed, earlier]) == earlier, "a second earlier: the cause (a peer that hung)"
+    local = [dataclasses.replace(end, at=None) for end in (master, killed)]  # one local poll: no times
+    assert diagnosis.first_failure(local) == local[1]
+    torchrun = diagnosis.PodEnd("j-worker-0", "exited with code 1", "pytorch", same, "rank 1 killed by SIGKILL")
+    assert diagnosis.first_failure([crashed, torchrun]) == torchrun, "torchrun's root cause: a rank's signal"
+    stopped = diagnosis.PodEnd("j-worker-4", "killed by SIGTERM (exit code 143)", "pytorch", same)
+    assert diagnosis.first_failure([stopped, master]) == master, "SIGTERM: its peers' teardown stopped it"
 
 
 def test_a_restarted_container_keeps_its_oomkilled_in_last_state():

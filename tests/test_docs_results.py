@@ -54,8 +54,9 @@ def test_a_figure_that_is_not_in_the_results_is_caught(tmp_path):
 
 
 PERFORMANCE = REPO / "docs" / "performance.md"
-# A benchmark's table in performance.md: its section links the benchmark's printed output, committed beside its
-# results (docs/results/NAME/output.md).
+ANALYSIS = REPO / "docs" / "analysis.md"  # the selection race's calibration table
+# A benchmark's table in performance.md or analysis.md: its section links the benchmark's printed output, committed
+# beside its results (docs/results/NAME/output.md).
 BENCHMARK_SECTION = re.compile(r"\]\(results/(?P<folder>[\w.-]+)/output\.md\)(?P<body>.*?)(?=^## |\Z)", re.S | re.M)
 
 
@@ -63,7 +64,8 @@ def table_figures(text: str) -> list[str]:
     return [f for line in text.splitlines() if line.startswith("|") for f in figures(line)]
 
 
-@pytest.mark.parametrize("match", list(BENCHMARK_SECTION.finditer(PERFORMANCE.read_text(encoding="utf-8"))),
+@pytest.mark.parametrize("match", [m for doc in (PERFORMANCE, ANALYSIS)
+                                   for m in BENCHMARK_SECTION.finditer(doc.read_text(encoding="utf-8"))],
                          ids=lambda m: m["folder"])
 def test_every_figure_of_a_benchmark_table_is_in_its_committed_output(match):
     output = (REPO / "docs" / "results" / match["folder"] / "output.md").read_text(encoding="utf-8")
@@ -77,3 +79,30 @@ def test_a_benchmark_figure_missing_from_its_output_is_caught():
         "1,805", "0.73", "0.66", "0.81"]
     output = (REPO / "docs" / "results" / "bench-horovod-cpu" / "output.md").read_text(encoding="utf-8")
     assert "0.74" not in output  # a ratio it does not hold would be reported
+
+
+RELIABILITY = REPO / "docs" / "reliability.md"
+FAULTS = REPO / "docs" / "results" / "faults"
+
+
+def test_every_figure_of_the_fault_tables_is_in_the_committed_fault_run():
+    """docs/reliability.md's tables quote one run of the fault suite, committed beside them (figures.json, as
+    tests/fault_figures.py writes it, and MACHINE.md): a figure edited by hand, or left from another run, fails."""
+    held = (FAULTS / "figures.json").read_text(encoding="utf-8") + (FAULTS / "MACHINE.md").read_text(encoding="utf-8")
+    text = RELIABILITY.read_text(encoding="utf-8")
+    assert "](results/faults/figures.json)" in text, "the page links the run it quotes"
+    quoted = table_figures(text)
+    assert len(quoted) > 50, "the fault tables quote their figures"
+    assert [f for f in quoted if f not in held] == []
+
+
+def test_the_fault_run_holds_every_fault_row_and_a_measured_figure_missing_from_it_is_caught():
+    import json
+
+    figures = json.loads((FAULTS / "figures.json").read_text(encoding="utf-8"))
+    assert {"list-404", "round-added-write-fails", "two-operators", "benchmark-deleted-no-operator",
+            "worker-oomkilled-same-second", "local-replicas-same-poll", "same-words-horovod-rank-fails",
+            "fifty-benchmarks", "sigkill", "api-errors"} <= set(figures)
+    assert figures["fifty-benchmarks"]["operator_rss_peak_mib"] < figures["fifty-benchmarks"]["chart_limit_mib"]
+    held = (FAULTS / "figures.json").read_text(encoding="utf-8")
+    assert "179.6" not in held and table_figures("| 50 benchmarks | 179.6 MiB |") == ["50", "179.6"]

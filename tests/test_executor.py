@@ -241,7 +241,8 @@ def test_gpus_are_split_between_replicas_or_the_job_is_unschedulable(tmp_path):
     assert outcome.phase == "Failed"
     # the second pod finds one GPU left: unschedulable, in the scheduler's words for a one-node cluster
     assert outcome.reason == ("cannot start on this machine: pod t-job-worker-0 Unschedulable: 0/1 nodes are "
-                              "available: 1 Insufficient nvidia.com/gpu. (the job asks for 4 nvidia.com/gpu, this "
+                              "available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: 1 "
+                              "Preemption is not helpful for scheduling. (the job asks for 4 nvidia.com/gpu, this "
                               "machine offers 3)")
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from fault_figures import FIGURES
 
 from gpt2bench.local.replicas import free_port
 from gpt2bench.protocol import RUNNER_PID_ENV
@@ -146,6 +147,9 @@ def test_a_closed_terminal_stops_the_sweep_like_ctrl_c_and_says_so(tmp_path, env
     assert doc["phase"] == "Interrupted" and doc["completionTime"] and (out / "results.md").exists()
     assert leftovers(Path(env["TMPDIR"])) == [] and not list(out.glob(".*.tmp"))
     print(f"\nSIGHUP: runner exited 130 {stopped_in:.1f} s after the hang-up; {len(trainers)} trainers stopped")
+    FIGURES["terminal-closed-local"] = {"injected": 1, "runner_exit_code": 130, "exited_after_s": round(stopped_in, 1),
+                                        "trainers_stopped": len(trainers), "runs_lost": 0,
+                                        "in_flight_reason": ddp["reason"], "not_started_reason": single["reason"]}
 
 
 def test_a_killed_runner_takes_its_ranks_along_and_resume_finishes_only_the_rest(tmp_path, env, capsys):
@@ -184,14 +188,17 @@ def test_a_killed_runner_takes_its_ranks_along_and_resume_finishes_only_the_rest
     first_steps = out / first["stepsFile"]
     first_mtime = first_steps.stat().st_mtime_ns
 
-    assert report([str(out), "--quiet"]) == 0  # the next look
+    capsys.readouterr()
+    assert report([str(out), "--quiet"]) == 0  # the next look: it says so, and how to finish the sweep
+    assert f"the sweep in {out} was interrupted with 1 of 2 runs finished: `gpt2bench run FILE --resume --output " \
+           f"{out}`" in capsys.readouterr().err
     looked = results(out)
     assert looked["phase"] == "Interrupted" and (looked["runs"][1]["phase"], looked["runs"][1]["reason"]) == (
         "Interrupted", ABANDONED)
 
     capsys.readouterr()
     assert run([str(sweep), "--steps", STEPS, "--output", str(out)]) == 2
-    assert "--resume keeps them and runs the rest" in capsys.readouterr().err
+    assert "was interrupted with 1 of 2 runs finished: `gpt2bench run FILE --resume" in capsys.readouterr().err
     assert results(out) == looked  # refused: nothing touched
 
     resumed = gpt2bench("run", str(sweep), "--steps", STEPS, "--output", str(out), "--resume", env=env)
@@ -205,3 +212,5 @@ def test_a_killed_runner_takes_its_ranks_along_and_resume_finishes_only_the_rest
     assert leftovers(Path(env["TMPDIR"])) == [] and not list(out.glob(".*.tmp"))
     print(f"\nSIGKILL: {len(started)} processes of the sweep gone {gone_in:.1f} s after the kill; "
           f"resume ran 1 of 2 runs")
+    FIGURES["runner-killed-local"] = {"injected": 1, "processes": len(started), "gone_after_s": round(gone_in, 1),
+                                      "runs_lost": 0, "runs_run_again_by_resume": 1, "reason_on_next_look": ABANDONED}

@@ -105,8 +105,9 @@ def test_long_names_are_truncated_to_63() -> None:
 def test_defaults_watch_the_release_namespace_with_a_role(rendered) -> None:
     docs = rendered["default-values.yaml"]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "RoleBinding",
-                                           "Service", "ServiceAccount"], "monitoring objects must be off by default"
+    assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "Role",
+                                           "RoleBinding", "RoleBinding", "Service", "ServiceAccount"], \
+        "monitoring objects must be off by default"
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:2] == ["operator", "--namespace=gpt2bench-system"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
@@ -119,8 +120,14 @@ def test_defaults_watch_the_release_namespace_with_a_role(rendered) -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
     assert set(roles) == {"bench-gpt2bench-framework", "bench-gpt2bench-edit", "bench-gpt2bench-view"}
-    role = one(docs, "Role")
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "bench-gpt2bench")
     assert role["metadata"]["namespace"] == "gpt2bench-system"
+    lease = one(docs, "Role", "-leader")  # the Lease that makes one operator active: in its own namespace only
+    assert lease["metadata"]["namespace"] == "gpt2bench-system"
+    assert lease["rules"][1] == {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                 "resourceNames": ["bench-gpt2bench-leader"], "verbs": ["get", "update"]}
+    assert "--leader-elect" in container["args"] and "--leader-election-id=bench-gpt2bench-leader" in container["args"]
+    assert "--leader-election-namespace=gpt2bench-system" in container["args"]
     app_rules = role["rules"]
     assert any("gpt2benchmarks/status" in r["resources"] for r in app_rules)
     assert any({"pytorchjobs", "mpijobs"} <= set(r["resources"]) and "create" in r["verbs"] for r in app_rules)
@@ -133,7 +140,8 @@ def test_defaults_watch_the_release_namespace_with_a_role(rendered) -> None:
 
 def test_all_namespaces_uses_cluster_roles_and_digests_pin_the_images(rendered) -> None:
     docs = rendered["all-namespaces-values.yaml"]
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding", "NetworkPolicy")]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding", "NetworkPolicy")
+                and not d["metadata"]["name"].endswith("-leader")], "only the leader election's Lease is namespaced"
     app = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "bench-gpt2bench")
     assert any("pods/log" in r["resources"] for r in app["rules"])
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
@@ -182,10 +190,10 @@ def test_namespaced_scenario_uses_a_role_in_the_watched_namespace(rendered) -> N
     assert container["args"][-1] == "--verbose"
     assert container["image"] == "registry.example.com/ml/gpt2bench:0.1.0-rc1"
     assert container["imagePullPolicy"] == "Always"
-    role = one(docs, "Role")
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "bench-operator")
     assert role["metadata"]["namespace"] == "ml-benchmarks"
     assert any("gpt2benchmarks" in r["resources"] for r in role["rules"])
-    binding = one(docs, "RoleBinding")
+    binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "bench-operator")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bench-operator"}
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpt2bench-operator", "namespace": "gpt2bench-system"}]
@@ -207,7 +215,7 @@ def test_rbac_rules_are_labelled_framework_or_application() -> None:
     (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
     (["--set", "trainerImage.registry=x"], "registry"),
     (["--set", "rbac.aggregateToDefaultRoles=yes"], "aggregateToDefaultRoles"),
-    (["--set", "operator.replicas=2"], "replicas"),
+    (["--set", "operator.replicas=-1"], "replicas"),
     (["--set", "service.type=External"], "type"),
     (["--set", "unknownKey=1"], "unknownKey"),
     (["--set", "prometheusRule.disabled.NoSuchAlert=true"], "NoSuchAlert"),
@@ -315,17 +323,18 @@ def test_dashboard_configmaps_equal_the_generated_dashboards(rendered) -> None:
         assert json.loads(text) == sources[name]  # {{run}} legends survive Helm's own templating
 
 
-def render_notes(install_args: list[str], tmp_path: Path) -> str:
+def render_notes(install_args: list[str], tmp_path: Path, source: Path = CHART) -> str:
     """The NOTES `helm install` would print, through helm's own template engine (`helm template` leaves NOTES
-    out): the chart copied with NOTES.txt moved into a ConfigMap that `tpl` renders."""
+    out): the chart (`source`, named by its path in `install_args`) copied with NOTES.txt moved into a
+    ConfigMap that `tpl` renders."""
     chart = Path(tempfile.mkdtemp(dir=tmp_path)) / "gpt2bench"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("crds"))
+    shutil.copytree(source, chart, ignore=shutil.ignore_patterns("crds"))
     (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
     (chart / "templates" / "NOTES.txt").unlink()
     (chart / "templates" / "notes-check.yaml").write_text(
         'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: |\n'
         '{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n')
-    args = [str(chart) if arg == str(CHART) else arg for arg in install_args]
+    args = [str(chart) if arg == str(source) else arg for arg in install_args]
     proc = subprocess.run([str(HELM), "template", *args, "--show-only", "templates/notes-check.yaml"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -345,6 +354,22 @@ def test_notes_render_next_steps(tmp_path: Path) -> None:
     monitored = notes("-f", str(CHART / "ci" / "monitoring-values.yaml"))
     assert "PodMonitor bench-gpt2bench-trainer" in monitored and "Monitoring is off" not in monitored
     assert "namespace ml-benchmarks only" in notes("-f", str(CHART / "ci" / "namespaced-values.yaml"))
+
+
+def test_notes_say_loudly_when_the_runtimes_were_skipped_for_want_of_trainer_v2(tmp_path: Path) -> None:
+    """Installed before Trainer v2, the chart (trainerRuntimes.install=auto) silently left the runtimes out, and
+    every TrainJob run failed later. Its notes now say so, with the upgrade that installs them."""
+    def notes(*args: str) -> str:
+        return render_notes(["bench", str(CHART), "-n", "ops", *args], tmp_path)
+
+    skipped = notes()
+    assert "runtimes were NOT installed" in skipped
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    assert (f"helm upgrade bench oci://ghcr.io/gpt2bench/charts/gpt2bench --version {version} -n ops --reuse-values "
+            "--set trainerRuntimes.install=true") in skipped
+    for args in (("--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"),
+                 ("--set", "trainerRuntimes.install=true"), ("--set", "trainerRuntimes.install=false")):
+        assert "NOT installed" not in notes(*args), args
 
 
 def test_chart_crd_equals_manifests_crd() -> None:

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -35,6 +36,7 @@ import pytest
 import yaml
 from kube import EmulatedCluster
 from kube.fixtures import GROUP, PLURAL, VERSION, api_client, install_crds, wait_for
+from kube.tools import path_with_kubectl
 from kube.trainer_v2 import TrainerV2, serve_builtins
 from kube.training import TrainingOperator, trainer_summary
 from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
@@ -47,7 +49,6 @@ HELM = ROOT / ".tools" / "bin" / "helm"
 CHART = ROOT / "helm" / "gpt2bench"
 SCRIPT = ROOT / "scripts" / "e2e-kind.sh"
 EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"  # what the e2e script and the notes apply
-KUBECTL = "/usr/bin/kubectl"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420),
               pytest.mark.skipif(not HELM.exists(), reason=f"helm not installed at {HELM} (run scripts/install.sh --test)")]
@@ -254,7 +255,7 @@ def test_the_kind_e2e_example_completes_with_the_operator_its_helm_install_makes
         work = tmp_path / "e2e"
         work.mkdir()
         shutil.copy(cluster.kubeconfig, work / "kubeconfig")  # where the script's steps find the cluster
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "E2E_WORKDIR": str(work),
+        env = {"PATH": path_with_kubectl(), "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "E2E_WORKDIR": str(work),
                "PYTHON": sys.executable, "E2E_TIMEOUT_S": "240", "E2E_PICKUP_S": "60"}
         with chart_operator(cluster, objects, tmp_path / "operator.log"), Controllers(cluster, backend) as played:
             proc = subprocess.run(["bash", str(SCRIPT), "example"], env=env, capture_output=True, text=True,
@@ -282,9 +283,176 @@ def test_the_e2e_installs_the_chart_watching_the_namespace_its_example_goes_into
     assert "--all-namespaces" in args or f"--namespace={bench_namespace()}" in args, args
 
 
+# -------------------------------------------------------------------------- the README's quick start
+
+README = ROOT / "README.md"
+RELEASE_CHART = "oci://ghcr.io/gpt2bench/charts/gpt2bench"  # no registry here: the checkout's chart stands in
+
+
+def quick_start() -> str:
+    text = README.read_text()
+    return re.search(r"^## Cluster quick start\n(.*?)(?=^## )", text, re.M | re.S).group(1)
+
+
+def shell_lines(block: str) -> list[str]:
+    """A bash block's commands: continuations joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    lines = [re.sub(r"(^|\s+)#\s.*$", "", line).strip() for line in joined.splitlines()]
+    return [line for line in lines if line]
+
+
+def quick_start_blocks() -> list[list[str]]:
+    return [shell_lines(block) for block in re.findall(r"^```bash\n(.*?)^```", quick_start(), re.M | re.S)]
+
+
+def step_2() -> list[str]:
+    """The block that applies the example."""
+    (lines,) = [lines for lines in quick_start_blocks() if any("-f manifests/examples/" in line for line in lines)]
+    return lines
+
+
+def assigned(lines: list[str]) -> dict[str, str]:
+    """`A=x B=y` lines: the variables a block sets for the blocks after it."""
+    found = {}
+    for line in lines:
+        if re.fullmatch(r"(\w+=\S+)(\s+\w+=\S+)*", line):
+            found.update(pair.split("=", 1) for pair in line.split())
+    return found
+
+
+def expanded(line: str, variables: dict[str, str]) -> list[str]:
+    """shlex's words with $VAR and "$VAR" replaced, as bash would (the README's values have no spaces)."""
+    return [re.sub(r"\$(\w+)", lambda m: variables[m.group(1)], word) for word in shlex.split(line)]
+
+
+def helm_installs() -> list[tuple[dict[str, str], list[str]]]:
+    """Each step-1 block's variables and its `helm install` arguments (release, chart, flags)."""
+    found = []
+    for lines in quick_start_blocks():
+        variables = assigned(lines)
+        for line in lines:
+            if line.startswith("helm install gpt2bench "):
+                found.append((variables, expanded(line, variables)[2:]))
+    return found
+
+
+def as_rendered(install: list[str]) -> list[str]:
+    """`helm template` arguments for a README install: the release's chart is the checkout's at its version;
+    a chart folder is the checkout's."""
+    args = list(install)
+    if args[1] == RELEASE_CHART:
+        version = args[args.index("--version") + 1]
+        assert version == yaml.safe_load((CHART / "Chart.yaml").read_text())["version"], version
+        args[1] = str(CHART)
+    elif args[1] == "./helm/gpt2bench":
+        args[1] = str(CHART)
+    return args
+
+
+def watched(objects: list[dict[str, Any]]) -> list[str]:
+    (deployment,) = [d for d in objects if d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return ["*"] if "--all-namespaces" in args else [a.split("=", 1)[1] for a in args if a.startswith("--namespace=")]
+
+
+def test_every_readme_helm_install_makes_an_operator_watching_the_namespace_step_2_applies_into() -> None:
+    """Each path of step 1 sets NS for step 2 and installs the chart: the operator it makes must watch NS.
+    Today's bug: the kind shortcut's operator watched `bench` while step 2 applied into gpt2bench-system."""
+    installs = helm_installs()
+    assert [variables["CHART"] for variables, _ in installs] == [RELEASE_CHART, "./helm/gpt2bench", "./helm/gpt2bench"]
+    for variables, install in installs:
+        args = as_rendered(install)
+        assert args[args.index("-n") + 1] == variables["NS"]
+        assert watched(helm_template(args)) == [variables["NS"]], install
+    step2 = step_2()
+    assert all('-n "$NS"' in line for line in step2 if line.startswith("kubectl ")), step2
+    # the kind shortcut: `up` installs with helm-args; `env` gives step 2 its KUBECONFIG and NS
+    shortcut = dict(line.removeprefix("export ").split("=", 1) for line in script("env", "pytorchjob").splitlines())
+    assert 'eval "$(scripts/e2e-kind.sh env pytorchjob)"' in quick_start()
+    assert watched(helm_template(script("helm-args", "pytorchjob").splitlines())) == [shortcut["NS"]]
+    assert shortcut["KUBECONFIG"].endswith("/gpt2bench-e2e-pytorchjob/kubeconfig")
+
+
+def chart_readme_blocks() -> list[list[str]]:
+    return [shell_lines(block) for block in re.findall(r"^```bash\n(.*?)^```", (CHART / "README.md").read_text(),
+                                                        re.M | re.S)]
+
+
+def chart_readme_applies() -> list[str]:
+    """The kubectl lines of the chart README's block that installs the chart and applies the example (the
+    release path's install, from the chart folder: run after the README's step 2)."""
+    (lines,) = [lines for lines in chart_readme_blocks()
+                if lines[0].startswith("helm install") and any(line.startswith("kubectl apply") for line in lines)]
+    assert lines[0] == "helm install gpt2bench ./helm/gpt2bench --namespace gpt2bench-system --create-namespace"
+    return [line for line in lines if line.startswith("kubectl ")]
+
+
+def test_the_chart_readmes_installs_render_and_its_example_goes_where_the_operator_watches() -> None:
+    """The chart's README: each `helm install` renders with real helm (its values files included), and the
+    block that applies the example applies it into the namespace that install's operator watches (that block's
+    kubectl lines run in the README-then-NOTES walk below)."""
+    blocks = chart_readme_blocks()
+    installs = [(lines, line) for lines in blocks for line in lines if line.startswith("helm install gpt2bench ")]
+    assert len(installs) == 3, installs
+    for lines, line in installs:
+        objects = helm_template([str(CHART) if w == "./helm/gpt2bench" else str(ROOT / w) if w.endswith(".yaml")
+                                 else w for w in shlex.split(line)[2:]])
+        for apply in (a for a in lines if a.startswith("kubectl apply ")):
+            namespace = re.search(r" -n (\S+)", apply).group(1)
+            assert watched(objects) in ([namespace], ["*"]), (line, apply)
+
+
+def test_every_readme_helm_upgrade_pastes_with_the_chart_step_1_set() -> None:
+    """`helm upgrade gpt2bench <chart> …` broke when pasted. Each upgrade the quick start shows (another
+    watched namespace, the monitoring) renders with real helm from the release path's CHART, over its install."""
+    (variables, install), *_ = helm_installs()
+    upgrades = re.findall(r"`(helm upgrade gpt2bench [^`]+)`", re.sub(r"\s+", " ", quick_start()))
+    upgrades += [line for lines in quick_start_blocks() for line in lines if line.startswith("helm upgrade ")]
+    assert len(upgrades) == 2, upgrades
+    rendered = []
+    for upgrade in upgrades:
+        words = expanded(upgrade, variables)
+        assert words[3] == install[1] and "--reuse-values" in words and "--version" in words, words
+        sets = [w for flag, w in zip(words, words[1:]) if flag == "--set"]
+        rendered.append(helm_template([*as_rendered(install), *(x for s in sets for x in ("--set", s))]))
+    assert watched(rendered[0]) == ["team-a"]
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= {d["kind"] for d in rendered[1]}
+
+
+def seconds(timeout: str) -> float:
+    value, unit = re.fullmatch(r"(\d+)([smh])", timeout).groups()
+    return int(value) * {"s": 1, "m": 60, "h": 3600}[unit]
+
+
+def test_the_waits_end_either_way_and_their_timeouts_cover_the_examples_planned_runs(tmp_path: Path) -> None:
+    """`kubectl wait --for=condition=Complete --timeout=1h` hung the full hour when the sweep failed, and the
+    example's runs take longer than an hour on a kind node. README and NOTES now wait for Finished, as long as the
+    example can take at the e2e's allowance a run: its planned runs (the breakdown round and the first rounds),
+    then rounds only while they fit its budget (sweep.budget.wallSeconds; each a round of at most every
+    configuration), or every round up to maxRepeats where it has no budget."""
+    from gpt2bench.plan import plan_runs
+    from gpt2bench.spec.validation import load_benchmarks_file
+
+    (example,) = load_benchmarks_file(str(EXAMPLE))
+    per_run = int(re.search(r"\$\{E2E_SECONDS_PER_RUN:-(\d+)\}", SCRIPT.read_text()).group(1))
+    planned = len(plan_runs(example)) * per_run
+    budget = example.spec.sweep.budget.wall_seconds if example.spec.sweep.budget else None
+    configurations = len({(r.strategy.name, r.precision) for r in plan_runs(example)})
+    if budget:
+        most = max(planned, budget) + configurations * per_run  # the round it last added may end past the budget
+    else:
+        most = len(plan_runs(example, rounds=example.spec.sweep.max_repeats)) * per_run
+    notes = render_notes(["gpt2bench", str(CHART), "-n", "gpt2bench-system"], tmp_path)
+    waits = [line for line in [*quick_start().splitlines(), *notes.splitlines()] if "kubectl wait" in line
+             and "gpt2benchmark/" in line]
+    assert len(waits) == 2, waits
+    for wait in waits:
+        assert "--for=condition=Finished" in wait, wait
+        assert seconds(re.search(r"--timeout=(\S+)", wait).group(1)) >= most, (wait, most)
+
+
 # -------------------------------------------------------------------------------------- the NOTES
 
-README_INSTALL = ["gpt2bench", str(CHART), "--namespace", "gpt2bench-system"]  # README's quick start, NOTES' door
 RELEASE_EXAMPLE = re.compile(r"https://raw\.githubusercontent\.com/gpt2bench/gpt2bench/v([^/]+)/(manifests/\S+)")
 
 
@@ -330,46 +498,70 @@ def local_copy(command: str) -> str:
     return RELEASE_EXAMPLE.sub(local, command)
 
 
-def test_the_notes_commands_take_a_user_from_helm_install_to_a_complete_benchmark(tmp_path: Path) -> None:
-    """Every command the rendered NOTES print, in order, with the real kubectl: the rollout check, which job
-    kinds are served, the example applied, followed (`-w`, which runs until stopped), waited for and read back.
-    Today's bug: the notes applied the example without `-n`, into the user's current namespace, which the
-    operator does not watch; `kubectl wait` then ran out after an hour."""
-    notes = render_notes(README_INSTALL, tmp_path)
+def run_in_order(commands: list[str], env: dict[str, str], cwd: Path, log: Path) -> dict[str, str]:
+    """Each command with bash, in order, as a user pastes them; `-w` ones (which run until stopped) kept running
+    beside the next and stopped at the end. Every other one must come back, successfully. Their outputs."""
+    outputs, watchers = {}, []
+    for command in commands:
+        if " -w" in f"{command} ":
+            watchers.append((command, subprocess.Popen(["bash", "-c", command], env=env, cwd=cwd, text=True,
+                                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+            continue
+        try:
+            proc = subprocess.run(["bash", "-c", command], env=env, cwd=cwd, capture_output=True, text=True,
+                                  timeout=240)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`{command}` never came back\noperator log:\n{log.read_text()[-3000:]}")
+        assert proc.returncode == 0, f"`{command}` failed:\n{proc.stdout}\n{proc.stderr}"
+        outputs[command] = proc.stdout
+    for command, watcher in watchers:
+        watcher.terminate()
+        outputs[command] = watcher.communicate(timeout=30)[0]
+    return outputs
+
+
+def test_the_readme_then_the_notes_take_a_user_from_helm_install_to_a_finished_benchmark(tmp_path: Path) -> None:
+    """The README's step 2, as pasted after its release path (NS, CHART as that block sets them; the files as
+    a checkout has them), the chart README's apply and follow, then every command the rendered NOTES print, in order, with the real kubectl, against
+    the operator that install makes. The README's apply starts the sweep; the NOTES' is the same object again,
+    so their waits must come back too (one that applied elsewhere would wait for ever). Earlier bugs: the notes
+    applied the example without `-n`, into a namespace the operator does not watch; both waited for
+    Complete, which never comes for a failed sweep."""
+    (variables, install), *_ = helm_installs()
+    chart_args = as_rendered(install)
+    notes = render_notes(chart_args, tmp_path)
     commands = notes_commands(notes)
     assert any(c.startswith("kubectl apply") for c in commands) and any(" wait " in c for c in commands), notes
-    objects = helm_template(README_INSTALL)
+    step2 = step_2()
+    checkout = tmp_path / "checkout"  # the README's relative paths, without writing into this one
+    checkout.mkdir()
+    (checkout / "manifests").symlink_to(ROOT / "manifests")
+    (checkout / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    objects = helm_template(chart_args)
+    log = tmp_path / "operator.log"
     with EmulatedCluster(tmp_path / "kube") as cluster:
         install_crds(cluster)
         cluster.call(serve_deployments)
-        create_namespace(cluster, README_INSTALL[3])  # `--create-namespace`, before helm's objects
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBECONFIG": str(cluster.kubeconfig)}
-        with chart_operator(cluster, objects, tmp_path / "operator.log"), Controllers(cluster, "pytorchjob"):
+        create_namespace(cluster, variables["NS"])  # `--create-namespace`, before helm's objects
+        env = {"PATH": path_with_kubectl(), "HOME": str(tmp_path), "KUBECONFIG": str(cluster.kubeconfig), **variables}
+        with chart_operator(cluster, objects, log), Controllers(cluster, "pytorchjob"):
             deployment_rolled_out(cluster, objects)
-            outputs, watchers = {}, []
-            for command in map(local_copy, commands):
-                if " -w" in f"{command} ":  # runs until stopped: kept running beside the next commands
-                    watchers.append((command, subprocess.Popen(["bash", "-c", command], env=env, text=True,
-                                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
-                    continue
-                try:
-                    proc = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=240)
-                except subprocess.TimeoutExpired:
-                    pytest.fail(f"`{command}` never came back\noperator log:\n"
-                                f"{(tmp_path / 'operator.log').read_text()[-3000:]}")
-                assert proc.returncode == 0, f"`{command}` failed:\n{proc.stdout}\n{proc.stderr}"
-                outputs[command] = proc.stdout
-            for command, watcher in watchers:
-                watcher.terminate()
-                outputs[command] = watcher.communicate(timeout=30)[0]
+            readme = run_in_order(step2, env, checkout, log)
+            run_in_order(chart_readme_applies(), env, checkout, log)  # the chart README's: the same install
+            outputs = run_in_order([local_copy(c) for c in commands], env, checkout, log)
         (benchmark,) = benchmarks_everywhere(cluster)
-    assert condition(benchmark, "Complete") == "True"
+    assert condition(benchmark, "Finished") == condition(benchmark, "Complete") == "True"
+    assert "job kinds served: MPIJob, PyTorchJob; spec.backend auto resolves to pytorchjob" in log.read_text(), \
+        "the operator says at start what the cluster serves"
+    assert (checkout / "results" / "cpu-sweep-cluster" / "results.md").is_file(), "the README's cluster report"
+    waited = next(out for command, out in readme.items() if " wait " in command)
+    assert "condition met" in waited
     rollout = next(out for command, out in outputs.items() if " rollout status " in command)
     assert "successfully rolled out" in rollout, rollout
     assert any(re.search(r"^pytorchjobs\s", out, re.M) for out in outputs.values()), "the served kinds are listed"
-    watched = next(out for command, out in outputs.items() if " -w" in f"{command} ")
+    watched_rows = next(out for command, out in readme.items() if " -w" in f"{command} ")
     # the emulator prints a watch's later rows without the printer columns; the benchmark's row is what counts
-    assert re.search(r"^NAME\s+PHASE\s+DONE\s+RUNS\s", watched) and re.search(r"^cpu-sweep\s", watched, re.M), watched
+    assert re.search(r"^NAME\s+PHASE\s+DONE\s+RUNS\s", watched_rows) and re.search(r"^cpu-sweep\s", watched_rows, re.M)
     as_yaml = next(out for command, out in outputs.items() if command.endswith("-o yaml"))
     sweep, runs = yaml.safe_load(EXAMPLE.read_text())["spec"]["sweep"], yaml.safe_load(as_yaml)["status"]["runs"]
     rounds, extra = divmod(len(runs), configurations(sweep))

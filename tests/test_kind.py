@@ -27,7 +27,7 @@ Either way the benchmark runs in a namespace that enforces Pod Security "restric
 Complete with every run, horovod included, Succeeded; the cluster report then draws the per-step curves.
 
 The cluster steps (create, build and load the images, install the operators at their pinned versions,
-`helm install`, apply the example, `kubectl wait --for=condition=Complete`, the report, delete) are
+`helm install`, apply the example, `kubectl wait --for=condition=Finished`, the report, delete) are
 scripts/e2e-kind.sh's, the one entry point that CI's e2e workflow and a person run (docs/ci.md); this file
 holds the assertions. Run by that script, it checks the cluster the script made and named
 (GPT2BENCH_KIND_KUBECONFIG, GPT2BENCH_KIND_BACKEND, GPT2BENCH_KIND_REPORT). Run by pytest alone, it drives
@@ -57,6 +57,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kube.tools import find_kubectl
 
 from gpt2bench.jobkinds import PYTORCHJOB, TRAINJOB, resolve_backend, served_job_kinds
 from gpt2bench.protocol import MPIJOB_API, PYTORCHJOB_API, TRAINJOB_API
@@ -73,8 +74,9 @@ ATTACHED = os.environ.get("GPT2BENCH_KIND_KUBECONFIG")
 
 
 def _missing() -> str | None:
-    tools = ("kubectl",) if ATTACHED else ("docker", "kind", "kubectl")
-    for tool in tools:
+    if find_kubectl() is None:
+        return "kubectl is neither in .tools/bin nor on PATH"
+    for tool in () if ATTACHED else ("docker", "kind"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     if ATTACHED:
@@ -102,6 +104,8 @@ pytestmark = [
 
 
 def sh(*args: str, timeout: float = 600, **kwargs: Any) -> str:
+    """Run a command; `kubectl` is the tests' (tests/kube/tools.py: .tools/bin, then PATH)."""
+    args = (find_kubectl() or "kubectl", *args[1:]) if args[0] == "kubectl" else args
     proc = subprocess.run(list(args), check=False, capture_output=True, text=True, timeout=timeout, **kwargs)
     if proc.returncode != 0:
         raise AssertionError(

@@ -103,6 +103,20 @@ def test_no_summary_writes_a_failure_with_the_output_tail(tmp_path):
                                  "daemon on node worker-1")
 
 
+@pytest.mark.parametrize("tag", ["[1,1]<stderr>:", "[1]<stderr>:", ""], ids=["mpirun", "horovodrun", "header"])
+def test_a_ranks_reason_comes_first_when_the_launcher_ends_without_a_summary(tmp_path, tag):
+    """Issue 37, item 7: rank 1 gave up (rank 0, the reporter, printed no summary); the reason led with
+    "mpirun exited with code 1 without a GPT2BENCH_SUMMARY line". The rank's words come first now, whichever
+    launcher tagged them (or only the trainer's log header names the rank)."""
+    said = "horovod: the all-reduce of the gradients waited more than 4 s (--timeout-seconds) for the other ranks"
+    done = run_launch(["sh", "-c", f"echo '{tag}2026-11-26 10:00:09,000 rank1 ERROR {said}'; "
+                                   "echo 'Primary job  terminated normally, but 1 process returned a non-zero exit "
+                                   "code.'; exit 1"], tmp_path)
+    assert done.returncode == 1
+    summary = parse_termination_message((tmp_path / "termination-log").read_text())
+    assert summary["reason"] == f"rank 1: {said} (sh exited with code 1 without a GPT2BENCH_SUMMARY line)"
+
+
 @pytest.mark.faults
 def test_a_launcher_killed_before_the_summary_says_so_without_dumping_the_config(tmp_path):
     """mpirun killed (the launcher pod deleted, a node drained): the reason says by what, and the last line
@@ -182,3 +196,68 @@ def test_the_rendered_launcher_command_runs_through_the_console_script(tmp_path)
     assert result.returncode == 0, result.stderr
     written = json.loads(log.read_text())
     assert written["status"] == "failed" and "true exited with code 0 without a GPT2BENCH_SUMMARY line" in written["reason"]
+
+
+# -- waiting for the workers' sshd (the launcher is created with them: tests/test_gang.py) ------------------------
+
+
+def waiting_launch(tmp_path: Path, hostfile: str, seconds: float, port: int) -> subprocess.Popen:
+    (tmp_path / "hostfile").write_text(hostfile)
+    env = {**os.environ, "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log"),
+           "OMPI_MCA_orte_default_hostfile": str(tmp_path / "hostfile")}
+    command = [sys.executable, "-c", f"print('GPT2BENCH_SUMMARY ' + {json.dumps(SUMMARY)!r})"]
+    return subprocess.Popen([sys.executable, "-m", "gpt2bench", "launch", "--wait-seconds", str(seconds),
+                             "--ssh-port", str(port), "--", *command], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_the_launcher_waits_for_a_workers_sshd_that_starts_late_then_runs_mpirun(tmp_path):
+    """0.0.0.0 stands for a worker's address (Linux connects it to this machine): its "sshd" listens 1.5 s late."""
+    import socket
+    import threading
+
+    from gpt2bench.local.replicas import free_port
+
+    port = free_port()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def start_late():
+        time.sleep(1.5)
+        server.bind(("0.0.0.0", port))
+        server.listen()
+
+    threading.Thread(target=start_late, daemon=True).start()
+    started = time.monotonic()
+    process = waiting_launch(tmp_path, f"0.0.0.0 slots=4\nlocalhost slots=4\n{socket.gethostname()} slots=4\n",
+                             30, port)
+    out, err = process.communicate(timeout=60)
+    server.close()
+    assert process.returncode == 0, err
+    assert time.monotonic() - started >= 1.5  # it waited for the late worker (and only for it)
+    assert parse_termination_message((tmp_path / "termination-log").read_text()) == SUMMARY
+
+
+def test_a_worker_that_never_answers_ends_the_launcher_with_a_failed_summary_naming_it(tmp_path):
+    from gpt2bench.local.replicas import free_port
+
+    port = free_port()  # nothing listens there
+    process = waiting_launch(tmp_path, "0.0.0.0 slots=4\n", 2, port)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 1 and "GPT2BENCH_SUMMARY" not in out  # the command never ran
+    written = json.loads((tmp_path / "termination-log").read_text())
+    assert written["status"] == "failed"
+    assert written["reason"].startswith(f"the workers' sshd did not answer within 2 s: 0.0.0.0:{port} (")
+
+
+def test_only_other_hosts_are_waited_for():
+    import socket
+
+    assert launch.is_this_pod("localhost") and launch.is_this_pod("127.0.1.1")
+    assert launch.is_this_pod(f"{socket.gethostname().split('.')[0]}.bench.default.svc")
+    assert not launch.is_this_pod("bench-worker-0.bench.default.svc")
+    seen, clock = [], iter(range(100))
+    missing = launch.wait_for_workers(["a", "b"], 2222, 3, check=lambda host, port: seen.append(host) or (
+        None if host == "a" else "Name or service not known"), clock=lambda: float(next(clock)), sleep=lambda s: None,
+                                      say=lambda text: None)
+    assert missing == {"b": "Name or service not known"} and seen.count("a") == 1  # a answered once, b kept trying

@@ -7,6 +7,7 @@ root on `sys.path` first. A top-level package named like a standard-library modu
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,7 @@ STAGES = [
     ("gpt2bench.render",),
     ("gpt2bench.collect",),
     ("gpt2bench.diagnosis",),
+    ("gpt2bench.startwait",),
     ("gpt2bench.launch",),
     ("gpt2bench.report",),
     ("gpt2bench.local", "gpt2bench.controller"),
@@ -260,3 +262,37 @@ def test_an_ignored_source_file_is_seen(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "run.json").write_text("{}")
     assert ignored_sources(tmp_path) == ["docs/results/"]
+
+
+# A tool at a fixed absolute path: the development machine's /usr/bin/kubectl made 100+ tests fail with
+# FileNotFoundError on a stock Debian 12 (none there; the official install goes to /usr/local/bin).
+FIXED_TOOL_PATH = re.compile(r"""["'](?:/usr(?:/local)?)?/s?bin/(kubectl|helm|kind|docker)\b""")
+CODE = (".py", ".sh", ".yml", ".yaml", "Makefile")
+
+
+def fixed_tool_paths(root: Path) -> list[str]:
+    """file:line of every string literal in tracked code that names kubectl, helm, kind or docker by an
+    absolute path (tests find them with tests/kube/tools.py: where install.sh put them, else PATH)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.decode()
+    found = []
+    for name in filter(None, listed.split("\0")):
+        path = root / name
+        if not name.endswith(CODE) or name.startswith("tests/data/") or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if FIXED_TOOL_PATH.search(line):
+                found.append(f"{name}:{number}: {line.strip()}")
+    return found
+
+
+def test_no_code_runs_kubectl_or_helm_from_a_fixed_path():
+    assert fixed_tool_paths(REPO) == []
+
+
+def test_a_fixed_kubectl_path_is_seen(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "tests").mkdir()
+    hard_coded = 'KUBECTL = "/usr/bin/' + 'kubectl"'  # split: this file must not match itself
+    (tmp_path / "tests" / "test_x.py").write_text(f'{hard_coded}\nHELM = shutil.which("helm")\n')
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    assert fixed_tool_paths(tmp_path) == [f"tests/test_x.py:1: {hard_coded}"]

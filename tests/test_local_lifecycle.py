@@ -223,8 +223,9 @@ def test_an_existing_folder_is_refused_unless_resume_or_overwrite_says_what_to_d
     bench = benchmark(tmp_path)
     plan = plan_runs(bench)
     directory = earlier_sweep(tmp_path, ["Succeeded", "Failed", "Running"], bench)
-    with pytest.raises(FolderRefused, match=r"already holds results of cpu-sweep \(Interrupted: 2 of 3 runs "
-                                            r"finished\): --resume keeps them and runs the rest, --overwrite"):
+    with pytest.raises(FolderRefused, match=r"the sweep in .*out was interrupted with 2 of 3 runs finished: `gpt2bench "
+                                            r"run FILE --resume --output .*out` \(FILE: GPT2Benchmark cpu-sweep's "
+                                            r"file\) keeps them and runs the rest; --overwrite starts again"):
         prepare_folder(bench, plan, plan, directory)
     runs, resumed = prepare_folder(bench, plan, plan, directory, resume=True)
     assert [r.name for r in runs] == [r.name for r in plan]  # in plan order; the first two are kept, not run
@@ -236,6 +237,18 @@ def test_an_existing_folder_is_refused_unless_resume_or_overwrite_says_what_to_d
     assert runs == plan[:1] and resumed.start_over and not resumed.kept
     with holding(directory), pytest.raises(FolderRefused, match="being written by another gpt2bench run now"):
         prepare_folder(bench, plan, plan, directory, resume=True)
+
+
+def test_gpt2bench_report_of_an_interrupted_sweep_says_so_and_how_to_resume_it(tmp_path, capsys):
+    """Issue 37, item 7: after a SIGKILL, results.json says Running until `report` or `run` reads it; they read it as
+    interrupted, and now say so, with the command that finishes it."""
+    from gpt2bench.report.cli import main
+
+    directory = earlier_sweep(tmp_path, ["Succeeded", "Running", "Pending"], benchmark(tmp_path))
+    assert main([str(directory), "--quiet"]) == 0
+    said = capsys.readouterr().err
+    assert f"the sweep in {directory} was interrupted with 1 of 3 runs finished: `gpt2bench run FILE --resume " \
+           f"--output {directory}`" in said
 
 
 def test_resume_refuses_another_spec_naming_what_differs(tmp_path):

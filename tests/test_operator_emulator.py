@@ -10,6 +10,7 @@ import threading
 import kubernetes
 import pytest
 from kube.fixtures import GROUP, PLURAL, VERSION, api_client, benchmark
+from kube.tools import kubectl
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -129,7 +130,7 @@ def test_watch_resumes_from_a_resource_version(api, cluster):
 def test_kubectl_get_wait_and_namespaces(cluster, api):
     _create(api, "waited")
     waiter = subprocess.Popen(
-        ["/usr/bin/kubectl", "wait", "gpt2benchmark/waited", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=30s"],
+        [kubectl(), "wait", "gpt2benchmark/waited", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=30s"],
         env={"KUBECONFIG": str(cluster.kubeconfig), "HOME": str(cluster.workdir)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     threading.Timer(1.0, lambda: cluster.kubectl(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 
 import kubernetes
@@ -16,6 +17,7 @@ import yaml
 from kube.fixtures import (
     REPO,
     benchmark,
+    kubectl_table,
     operator_calls,
     wait_for,
 )
@@ -23,6 +25,11 @@ from kube.training import TrainingOperator, trainer_summary
 
 pytestmark = pytest.mark.timeout(120)
 TERMINAL = ("Succeeded", "Failed")
+
+
+DRIFT = {1: 1.01, 2: 0.99, 3: 1.0}  # a round's shared effect on every run's tokens/s
+
+
 
 
 def _finished(job: dict) -> bool:
@@ -51,7 +58,7 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
     applied = cluster.kubectl("apply", "-f", str(tmp_path / "cpu-sweep.yaml"))
     assert "gpt2benchmark.gpt2bench.io/cpu-sweep created" in applied.stdout
     total = wait_for(lambda: benchmarks.status("cpu-sweep").get("runsTotal"), what="runsTotal")
-    assert total == 36  # 6 strategies x 2 precisions x (the breakdown round + 2 repeats)
+    assert total == 40  # 5 strategies x 2 precisions x (the breakdown round + 3 repeats)
 
     order = play(trainer, "cpu-sweep", total, lambda t, job, i: t.succeed(job, 1000.0 + 10 * i))
 
@@ -59,25 +66,30 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
                       what="phase Succeeded")
     runs = status["runs"]
     assert [r["name"] for r in runs] == order, "runs start in plan order, one at a time"
-    assert status["runsDone"] == status["runsSucceeded"] == 36 and status["runsFailed"] == 0
+    assert status["runsDone"] == status["runsSucceeded"] == 40 and status["runsFailed"] == 0
     assert all(r["phase"] == "Succeeded" and r["results"]["tokensPerSecond"] > 0 for r in runs)
     assert {r["jobKind"] for r in runs} == {"PyTorchJob", "MPIJob"}
-    assert status["best"] == {"run": order[-1], "strategy": runs[-1]["strategy"],
-                              "precision": runs[-1]["precision"], "tokensPerSecond": 1350.0}
+    decision_runs = {}  # the best configuration: the highest geometric mean over its rounds (the breakdown round's
+    for i, name in enumerate(order):  # runs left out), as the report's tables give it
+        if not name.endswith("-prof"):
+            decision_runs.setdefault(name.rsplit("-r", 1)[0], []).append(1000.0 + 10 * i)
+    best = max(decision_runs, key=lambda c: math.prod(decision_runs[c]))
+    assert status["best"]["run"] == best and status["best"]["tokensPerSecond"] == pytest.approx(
+        math.prod(decision_runs[best]) ** (1 / len(decision_runs[best])))
     assert status["completionTime"] >= status["startTime"]
     assert status["observedGeneration"] == 1
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
 
     table = cluster.kubectl("get", "gpt2benchmark", "cpu-sweep").stdout.split()
-    assert table[:8] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION", "AGE", "WAITING"]
-    # tokens/s grew by 10 per run, so a later repeat is faster than an earlier one: the sweep's own noise
-    # (the two repeats of a configuration differ by 10 configurations' worth) hides every margin
-    assert table[8:13] == ["cpu-sweep", "Succeeded", "36", "36", "no-clear-winner"]  # RECOMMENDED: empty
+    assert table[:9] == ["NAME", "PHASE", "DONE", "RUNS", "RACING", "RECOMMENDED", "DECISION", "AGE", "WAITING"]
+    # the race's one look after its 3 fixed rounds: the column says what status.analysis says, nothing races on
+    assert table[9:14] == ["cpu-sweep", "Succeeded", "40", "40", "0"]
+    assert status["analysis"]["recommended"]["decision"] in table[14:16]
     as_yaml = yaml.safe_load(cluster.kubectl("get", "g2b", "cpu-sweep", "-o", "yaml").stdout)
     assert as_yaml["status"]["runs"] == runs
 
     reasons = [e["reason"] for e in benchmarks.events("cpu-sweep")]
-    assert reasons.count("RunStarted") == 36 and reasons.count("RunSucceeded") == 36
+    assert reasons.count("RunStarted") == 40 and reasons.count("RunSucceeded") == 40
     assert "SweepPlanned" in reasons and "SweepSucceeded" in reasons
 
     uid = benchmarks.get("cpu-sweep")["metadata"]["uid"]
@@ -90,7 +102,7 @@ def test_cpu_example_sweeps_to_succeeded_with_the_status_table(cluster, benchmar
 def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cluster, benchmarks, trainer, tmp_path):
     """1 and 2 processes, ddp and fsdp: the operator's status carries the analysis (docs/analysis.md),
     `kubectl get` shows the recommended run, and `gpt2bench report --cluster` reads the same answer back."""
-    sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2, "breakdown": "inline",
+    sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 3, "breakdown": "inline",
              "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": n} for n in (1, 2)]}
     benchmarks.create(benchmark("scales", sweep=sweep, cost={"nodeHour": 0.36, "currency": "EUR"}))
     # run -> (tokens/s, workers, model state per rank)
@@ -101,31 +113,31 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
         name = job["metadata"]["name"]
         configuration, repeat = name.rsplit("-r", 1)
         tps, workers, state = figures[configuration]
-        tps *= 1.01 if repeat == "1" else 0.99  # the repeats' noise: ±1 %
+        tps *= DRIFT[int(repeat)]  # what every run of a round shares
         summary = trainer_summary(name, tps, worldSize=workers, tokensPerSecondPerDevice=tps / workers,
                                   stateBytes=state, firstLoss=10.9)
         t.finish(job, succeeded=True, message=json.dumps(summary))
 
-    play(trainer, "scales", 8, outcome)
+    play(trainer, "scales", 12, outcome)
     status = wait_for(lambda: (s := benchmarks.status("scales")).get("phase") == "Succeeded" and s, what="Succeeded")
     analysis = status["analysis"]
     # every configuration ran 1 % faster in round 1 and 1 % slower in round 2: a drift every configuration of the
-    # round shared, so the within-round ratios do not move and the paired interval is the margin itself; the
-    # unpaired noise (ln(1.01/0.99)/2 · √2 per run) is still reported. Residual degrees of freedom at 1×2:
-    # (2 rounds − 1)(4 complete configurations − 1) / 4 each, 1.5 for its two configurations.
-    cv = math.log(1.01 / 0.99) / 2 * 2**0.5
-    top, runner = 1990 * (1.01 * 0.99) ** 0.5, 1500 * (1.01 * 0.99) ** 0.5  # geometric means
+    # round shared, so the within-round ratios do not move: the race's one look (3 fixed rounds) drops fsdp with
+    # the margin itself as its interval, and names ddp the fastest at 95 %
+    gm = math.prod(DRIFT.values()) ** (1 / 3)
+    top, runner = 1990 * gm, 1500 * gm  # geometric means
     recommended = analysis["recommended"]
-    level = 1 - recommended["confidence"]
-    assert any(level == pytest.approx(0.05 / k) for k in range(1, analysis["decisions"] + 1))
     assert recommended | {"excluded": None} == {
         "objective": "fastest", "scale": "1×2 CPU", "decision": "clear", "winner": "scales-ddp-fp32-1x2",
+        "verdict": "ddp fp32 is the fastest (95 %)",
         "run": "scales-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "value": pytest.approx(top),
-        "unit": "tokens/s", "measurements": 2, "spread": pytest.approx(1990 * 0.02 / 2**0.5),
+        "unit": "tokens/s", "measurements": 3, "spread": pytest.approx(statistics.stdev(map(math.log, DRIFT.values()))),
         "runnerUp": "scales-fsdp-fp32-1x2", "runnerUpValue": pytest.approx(runner),
         "margin": pytest.approx(top / runner - 1), "marginLow": pytest.approx(top / runner - 1, abs=1e-9),
-        "marginHigh": pytest.approx(top / runner - 1, abs=1e-9), "confidence": recommended["confidence"],
-        "noise": pytest.approx(cv), "noiseDf": pytest.approx(1.5), "paired": True, "excluded": None}
+        "marginHigh": pytest.approx(top / runner - 1, abs=1e-9), "confidence": 0.95, "noiseDf": 2, "paired": True,
+        "decidedIn": 3, "excluded": None,
+        "dropped": [{"configuration": "scales-fsdp-fp32-1x2", "round": 3, "behind": "scales-ddp-fp32-1x2",
+                     "ratio": pytest.approx(1990 / 1500), "low": pytest.approx(1990 / 1500)}]}
     assert [(s["strategy"], s["scale"], s["efficiency"]) for s in analysis["scaling"]] == [
         ("ddp", "1×1 CPU", 1.0), ("ddp", "1×2 CPU", pytest.approx(0.995)), ("fsdp", "1×1 CPU", 1.0),
         ("fsdp", "1×2 CPU", pytest.approx(750 / 900))]
@@ -139,18 +151,17 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
                         "mixed-precision-faster": "not-measurable",
                         "ddp-mixed-precision-fastest-on-one-node": "not-measurable",
                         "horovod-most-robust-across-nodes": "not-measurable",
-                        "synchronous-strategies-converge-alike": "holds", "ddp-scales-near-linearly": "holds",
+                        "ddp-scales-near-linearly": "holds",
                         "ddp-overlap-hides-communication": "not-measurable"}  # these summaries have no breakdown
-    converge = next(f for f in analysis["findings"] if f["id"] == "synchronous-strategies-converge-alike")
-    assert "final loss: no per-step records" in converge["measured"]
+    (converge,) = analysis["checks"]
+    assert converge["verdict"] == "holds" and "final loss: no per-step records" in converge["measured"]
 
     table = cluster.kubectl("get", "gpt2benchmark", "scales").stdout.split()
-    assert table[:8] == ["NAME", "PHASE", "DONE", "RUNS", "RECOMMENDED", "DECISION", "AGE", "WAITING"]
-    assert table[8:14] == ["scales", "Succeeded", "8", "8", "scales-ddp-fp32-1x2", "clear"]
-    header, row = (line.split() for line in
-                   cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout.splitlines())
-    wide = dict(zip(header, row, strict=False))  # WAITING, the last column, is empty
-    assert (wide["BACKEND"], wide["BEST"], wide["TOKENS/S"]) == ("pytorchjob", "ddp", "2009.9")  # 1990 x 1.01
+    assert table[:9] == ["NAME", "PHASE", "DONE", "RUNS", "RACING", "RECOMMENDED", "DECISION", "AGE", "WAITING"]
+    assert table[9:16] == ["scales", "Succeeded", "12", "12", "0", "scales-ddp-fp32-1x2", "clear"]
+    (wide,) = kubectl_table(cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout)
+    assert (wide["BACKEND"], wide["BEST"], wide["VERDICT"]) == ("pytorchjob", "ddp", "ddp fp32 is the fastest (95 %)")
+    assert float(wide["TOKENS/S"]) == pytest.approx(1990 * gm, rel=1e-3)  # the same geometric mean
 
     from gpt2bench.controller.metrics import REGISTRY
 
@@ -166,8 +177,8 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
 
     assert report_cli.main(["--cluster", "scales", "-n", "default", "--output", str(tmp_path), "--quiet"]) == 0
     markdown = (tmp_path / "results.md").read_text()
-    assert "**Recommended at the largest scale measured (1×2 CPU): scales-ddp-fp32-1x2**" in markdown
-    assert "| ddp | fp32 | 1×2 CPU | 2 | 995 | 1.00 [0.99, 1.00] |" in markdown  # 0.995 ± rounding: a shared drift
+    assert "**At the largest scale measured (1×2 CPU): ddp fp32 is the fastest (95 %)**" in markdown
+    assert "| ddp | fp32 | 1×2 CPU | 2 | 995 | " in markdown  # 0.995, its interval as narrow: a shared drift
     ddp_row = next(r for r in analysis["scaling"] if r["strategy"] == "ddp" and r["scale"] == "1×2 CPU")
     assert ddp_row["low"] == pytest.approx(0.995) and ddp_row["high"] == pytest.approx(0.995)
 
@@ -278,8 +289,8 @@ def test_a_spec_change_after_start_is_ignored_with_a_warning(benchmarks, trainer
 def test_deleting_a_running_benchmark_lets_it_go_and_its_jobs_follow(cluster, benchmarks, trainer):
     benchmarks.create(benchmark("doomed", [{"name": "single"}, {"name": "ddp"}]))
     job = wait_for(lambda: trainer.jobs("doomed"), what="the first job")[0]
-    body = wait_for(lambda: (b := benchmarks.get("doomed"))["metadata"].get("finalizers") and b, what="finalizer")
-    assert body["metadata"]["finalizers"] == ["gpt2bench.io/finalizer"]
+    body = benchmarks.get("doomed")
+    assert not body["metadata"].get("finalizers"), "nothing holds its deletion (docs/operator.md)"
     assert job["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
     cluster.kubectl("delete", "gpt2benchmark", "doomed", "--wait=false")
     wait_for(lambda: not benchmarks.exists("doomed"), what="the benchmark to be deleted")
@@ -346,7 +357,35 @@ def test_a_sweep_that_repeats_until_decided_adds_whole_rounds_and_says_why_it_st
     status = wait_for(lambda: (s := benchmarks.status("until")).get("phase") == "Succeeded" and s, what="Succeeded")
     assert [r["repeat"] for r in status["runs"]] == [1, 1, 2, 2, 3, 3] and len(order) == 6
     assert (status["runsTotal"], status["roundsPlanned"], status["roundsDone"]) == (6, 3, 3)
-    assert status["stopReason"].startswith("max rounds: 3 rounds run, still undecided at 1×2 CPU")
-    assert status["analysis"]["looks"] == 2  # rounds 2 and 3 may decide: each at 5 % / 2
+    assert status["stopReason"].startswith("max rounds: 3 rounds run, still racing at 1×2 CPU (")
+    assert status["racing"] == 0 and "dropped" not in status  # alike: nothing dropped, and nothing runs on
     added = [e["message"] for e in benchmarks.events("until") if e["reason"] == "RoundAdded"]
-    assert len(added) == 1 and added[0].startswith("round 3 added: undecided at 1×2 CPU")
+    assert len(added) == 1 and added[0].startswith("round 3 added for the 2 configurations still racing at 1×2 CPU")
+
+
+def test_the_race_on_the_cluster_drops_the_beaten_and_creates_jobs_for_the_survivors_only(cluster, benchmarks, trainer):
+    """ddp and fsdp alike, ps at half their speed: after round 3 the race drops ps (a ConfigurationDropped Event,
+    status.dropped, the Racing column at 2), round 4 creates jobs for ddp and fsdp only, and the sweep stops at
+    maxRepeats with ps run 3 times and the others 4 (issue 35: beaten configurations cost no more GPU-hours)."""
+    sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}, {"name": "ps"}], "repeats": 3, "maxRepeats": 4,
+             "breakdown": "off", "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}
+    benchmarks.create(benchmark("race", sweep=sweep))
+    assert wait_for(lambda: benchmarks.status("race").get("runsTotal"), what="runsTotal") == 9
+
+    def speed(t: TrainingOperator, job: dict, i: int) -> None:
+        t.succeed(job, (500.0 if "-ps-" in job["metadata"]["name"] else 1000.0) * (1 + (i % 3) / 1000))
+
+    play(trainer, "race", 9, speed)
+    racing = wait_for(lambda: (s := benchmarks.status("race")).get("roundsPlanned") == 4 and s, what="round 4")
+    assert racing["racing"] == 2 and [d["configuration"] for d in racing["dropped"]] == ["race-ps-fp32-1x2"]
+    table = cluster.kubectl("get", "gpt2benchmark", "race").stdout.split()
+    assert table[table.index("race") + 4] == "2"  # RACING, after PHASE DONE RUNS
+    play(trainer, "race", 2, speed)  # round 4: two jobs, not three
+    status = wait_for(lambda: (s := benchmarks.status("race")).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert sorted(r["name"] for r in status["runs"] if r["repeat"] == 4) == ["race-ddp-fp32-1x2-r4",
+                                                                             "race-fsdp-fp32-1x2-r4"]
+    assert len(trainer.jobs("race")) == 11 and status["racing"] == 0
+    dropped = [e["message"] for e in benchmarks.events("race") if e["reason"] == "ConfigurationDropped"]
+    assert len(dropped) == 1 and dropped[0].startswith("race-ps-fp32-1x2 dropped after round 3: race-")
+    fastest = status["analysis"]["recommended"]
+    assert fastest["dropped"][0]["configuration"] == "race-ps-fp32-1x2" and fastest["dropped"][0]["round"] == 3

@@ -42,7 +42,8 @@ def test_the_manifest_is_the_charts_default_render():
 def test_every_object_is_valid_for_kubernetes_1_30(docs):
     # the chart's default: the operator watches its own namespace (a Role there), fenced by a NetworkPolicy
     assert sorted(d["kind"] for d in docs) == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "Namespace",
-                                               "NetworkPolicy", "Role", "RoleBinding", "Service", "ServiceAccount"]
+                                               "NetworkPolicy", "Role", "Role", "RoleBinding", "RoleBinding",
+                                               "Service", "ServiceAccount"]
     for obj in docs:
         kubernetes_validate.validate(obj, "1.30", strict=True)
     namespaced = [d for d in docs if d["kind"] in ("ServiceAccount", "Deployment", "Service", "Role", "RoleBinding",
@@ -62,6 +63,10 @@ def test_the_deployment_runs_the_operator_cli_with_probe_ports_and_trainer_image
     assert (args.trainer_image_cpu, args.trainer_image_gpu) == (DEFAULT_IMAGE, DEFAULT_GPU_IMAGE)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert urlparse(args.liveness).port == ports["health"] and urlparse(args.liveness).path == "/healthz"
+    # one active operator: the Lease it elects on is the one its Role lets it read and renew, where that Role is
+    lease_role = next(d for d in docs if d["kind"] == "Role" and any("leases" in r["resources"] for r in d["rules"]))
+    assert args.leader_elect and args.leader_election_namespace == lease_role["metadata"]["namespace"]
+    assert [args.leader_election_id] == next(r["resourceNames"] for r in lease_role["rules"] if "update" in r["verbs"])
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert ports["metrics"] == args.metrics_port
     service = one(docs, "Service")

@@ -22,6 +22,7 @@ from kube.fixtures import benchmark, kopf_operator, operator_calls, wait_for
 from kube.training import TrainingOperator, kueue_webhook
 
 from gpt2bench import diagnosis
+from gpt2bench.collect import collect_run
 from gpt2bench.local.executor import execute_job
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
@@ -175,9 +176,11 @@ def test_a_container_the_kubelet_cannot_create_fails_its_run_at_the_startup_limi
 
 
 @pytest.mark.faults
-def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure(benchmarks, trainer):
-    """The worker fails first (OOMKilled, restarted under OnFailure: lastState keeps it); the master fails 3 s
-    later because its peer went. The reason names the worker, how, and what it printed last."""
+def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_failure_in_the_same_second(benchmarks, trainer):
+    """The worker is OOMKilled (restarted under OnFailure: lastState keeps it) and the master fails because its
+    peer went, in the same second (finishedAt has 1 s resolution: the usual case), the master listed first. The
+    reason names the worker, how, and what it printed last (issue 37, item 4: the tie went to list order, naming
+    the master's "Connection closed by peer")."""
     name = "oom"
     create(benchmarks, name, ["ddp"])
     job = first_job(trainer, name)
@@ -185,10 +188,10 @@ def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure
     master, worker = trainer.create_pods(job)
     trainer.running(master)
     trainer.running(worker)
+    trainer.terminate(master, 1, log="RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:29500\n",
+                      finished_at="2026-11-26T10:00:01Z")
     trainer.terminate(worker, 137, reason="OOMKilled", log=OOM_LOG, finished_at="2026-11-26T10:00:01Z",
                       restarted=True)
-    trainer.terminate(master, 1, log="RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:29500\n",
-                      finished_at="2026-11-26T10:00:04Z")
     failed_at = time.monotonic()
     trainer.fail(job, "Worker")
     reason = run_entry(benchmarks, name)["reason"]
@@ -196,8 +199,28 @@ def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure
                       f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                       f"capacity of 79.1 GiB of which 1.2 GiB is free.; PyTorchJobFailed: PyTorchJob "
                       f"{job['metadata']['name']} is failed because 1 Worker replica(s) failed.")
-    FIGURES["worker-oomkilled-first"] = {"injected": 1, "failed_after_job_failed_s": seconds_since(failed_at),
-                                         "runs_lost": 0, "reason": reason}
+    FIGURES["worker-oomkilled-same-second"] = {"injected": 1, "failed_after_job_failed_s": seconds_since(failed_at),
+                                               "runs_lost": 0, "reason": reason}
+
+
+@pytest.mark.faults
+def test_a_local_replica_killed_in_the_poll_its_peer_failed_in_is_the_reason(tmp_path):
+    """Locally the runner polls its replicas every 0.25 s (here 2 s): the master's "Connection closed by peer" and
+    the worker's SIGKILL seen in one poll are the same tie, told apart by the same rule as on the cluster."""
+    started = time.monotonic()
+    peer_gone = [sys.executable, "-c", "import sys, time; time.sleep(0.3); "
+                 "sys.stderr.write('RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500\\n'); sys.exit(1)"]
+    killed = [sys.executable, "-c", "import os, signal, time; time.sleep(0.6); os.kill(os.getpid(), signal.SIGKILL)"]
+    document = benchmark("tie", [{"name": "ddp"}])
+    document["spec"]["sweep"]["scales"] = TWO_NODES
+    bench = load_benchmark(document)
+    job = render_job(bench, plan_runs(bench)[0])
+    for replica, command in (("Master", peer_gone), ("Worker", killed)):
+        job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]["command"] = command
+    outcome = execute_job(job, tmp_path, gpus=[], grace_seconds=2, poll_seconds=2.0)
+    assert outcome.reason == "pod tie-ddp-fp32-2x1-worker-0 (container pytorch) killed by SIGKILL (exit code 137)"
+    FIGURES["local-replicas-same-poll"] = {"injected": 1, "runs_lost": 0, "run_seconds": seconds_since(started),
+                                           "reason": outcome.reason}
 
 
 # --- the same fault, the same words: the cluster (the operator) and the local runner ------------------------
@@ -205,7 +228,10 @@ def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_later_failure
 CRASH = [sys.executable, "-c", f"import sys; sys.stderr.write({OOM_LOG!r}); sys.exit(1)"]
 KILLED = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
 WAIT = [sys.executable, "-c", "import time; time.sleep(60)"]
-NO_GPU = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+# kube-scheduler's words for a pod no node can ever take (since kubernetes#131345: every node "Preemption is not
+# helpful"); the local runner says the same of this machine (local/executor.py NO_ROOM_FOR_GPUS)
+NO_GPU = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: 1 Preemption "
+          "is not helpful for scheduling.")
 
 
 def _local(name: str, strategies: list[str], scales: list[dict], tmp_path, commands: dict[str, list[str]],
@@ -286,6 +312,55 @@ def test_the_same_fault_reads_the_same_on_the_cluster_and_locally(benchmarks, tr
     assert cluster_reason == f"{expected}; PyTorchJobFailed: PyTorchJob {job['metadata']['name']} is failed " \
                              f"because 1 Worker replica(s) failed."
     record(cluster_reason, injected)
+
+
+HOROVOD_RANK_FAILS = (  # what mpirun prints when rank 1 gives up on its all-reduce (trainer/parallel/horovod.py)
+    "echo '[1,0]<stderr>:2026-11-26 10:00:00,000 rank0 INFO config {\"model\": {}}'; "
+    "echo '[1,1]<stderr>:2026-11-26 10:00:09,000 rank1 ERROR horovod: the all-reduce of the gradients waited more "
+    "than 4 s (--timeout-seconds) for the other ranks: a rank stopped making progress or is gone'; "
+    "echo 'Primary job  terminated normally, but 1 process returned a non-zero exit code.'; "
+    "echo 'mpirun detected that one or more processes exited with non-zero status, thus causing the job to be "
+    "terminated.'; exit 1")
+
+
+@pytest.mark.faults
+def test_a_horovod_ranks_reason_comes_first_on_the_cluster_and_locally(benchmarks, trainer, tmp_path):
+    """Issue 37, item 7: a Horovod run whose rank fails ends without the trainer's summary; its reason read
+    "mpirun exited with code 1 without a GPT2BENCH_SUMMARY line: ...". Now the rank's own words come first, the
+    same on both paths (the launcher's termination message, written by `gpt2bench launch`)."""
+    name = "same-horovod-rank"
+    document = benchmark(name, [{"name": "horovod"}])
+    document["spec"]["sweep"]["scales"] = TWO_NODES
+    bench = load_benchmark(document)
+    run = plan_runs(bench)[0]
+    job = render_job(bench, run)
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    launcher["command"] = [sys.executable, "-m", "gpt2bench", "launch", "--", "sh", "-c", HOROVOD_RANK_FAILS]
+    launcher.pop("args", None)
+    local = execute_job(job, tmp_path, gpus=[], grace_seconds=2)
+    words = ("rank 1: horovod: the all-reduce of the gradients waited more than 4 s (--timeout-seconds) for the other "
+             "ranks: a rank stopped making progress or is gone (sh exited with code 1 without a GPT2BENCH_SUMMARY line)")
+    assert local.phase == "Failed"
+    assert local.reason == f"pod {job['metadata']['name']}-launcher-0 (container {launcher['name']}) exited with code " \
+                           f"1: {words}"
+    entry = collect_run(run, job_succeeded=False, termination_message=local.termination_message,
+                        job_reason=local.reason, cause=local.cause)  # as the local sweep records it (results.json)
+    assert entry.reason == words
+
+    create(benchmarks, name, ["horovod"])
+    cluster_job = first_job(trainer, name)
+    assert cluster_job["kind"] == "MPIJob" and cluster_job["metadata"]["name"] == job["metadata"]["name"]
+    trainer.start(cluster_job)
+    pods = trainer.create_pods(cluster_job)
+    for pod in pods:
+        trainer.running(pod)
+    printed = (tmp_path / "launcher-0.log").read_text()
+    trainer.terminate(pods[0], 1, log=printed, message=local.termination_message)
+    trainer.fail(cluster_job, "Launcher")
+    cluster_reason = run_entry(benchmarks, name)["reason"]
+    assert cluster_reason == words
+    FIGURES["same-words-horovod-rank-fails"] = {"injected": 2, "paths": ["cluster", "local"], "runs_lost": 0,
+                                                "cluster_reason": cluster_reason, "local_reason": entry.reason}
 
 
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):

@@ -36,12 +36,13 @@ class OperatorProcess:
     """`gpt2bench operator` as a process; `extra_args` (e.g. ["--api-timeout", "1"]) and `env` (e.g. the
     worker count) apply from the next start."""
 
-    def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int, poll_seconds: float = 0.3):
+    def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int, poll_seconds: float = 0.3,
+                 log: str = "operator.log"):
         self.cluster, self.metrics_port, self.health_port = cluster, metrics_port, health_port
         self.poll_seconds = poll_seconds
         self.extra_args: list[str] = []
         self.env: dict[str, str] = {}
-        self.log = cluster.workdir / "operator.log"
+        self.log = cluster.workdir / log
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -159,6 +160,48 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
             operator.start()
             wait_for(lambda: info in operator.samples("gpt2bench_operator_recommendation_info"),
                      what="the recommendation after a restart")
+        finally:
+            code = operator.stop()
+        assert code == 0, operator.log.read_text()[-3000:]
+
+
+def test_events_a_crash_lost_are_posted_from_the_status_after_a_restart(tmp_path):
+    """Issue 37, item 6: a run's Event is posted after the status write that records it; an operator killed
+    between the two lost it (1 of 8 RunStarted/RunSucceeded missing after 4 SIGKILLs). Here every Event POST fails
+    while a run finishes, then the operator is killed: the restarted one posts what the status recorded and the
+    benchmark's Events lack, once, saying so."""
+    from kube.faults import FailCalls
+
+    with EmulatedCluster(tmp_path / "kube") as cluster:
+        install_crds(cluster)
+        client = api_client(cluster)
+        benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
+        operator = OperatorProcess(cluster, free_port(), free_port())
+        operator.start()
+        try:
+            benchmarks.create(benchmark("lost", [{"name": "single"}, {"name": "ddp"}]))
+            first = wait_for(lambda: trainer.jobs("lost"), what="the first job")[0]
+            wait_for(lambda: "RunStarted" in [e["reason"] for e in benchmarks.events("lost")], what="RunStarted")
+            with FailCalls(503, times=10**6, method="POST", path=r"/namespaces/default/events$").install(cluster):
+                trainer.start(first)
+                trainer.succeed(first, 100.0)
+                wait_for(lambda: len(trainer.jobs("lost")) == 2, what="the second job (the first recorded)")
+                time.sleep(1.0)  # kopf tried to post the Events, and failed
+                operator.kill()
+            assert [e["reason"] for e in benchmarks.events("lost")].count("RunSucceeded") == 0, "lost"
+            operator.start()
+            second = trainer.jobs("lost")[1]
+            trainer.start(second)
+            trainer.succeed(second, 200.0)
+            wait_for(lambda: benchmarks.status("lost").get("phase") == "Succeeded", what="Succeeded")
+            wait_for(lambda: [e["reason"] for e in benchmarks.events("lost")].count("RunSucceeded") == 2,
+                     what="both RunSucceeded")
+            events = benchmarks.events("lost")
+            reasons = [e["reason"] for e in events]
+            assert reasons.count("RunStarted") == 2 and reasons.count("SweepSucceeded") == 1, reasons
+            recovered = sorted(e["message"] for e in events if "posted after an operator restart" in e["message"])
+            assert [m.split(" (posted")[0] for m in recovered] == [
+                "lost-ddp-fp32-1x2: job lost-ddp-fp32-1x2 created", "lost-single-fp32-1x1: 100.0 tokens/s"], recovered
         finally:
             code = operator.stop()
         assert code == 0, operator.log.read_text()[-3000:]

@@ -210,24 +210,31 @@ def test_summarize_picks_the_fastest_run_and_completes_once():
         "True", "False", "False")
 
 
-@pytest.mark.parametrize(("phases", "ready", "complete", "failed", "reason"), [
-    (["Succeeded", "Succeeded"], "True", "True", "False", "Succeeded"),
-    (["Succeeded", "Failed"], "True", "True", "False", "PartiallySucceeded"),
-    (["Failed", "Failed"], "False", "False", "True", "NoRunSucceeded"),
-    (["Succeeded", "Running"], "False", "False", "False", "Running"),
+@pytest.mark.parametrize(("phases", "ready", "complete", "failed", "finished", "reason"), [
+    (["Succeeded", "Succeeded"], "True", "True", "False", "True", "Succeeded"),
+    (["Succeeded", "Failed"], "True", "True", "False", "True", "PartiallySucceeded"),
+    (["Failed", "Failed"], "False", "False", "True", "True", "NoRunSucceeded"),
+    (["Succeeded", "Running"], "False", "False", "False", "False", "Running"),
 ])
-def test_conditions_are_those_of_a_batch_job_each_with_the_generation(phases, ready, complete, failed, reason):
+def test_conditions_are_those_of_a_batch_job_each_with_the_generation(phases, ready, complete, failed, finished,
+                                                                      reason):
+    """Finished ends either way (what `kubectl wait` is told to wait for): Complete alone never comes when no
+    run succeeded."""
     entries = rc.initial_status(_runs(("single", "ddp")), 3, NOW).runs
     runs = [e.model_copy(update={"phase": p}) for e, p in zip(entries, phases)]
-    conditions = {c.type: c for c in rc.summarize(BenchmarkStatus(observed_generation=3), runs, NOW).conditions}
-    assert [conditions[t].status for t in ("Ready", "Complete", "Failed")] == [ready, complete, failed]
+    status = rc.summarize(BenchmarkStatus(observed_generation=3), runs, NOW)
+    conditions = {c.type: c for c in status.conditions}
+    assert [conditions[t].status for t in ("Ready", "Complete", "Failed", "Finished")] == [
+        ready, complete, failed, finished]
     assert reason in (conditions["Ready"].reason, conditions["Failed"].reason)
+    assert conditions["Finished"].reason == status.phase
     assert {c.observed_generation for c in conditions.values()} == {3}
 
 
-def test_an_invalid_spec_is_failed_not_ready_not_complete():
+def test_an_invalid_spec_is_failed_and_finished_not_ready_not_complete():
     conditions = {c.type: c for c in rc.invalid_status([("spec.x", "bad")], 2, NOW).conditions}
     assert (conditions["Failed"].status, conditions["Failed"].reason) == ("True", "InvalidSpec")
+    assert (conditions["Finished"].status, conditions["Finished"].reason) == ("True", "Invalid")
     assert conditions["Ready"].status == conditions["Complete"].status == "False"
     assert conditions["Failed"].observed_generation == 2
 
@@ -245,7 +252,7 @@ def test_summarize_adds_the_analysis_once_every_run_is_done():
     assert analysis["recommended"]["run"] == "a" and analysis["recommended"]["excluded"] == ["b (Failed)"]
     cheapest = next(r for r in analysis["recommendations"] if r["objective"] == "cheapest" and "scale" not in r)
     assert cheapest["value"] == pytest.approx(1.0)  # 3.6 per GPU-hour at 1000 tokens/s: 1 per 1M tokens
-    assert len(analysis["findings"]) == 7
+    assert len(analysis["findings"]) == 6 and len(analysis["checks"]) == 1
 
 
 def test_set_condition_keeps_the_transition_time_when_the_status_holds():

@@ -8,8 +8,11 @@ still gets to the transition's next state: no state may be left for good because
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
+from fault_figures import FIGURES
 from kube.faults import OWN_CLIENT, FailCalls
 from kube.fixtures import benchmark, run_entry, wait_for
 
@@ -190,6 +193,32 @@ def test_a_finished_run_is_recorded_and_the_next_started_though_one_call_of_the_
     benchmarks.delete(name)
 
 
+@pytest.mark.faults
+def test_one_404_on_the_list_of_jobs_of_a_served_kind_fails_no_run(cluster, benchmarks, trainer):
+    """Issue 37, item 1: one 404 on the step's list of PyTorchJobs (an API server instance whose CRD informer has
+    not synced, CRDs re-applied during an upgrade) took the kind for "not served": every active run of it Failed
+    with a false reason and the running job was orphaned. Discovery serves the kind, so the 404 is transient: the
+    step is tried again, and every result is kept."""
+    name = "list-404"
+    benchmarks.create(benchmark(name, [{"name": "single"}, {"name": "ddp"}]))
+    first = wait_for(lambda: trainer.jobs(name), what="the first job")[0]
+    trainer.start(first)
+    wait_for(lambda: run_entry(benchmarks.status(name), 0).get("phase") == "Running", what="Running")
+    lists = r"/namespaces/default/pytorchjobs$"
+    with FailCalls(404, times=1, method="GET", path=lists, agents=OWN_CLIENT).install(cluster) as fault:
+        trainer.succeed(first, 10.0)
+        wait_for(lambda: fault.hits == 1, what="the 404 met")
+        play_one(trainer, name, 20.0)
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") not in (None, "Pending", "Running") and s,
+                      what="finished")
+    assert [(r["phase"], (r.get("results") or {}).get("tokensPerSecond")) for r in status["runs"]] == [
+        ("Succeeded", 10.0), ("Succeeded", 20.0)], [r.get("reason") for r in status["runs"]]
+    assert status["phase"] == "Succeeded" and len(trainer.jobs(name)) == 2
+    FIGURES["list-404"] = {"injected": fault.hits, "runs": 2, "runs_lost": 0, "runs_twice": 0,
+                           "final_phase": status["phase"]}
+    benchmarks.delete(name)
+
+
 def test_a_sweep_finishes_once_though_writing_its_end_fails_once(cluster, benchmarks, trainer):
     """Running → Succeeded: the status write of the last run's result (and the analysis) fails once."""
     name = "ending"
@@ -204,6 +233,154 @@ def test_a_sweep_finishes_once_though_writing_its_end_fails_once(cluster, benchm
     assert fault.hits == 1 and status["runs"][0]["results"]["tokensPerSecond"] == 10.0 and status["analysis"]
     wait_for(lambda: "SweepSucceeded" in reasons(benchmarks, name), what="SweepSucceeded")
     assert reasons(benchmarks, name).count("RunSucceeded") == reasons(benchmarks, name).count("SweepSucceeded") == 1
+    benchmarks.delete(name)
+
+
+def test_the_finalizer_an_earlier_version_added_is_removed_while_the_sweep_runs(cluster, benchmarks, trainer):
+    """Issue 37, item 2: kopf added `gpt2bench.io/finalizer` to every running benchmark (its timer needed it), so
+    a benchmark could not be deleted while no operator ran. No handler needs it now, and kopf removes the one an
+    earlier version added."""
+    name = "old-finalizer"
+    body = benchmark(name, [{"name": "single"}])
+    body["metadata"]["finalizers"] = ["gpt2bench.io/finalizer"]
+    benchmarks.create(body)
+    trainer.start(wait_for(lambda: trainer.jobs(name), what="the first job")[0])
+    wait_for(lambda: run_entry(benchmarks.status(name), 0).get("phase") == "Running", what="Running")
+    finalizers = []
+    for _ in range(10):  # kopf acts on each event of the benchmark within milliseconds: a second of them
+        time.sleep(0.1)
+        finalizers.append(benchmarks.get(name)["metadata"].get("finalizers") or [])
+    assert finalizers == [[]] * 10, "no finalizer on a running sweep"
+    benchmarks.delete(name)
+    wait_for(lambda: not benchmarks.exists(name), what="deleted at once")
+
+
+def test_a_status_write_another_writer_came_before_is_made_again_on_what_is_stored(cluster, benchmarks, trainer):
+    """Issue 37, item 5: status patches carried no resourceVersion, so a write made on a stale read replaced what
+    another writer (a second operator) had written meanwhile. Now the write is conditional: the API server answers
+    409 and the step runs again on the stored status, keeping the other writer's change."""
+    from kube.faults import is_operator
+
+    name = "two-writers"
+    benchmarks.create(benchmark(name, [{"name": "single"}, {"name": "ddp"}]))
+    first = wait_for(lambda: trainer.jobs(name), what="the first job")[0]
+    trainer.start(first)
+    wait_for(lambda: run_entry(benchmarks.status(name), 0).get("phase") == "Running", what="Running")
+    listing = threading.Event()
+
+    def slow_job_lists(request) -> float | None:  # the step reads the benchmark, then waits for its jobs
+        method = getattr(request.method, "name", str(request.method))
+        if is_operator(request, OWN_CLIENT) and request.resource is not None and \
+                request.resource.plural == "pytorchjobs" and method == "GET" and request.name is None:
+            listing.set()
+            return 1.5
+        return None
+
+    cluster.call(lambda emulator: emulator.faults.append(slow_job_lists))
+    try:
+        listing.clear()
+        trainer.succeed(first, 10.0)
+        assert listing.wait(10), "the step listed the jobs"
+        runs = benchmarks.status(name)["runs"]
+        runs[1]["reason"] = "written by another writer"
+        benchmarks.api.patch_namespaced_custom_object_status("gpt2bench.io", "v1alpha1", "default",
+                                                             "gpt2benchmarks", name, {"status": {"runs": runs}})
+        status = wait_for(lambda: (s := benchmarks.status(name)) and run_entry(s, 0).get("phase") == "Succeeded"
+                          and s, what="the first run recorded")
+    finally:
+        cluster.call(lambda emulator: emulator.faults.remove(slow_job_lists))
+    assert status["runs"][1].get("reason") == "written by another writer", "the other writer's change kept"
+    play_one(trainer, name, 20.0)
+    wait_for(lambda: benchmarks.status(name).get("phase") == "Succeeded", what="Succeeded")
+    benchmarks.delete(name)
+
+
+# --- Running → Running: a round added until decided ----------------------------------------------------
+
+UNDECIDED = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2, "maxRepeats": 3, "breakdown": "off",
+             "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}
+
+
+def jobs_created_before_their_run_was_recorded(cluster, name: str) -> list[str]:
+    """The jobs of `name` whose creation came before any status write listing their run (resourceVersions are
+    one counter across the emulator's kinds, so they order the two)."""
+    def check(emulator):
+        recorded: dict[str, int] = {}
+        for (resource, events) in emulator.watch_history.items():
+            if resource.plural != "gpt2benchmarks":
+                continue
+            for rv, event in events:
+                if event["object"]["metadata"]["name"] == name:
+                    for run in (event["object"].get("status") or {}).get("runs") or []:
+                        recorded.setdefault(run.get("jobName"), rv)
+        early = []
+        for (resource, events) in emulator.watch_history.items():
+            if resource.plural != "pytorchjobs":
+                continue
+            for rv, event in events:
+                job = event["object"]["metadata"]["name"]
+                if event["type"] == "ADDED" and job.startswith(f"{name}-") and recorded.get(job, rv + 1) > rv:
+                    early.append(job)
+        return early
+    return cluster.call(check)
+
+
+@pytest.mark.faults
+def test_a_round_is_recorded_before_its_first_job_though_recording_it_fails_once(cluster, benchmarks, trainer):
+    """Issue 37, item 3: the step that added a round created the round's first job before its status write; one
+    503 on that write with a wall-clock budget ended the sweep Succeeded while the job, listed nowhere, ran on.
+    Now the round is written first and its jobs created by the next step: no job exists before its run is in
+    status, whatever call fails."""
+    name = "round-added"
+    swapped = {"ddp-fp32-1x2-r1": 1001.0, "fsdp-fp32-1x2-r1": 1000.0,  # each ahead in one round: undecided
+               "ddp-fp32-1x2-r2": 1000.0, "fsdp-fp32-1x2-r2": 1001.0}
+    benchmarks.create(benchmark(name, sweep=UNDECIDED))
+    for _ in range(3):
+        job = wait_for(lambda: next((j for j in trainer.jobs(name) if not (j.get("status") or {}).get("conditions")),
+                                    None), what="a job of rounds 1 and 2")
+        trainer.start(job)
+        trainer.succeed(job, swapped[job["metadata"]["name"].removeprefix(f"{name}-")])
+    last = wait_for(lambda: next((j for j in trainer.jobs(name) if not (j.get("status") or {}).get("conditions")),
+                                 None), what="round 2's last job")
+    trainer.start(last)
+    wait_for(lambda: run_entry(benchmarks.status(name), 3).get("phase") == "Running", what="Running")
+    path = rf"/gpt2benchmarks/{name}/status$"
+    with FailCalls(503, times=1, method="PATCH", path=path, agents=OWN_CLIENT).install(cluster) as fault:
+        # the step that records it adds round 3: that write fails
+        trainer.succeed(last, swapped[last["metadata"]["name"].removeprefix(f"{name}-")])
+        wait_for(lambda: fault.hits == 1, what="the round's write failed")
+        wait_for(lambda: benchmarks.status(name).get("roundsPlanned") == 3, what="round 3 recorded")
+    for i in range(2):
+        play_one(trainer, name, 1000.0 + i)
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert [r["repeat"] for r in status["runs"]] == [1, 1, 2, 2, 3, 3]
+    assert jobs_created_before_their_run_was_recorded(cluster, name) == []
+    assert len(trainer.jobs(name)) == 6 and reasons(benchmarks, name).count("RoundAdded") == 1
+    FIGURES["round-added-write-fails"] = {"injected": fault.hits, "runs": 6, "runs_lost": 0, "runs_twice": 0,
+                                          "jobs_before_their_run_recorded": 0, "final_phase": status["phase"]}
+    benchmarks.delete(name)
+
+
+def test_a_job_of_the_benchmark_that_no_run_holds_is_deleted_saying_so(cluster, benchmarks, trainer):
+    """A job labelled and owned by the benchmark, but listed by no run in its status (what an earlier version's
+    failed round write left), is deleted, not left to run to its deadline; a Warning Event names it."""
+    name = "stray"
+    created = benchmarks.create(benchmark(name, [{"name": "single"}, {"name": "ddp"}]))
+    first = wait_for(lambda: trainer.jobs(name), what="the first job")[0]
+    stray = {**first, "metadata": {"name": f"{name}-single-fp32-1x1-r9", "namespace": "default",
+                                   "labels": first["metadata"]["labels"],
+                                   "ownerReferences": first["metadata"]["ownerReferences"]}}
+    stray.pop("status", None)
+    assert stray["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+    trainer.custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", stray)
+    trainer.start(first)  # its event: a step
+    wait_for(lambda: stray["metadata"]["name"] not in [j["metadata"]["name"] for j in trainer.jobs(name)],
+             what="the stray job deleted")
+    wait_for(lambda: "StrayJobDeleted" in reasons(benchmarks, name), what="the Event")
+    trainer.succeed(first, 10.0)
+    play_one(trainer, name, 20.0)
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert [r["results"]["tokensPerSecond"] for r in status["runs"]] == [10.0, 20.0]
     benchmarks.delete(name)
 
 

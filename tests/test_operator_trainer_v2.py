@@ -22,6 +22,7 @@ from kube.fixtures import (
     REPO,
     benchmark,
     kopf_operator,
+    kubectl_table,
     operator_calls,
     run_entry,
     wait_for,
@@ -112,8 +113,8 @@ def test_auto_sweeps_as_trainjobs_with_a_failure_and_horovod_every_result_in_sta
     succeeded = [r for r in by_run.values() if r["phase"] == "Succeeded"]
     assert len(succeeded) == total - 1 and all(r["results"]["tokensPerSecond"] == 50.0 for r in succeeded)
     assert {r["strategy"] for r in succeeded} >= {"horovod"}, "read from the MPI launcher's termination message"
-    header, row = (line.split() for line in cluster.kubectl("get", "gpt2benchmarks", "tv2", "-o", "wide").stdout.splitlines())
-    assert dict(zip(header, row, strict=False))["BACKEND"] == "trainjob"
+    (row,) = kubectl_table(cluster.kubectl("get", "gpt2benchmarks", "tv2", "-o", "wide").stdout)
+    assert row["BACKEND"] == "trainjob"
 
 
 def test_a_trainjob_failing_without_a_summary_keeps_the_containers_and_jobsets_reasons(client, benchmarks, trainer):

@@ -239,14 +239,14 @@ def test_trainer_args_for_fsdp_and_ps_options():
     assert ps[ps.index("--device") + 1] == "cpu"
 
 
-def test_cpu_example_plans_a_breakdown_round_then_two_shuffled_rounds_with_two_workers():
+def test_cpu_example_plans_a_breakdown_round_then_three_shuffled_rounds_with_two_workers():
     runs = plan_runs(load_benchmark_file(str(EXAMPLES / "cpu-sweep.yaml")))
-    assert len(runs) == 36  # 6 strategies x 2 precisions x (the breakdown round + 2 repeats)
-    assert [r.profile for r in runs] == [True] * 12 + [False] * 24
-    assert [r.repeat for r in runs] == [None] * 12 + [1] * 12 + [2] * 12  # every configuration once per round
+    assert len(runs) == 40  # 5 strategies x 2 precisions x (the breakdown round + 3 repeats)
+    assert [r.profile for r in runs] == [True] * 10 + [False] * 30
+    assert [r.repeat for r in runs] == [None] * 10 + [1] * 10 + [2] * 10 + [3] * 10  # every configuration per round
     assert all(r.breakdown == r.profile for r in runs)  # no decision run is slowed by the breakdown's hooks
     by_strategy = {r.strategy.name: r for r in runs}
-    assert set(by_strategy) == {"single", "dataparallel", "ddp", "fsdp", "horovod", "ps"}
+    assert set(by_strategy) == {"single", "ddp", "fsdp", "horovod", "ps"}
     assert by_strategy["ddp"].world_size == by_strategy["horovod"].world_size == 2
     assert (by_strategy["ps"].ps_servers, by_strategy["ps"].procs_per_node) == (1, 3)
     assert all("cpu" in r.name for r in runs)

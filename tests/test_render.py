@@ -19,6 +19,7 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.protocol import OUTPUT_DIR
 from gpt2bench.render import render_all, render_job
 from gpt2bench.render.cli import main
+from gpt2bench.render.pods import OUTPUT_BASE_MIB, STEP_RECORD_BYTES, output_size_limit
 from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, STRATEGIES
 from gpt2bench.spec.validation import SpecError, load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
@@ -84,9 +85,23 @@ def test_pytorchjob_topology_command_and_outputs():
         assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
         assert "resources" not in c or "nvidia.com/gpu" not in c["resources"].get("limits", {})
         volumes = replicas[role]["template"]["spec"]["volumes"]
-        assert {"name": "output", "emptyDir": {}} in volumes
+        steps = int(flag(c["command"], "--steps"))
+        assert {"name": "output", "emptyDir": {"sizeLimit": output_size_limit(steps)}} in volumes
         assert c["volumeMounts"][0] == {"name": "output", "mountPath": OUTPUT_DIR}
     assert replicas["Master"]["template"] is not replicas["Worker"]["template"]
+
+
+def test_the_output_folder_is_bounded_by_what_its_steps_write():
+    """Issue 37, item 8: steps.jsonl grows ~920 B a step in an emptyDir without sizeLimit: a 1,000,000-step run
+    could fill its node's disk. The limit covers every step at STEP_RECORD_BYTES (a bound of the trainer's record,
+    tests/test_trainer_metrics.py) and its spilled step time, over a fixed base."""
+    for steps, mib in ((12, 257), (1_000_000, 256 + 1961)):
+        assert output_size_limit(steps) == f"{mib}Mi"
+        assert mib * 2**20 >= steps * (STEP_RECORD_BYTES + 8) + OUTPUT_BASE_MIB * 2**20
+    (job,) = render_all(benchmark({"training": {"steps": 1_000_000, "warmupSteps": 1},
+                                   "sweep": {"strategies": [{"name": "single"}]}}))
+    volumes = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
+    assert volumes[0] == {"name": "output", "emptyDir": {"sizeLimit": "2217Mi"}}
 
 
 def test_single_node_job_has_no_worker_replicas():
@@ -174,10 +189,12 @@ def test_run_policy_scheduling_and_placement():
         assert policy["schedulingPolicy"] == {"minAvailable": pods, "queue": "research", "priorityClass": "high"}
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
         replica_specs = job["spec"].get("pytorchReplicaSpecs") or job["spec"]["mpiReplicaSpecs"]
-        for replica in replica_specs.values():
+        for replica_type, replica in replica_specs.items():
             pod = replica["template"]["spec"]
             assert replica["restartPolicy"] == "OnFailure"  # restarts allowed by backoffLimit
-            assert pod["nodeSelector"] == {"pool": "gpu"} and pod["priorityClassName"] == "high"
+            # the GPU nodes' selector: not on an MPIJob's launcher, which trains nothing (docs/clusters.md)
+            assert pod.get("nodeSelector") == (None if replica_type == "Launcher" else {"pool": "gpu"})
+            assert pod["priorityClassName"] == "high"
             assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
@@ -224,13 +241,15 @@ def test_horovod_mpijob_launcher_and_workers():
     validate_job(job)
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
     s = job["spec"]
-    assert s["slotsPerWorker"] == 4 and s["launcherCreationPolicy"] == "WaitForWorkersReady"
+    # created with the workers, so that a gang of every pod can be met (tests/test_gang.py); it waits for their sshd
+    assert s["slotsPerWorker"] == 4 and s["launcherCreationPolicy"] == "AtStartup"
     # non-root, as mpi-operator's examples/v2beta1/pi: keys in the image user's ~/.ssh, sshd on 2222
     assert s["mpiImplementation"] == "OpenMPI" and s["sshAuthMountPath"] == "/home/gpt2bench/.ssh"
     launcher, worker = s["mpiReplicaSpecs"]["Launcher"], s["mpiReplicaSpecs"]["Worker"]
     assert (launcher["replicas"], worker["replicas"]) == (1, 2)
     command = container(job, "Launcher")["command"]
-    assert command[:4] == ["gpt2bench", "launch", "--", "mpirun"]
+    # the launcher waits for the workers' sshd as long as the run may wait to start, then runs mpirun
+    assert command[:6] == ["gpt2bench", "launch", "--wait-seconds", "2400", "--", "mpirun"]
     assert flag(command, "-np") == "8" and "--allow-run-as-root" not in command
     assert command[command.index("plm_rsh_args") - 1] == "-mca"
     assert flag(command, "plm_rsh_args") == "-p 2222 -o ConnectionAttempts=10"  # mpirun ssh's to the workers' sshd
@@ -373,8 +392,8 @@ def test_render_cli_prints_a_yaml_stream(capsys):
     out = capsys.readouterr().out
     objects = list(yaml.safe_load_all(out))
     jobs = [o for o in objects if o["kind"] != "NetworkPolicy"]
-    assert len(jobs) == 36 and "&id" not in out  # 6 strategies x 2 precisions x (2 repeats + the breakdown round)
-    assert [j["kind"] for j in jobs].count("MPIJob") == 6  # horovod: 2 precisions x 3 rounds
+    assert len(jobs) == 40 and "&id" not in out  # 5 strategies x 2 precisions x (3 repeats + the breakdown round)
+    assert [j["kind"] for j in jobs].count("MPIJob") == 8  # horovod: 2 precisions x 4 rounds
     for job in jobs:
         validate_job(job)
     # each run's NetworkPolicy comes just before its job, named as it (tests/test_policy.py checks them)

@@ -19,6 +19,7 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.protocol import OUTPUT_DIR
 from gpt2bench.render import render_all, render_job
 from gpt2bench.render.cli import main
+from gpt2bench.render.pods import output_size_limit
 from gpt2bench.render.runtimes import (
     IMAGE_LABEL,
     MPI_GPU_RUNTIME,
@@ -185,7 +186,8 @@ def test_torch_trainjob_points_at_the_torch_runtime_and_calls_torchrun():
     pod = patched(job, "node")
     assert pod["metadata"]["labels"]["gpt2bench.io/run"] == "bench-ddp-fp32-3x2"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9400"
-    assert {"name": "output", "emptyDir": {}} in pod["spec"]["volumes"]
+    assert {"name": "output", "emptyDir": {"sizeLimit": output_size_limit(int(flag(trainer["command"], "--steps")))}} \
+        in pod["spec"]["volumes"]
     assert pod["spec"]["containers"][0]["volumeMounts"][0] == {"name": "output", "mountPath": OUTPUT_DIR}
     assert {"name": "tmp", "mountPath": "/tmp"} in pod["spec"]["containers"][0]["volumeMounts"]  # read-only root
     effective = effective_pods(job)["node"]["spec"]
@@ -203,7 +205,7 @@ def test_horovod_trainjob_runs_mpirun_on_the_mpi_runtime_with_gpus_on_every_host
     trainer = job["spec"]["trainer"]
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 4)  # hosts x slots = 8 ranks
     command = trainer["command"]
-    assert command[:4] == ["gpt2bench", "launch", "--", "mpirun"] and flag(command, "-np") == "8"
+    assert command[:6] == ["gpt2bench", "launch", "--wait-seconds", "2400", "--", "mpirun"] and flag(command, "-np") == "8"
     assert flag(command, "plm_rsh_args") == "-p 2222 -o ConnectionAttempts=10"  # the non-root sshd's port
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 4
     pods = effective_pods(job)

@@ -243,7 +243,7 @@ def test_ctrl_c_mid_sweep_leaves_a_consistent_folder(tmp_path, example, child_en
             "--steps",
             "3",
             "--only",
-            "single-|dataparallel-fp32",
+            "single-|ddp-fp32",
             "--output",
             str(out),
         ],
@@ -335,7 +335,7 @@ def test_two_scale_sweep_recommends_per_scale_and_checks_the_papers(tmp_path, ex
     assert (one.cores_per_rank, ddp2.cores_per_rank) == (2, 1) and "by construction" in analysis.scaling[1].refused
     assert recs[("scalable", "1×2 CPU")].decision == "not-measurable"
 
-    verdicts = {f.id: f.verdict for f in analysis.findings}  # single measurements decide nothing
+    verdicts = {f.id: f.verdict for f in analysis.findings + analysis.checks}  # single measurements decide nothing
     assert by_name["fsdp-fp32-1x2"].state_bytes < 0.6 * ddp2.state_bytes
     assert {verdicts[f] for f in ("synchronous-strategies-converge-alike", "mixed-precision-faster")} == {
         "needs-repeats"}
@@ -344,11 +344,12 @@ def test_two_scale_sweep_recommends_per_scale_and_checks_the_papers(tmp_path, ex
     assert verdicts["horovod-most-robust-across-nodes"] == "not-measurable"
 
     markdown = (out / "results.md").read_text()
-    assert "**Not decided at the largest scale measured (1×2 CPU)**" in markdown and fastest.run in markdown
+    assert ("**At the largest scale measured (1×2 CPU): not decided: a comparison needs 3 rounds or more (has 1)**"
+            in markdown and fastest.run in markdown)
     assert (f"| ddp | fp32 | 1×2 CPU | 2 | {ddp2.tokens_per_second_per_device:,.0f} | {efficiency:.2f} (not a scaling "
             "measurement") in markdown
     assert "| FSDP's per-rank memory is below DDP's |" in markdown and "accounting" in markdown
-    assert "**not decided: needs repeats ≥ 2** |" in markdown
+    assert "**not decided: needs 3 measurements or more** |" in markdown
     with open(out / "results.csv", newline="") as f:
         rows = {row["name"]: row for row in csv.DictReader(f)}
     assert list(rows) == [r.name for r in doc.runs]

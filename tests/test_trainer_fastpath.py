@@ -321,6 +321,7 @@ def test_the_tied_embedding_is_broadcast_once():
 # ----------------------------------------------------------------------------- the summary's derived figures
 class _Strategy:
     world_size, devices_per_worker, notes, extra_summary = 2, 1, [], {}
+    transport_between_nodes = None  # one node: nothing crosses a network
 
     def __init__(self, independent=False):
         self.independent_steps = independent

@@ -52,3 +52,8 @@ def test_live_metrics_endpoint_serves_every_rank(start_trainer):
         lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
         assert lint.returncode == 0, lint.stdout + lint.stderr
     assert run.summary["status"] == "succeeded"
+    # what a step adds to the output folder, which the rendered emptyDir's sizeLimit is made of (render/pods.py)
+    from gpt2bench.render.pods import STEP_RECORD_BYTES
+
+    records = [len(line.encode()) + 1 for line in (run.output / "steps.jsonl").read_text().splitlines()]
+    assert len(records) == 40 and max(records) <= STEP_RECORD_BYTES / 1.5, max(records)  # room for a GPU's fields

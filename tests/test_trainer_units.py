@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -259,6 +260,36 @@ def test_each_rank_gets_its_share_of_the_pods_cores_as_threads(monkeypatch):
     assert budget(2, {"GPT2BENCH_POD_CPUS": "2.5"}).threads == 1  # 1.25 cores: one whole thread
     with pytest.raises(RuntimeError, match="GPT2BENCH_POD_CPUS='two' is not a number of cores"):
         budget(1, {"GPT2BENCH_POD_CPUS": "two"})
+
+
+@pytest.mark.slow  # a fresh process importing torch and inductor
+def test_inductors_compile_workers_are_bounded_by_the_ranks_share_of_its_pods_cores():
+    """torch.compile's inductor starts min(32, the CPUs it sees) compile workers per rank, counting the node's CPUs:
+    8 ranks of a 16-CPU pod on a big node started 8 x 32 compilers. In a fresh process (inductor reads its setting
+    once, at import), a rank of a 2-CPU pod shared by 2 ranks gets 1; a pod's own TORCHINDUCTOR_COMPILE_THREADS
+    wins."""
+    import subprocess
+    import sys
+
+    from gpt2bench.trainer.devices import bound_compile_threads
+
+    probe = ("import os; from gpt2bench.trainer.devices import apply_cpu_budget; apply_cpu_budget(2); "
+             "import torch._inductor.config as c; print(c.compile_threads, os.environ['TORCHINDUCTOR_COMPILE_THREADS'])")
+    env = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_COMPILE_THREADS"}
+    shown = subprocess.run([sys.executable, "-c", probe], env={**env, "GPT2BENCH_POD_CPUS": "2"}, capture_output=True,
+                           text=True, check=True, timeout=120).stdout.split()
+    assert shown == ["1", "1"]
+    environ = {"TORCHINDUCTOR_COMPILE_THREADS": "6"}
+    assert bound_compile_threads(2, environ) == 6 and environ["TORCHINDUCTOR_COMPILE_THREADS"] == "6"
+    import torch._inductor.config as inductor  # loaded already: its setting follows too
+
+    saved = inductor.compile_threads
+    try:
+        assert bound_compile_threads(3, {}) == 3 and inductor.compile_threads == 3
+    finally:
+        inductor.compile_threads = saved
+    with pytest.raises(RuntimeError, match="TORCHINDUCTOR_COMPILE_THREADS='many'"):
+        bound_compile_threads(2, {"TORCHINDUCTOR_COMPILE_THREADS": "many"})
 
 
 def test_cores_are_the_affinity_capped_by_the_containers_cpu_quota(tmp_path, monkeypatch):

@@ -218,7 +218,7 @@ def test_horovod_trainjob_gets_the_mpi_plugins_hostfile_ssh_and_launcher(cluster
     env = {e["name"]: e.get("value") for e in launcher["env"]}
     assert env["OMPI_MCA_orte_default_hostfile"] == "/etc/mpi/hostfile"
     assert env["OMPI_MCA_orte_set_default_slots"] == "1"
-    assert launcher["command"][:4] == ["gpt2bench", "launch", "--", "mpirun"]
+    assert launcher["command"][:6] == ["gpt2bench", "launch", "--wait-seconds", "2400", "--", "mpirun"]
     assert {"name": "mpi-ssh-auth", "mountPath": "/home/gpt2bench/.ssh"} in launcher["volumeMounts"]
     (sshd,) = by_role["node"][0]["spec"]["containers"]
     assert sshd["command"] == ["/usr/sbin/sshd"] and "/home/gpt2bench/.sshd_config" in sshd["args"]

@@ -110,7 +110,10 @@ def _script_default(name: str) -> str:
 
 
 def test_the_e2e_installs_the_operator_versions_the_operator_tells_users_to_install() -> None:
-    assert _script_default("TRAINING_OPERATOR") in jobkinds.TRAINING_OPERATOR_INSTALL
+    kustomization = yaml.safe_load((ROOT / "manifests" / "kubeflow" / "training-operator" / "kustomization.yaml")
+                                   .read_text())
+    assert kustomization["resources"] == [jobkinds.TRAINING_OPERATOR_OVERLAY]
+    assert "-k manifests/kubeflow/training-operator " in jobkinds.TRAINING_OPERATOR_INSTALL
     assert _script_default("MPI_OPERATOR") in jobkinds.MPI_OPERATOR_INSTALL
     assert _script_default("TRAINER_V2") in jobkinds.TRAINER_V2_INSTALL
     assert re.fullmatch(r"kindest/node:v1\.(3[1-9]|[4-9]\d)\.\d+", _script_default("TRAINER_V2_NODE_IMAGE")), (

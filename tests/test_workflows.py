@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kube.tools import kubectl as kubectl_for_tests
 from packaging.specifiers import SpecifierSet
 
 import gpt2bench
@@ -185,7 +186,7 @@ def test_the_workflows_install_the_helm_that_install_sh_does() -> None:
     assert pin
     for name, job in (("lint.yml", "lint"), ("release.yml", "chart"), ("release.yml", "github-release")):
         text = runs(workflow(name)["jobs"][job])
-        assert pin.group(0) in text and "scripts/extract_helm.py" in text, (name, job)
+        assert pin.group(0) in text and "scripts/extract_kube_tools.py" in text, (name, job)
     assert "scripts/install.sh --test" in runs(workflow("e2e-kind.yml")["jobs"]["e2e"]), "the e2e's own install"
 
 
@@ -359,10 +360,20 @@ def test_a_release_by_any_owner_publishes_every_image_its_chart_names(tmp_path: 
     copy = tmp_path / "repo"
     for part in ("helm", "scripts", "manifests"):
         shutil.copytree(ROOT / part, copy / part)
-    subprocess.run([sys.executable, str(copy / "scripts" / "release_assets.py"), "--registry", registry],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run([sys.executable, str(copy / "scripts" / "release_assets.py"), "--registry", registry,
+                    "--repository", "Some-Owner/gpt2bench"], check=True, capture_output=True, timeout=60)
     assert chart_images(copy / "helm" / "gpt2bench") <= set(release_images(registry))
     assert chart_images(ROOT / "helm" / "gpt2bench") <= set(release_images(release_registry("gpt2bench")))
+    # its notes link to the fork's own release files and chart, never this repository's
+    from test_helm import render_notes
+
+    fork = copy / "helm" / "gpt2bench"
+    notes = render_notes(["gpt2bench", str(fork), "-n", "gpt2bench-system"], tmp_path, source=fork)
+    links = set(re.findall(r"(?:https|oci)://\S+", notes))
+    assert {link for link in links if "gpt2bench/gpt2bench" in link or "ghcr.io/gpt2bench/" in link} == set(), links
+    assert f"https://raw.githubusercontent.com/Some-Owner/gpt2bench/v{VERSION}/manifests/examples/cpu-sweep.yaml" \
+        in links
+    assert f"oci://{registry}/charts/gpt2bench" in links, "the runtimes' upgrade pulls the fork's chart"
 
 
 def test_the_images_the_docs_tell_users_to_pull_are_published() -> None:
@@ -433,7 +444,7 @@ def test_make_e2e_kind_runs_the_script() -> None:
 def test_the_training_operator_kustomization_drops_its_mpijob_and_enables_only_pytorchjob(tmp_path: Path) -> None:
     """The script's kustomization over a stand-in of the training operator's overlay, built by kubectl's
     kustomize: the MPIJob v1 CRD gone (the MPI operator's v2beta1 takes the name), --enable-scheme set."""
-    kubectl = tool("kubectl")
+    kubectl = kubectl_for_tests()
     base = tmp_path / "upstream"
     base.mkdir()
     (base / "kustomization.yaml").write_text("resources: [crds.yaml, deployment.yaml]\n")
@@ -484,10 +495,12 @@ printf '%s %s\\n' "$(basename "$0")" "$*" >>"$STUB_LOG"
 case "$(basename "$0") $*" in
   "docker info"*) echo 27.0.0 ;;
   "kubectl wait -n bench"*)
-    case "$STUB_WAIT" in ok) exit 0 ;; hang) sleep 60; exit 1 ;; *) exit 1 ;; esac ;;
+    case "$STUB_WAIT" in ok | failed) exit 0 ;; hang) sleep 60; exit 1 ;; *) exit 1 ;; esac ;;
   "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath={.status.phase}"*) [ "$STUB_WAIT" = unwatched ] || echo Running ;;
-  "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath"*) [ "$STUB_WAIT" = failed ] && echo True ;;
+  "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath"*)  # Complete's status, once Finished
+    if [ "$STUB_WAIT" = failed ]; then echo False; else echo True; fi ;;
   "kubectl api-resources"*) echo pods ;;
+  "kubectl get nodes -o jsonpath"*) echo "${STUB_NODE_CPUS:-}" ;;
   "kubectl get pods -A -o jsonpath"*) echo "bench cpu-sweep-single-fp32-1x1-master-0" ;;
 esac
 exit 0
@@ -534,6 +547,13 @@ def index(log: list[str], prefix: str, last: bool = False) -> int:
     return found[-1] if last else found[0]
 
 
+def one_round_s() -> int:
+    """The e2e's wait: its example runs one round (every configuration once) at E2E_SECONDS_PER_RUN each."""
+    sweep = yaml.safe_load((ROOT / "manifests" / "examples" / "cpu-sweep.yaml").read_text())["spec"]["sweep"]
+    per_run = int(re.search(r"\$\{E2E_SECONDS_PER_RUN:-(\d+)\}", SCRIPT.read_text()).group(1))
+    return len(sweep["strategies"]) * len(sweep["precisions"]) * len(sweep["scales"]) * per_run
+
+
 def test_the_e2e_script_runs_the_steps_in_order_and_deletes_the_cluster(stubbed: dict[str, str],
                                                                         tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(SCRIPT), "pytorchjob"], env=stubbed, capture_output=True, text=True,
@@ -548,7 +568,7 @@ def test_the_e2e_script_runs_the_steps_in_order_and_deletes_the_cluster(stubbed:
              "kubeflow/mpi-operator/v0.8.2/", "kubectl create namespace bench",
              "kubectl label namespace bench pod-security.kubernetes.io/enforce=restricted", "helm install gpt2bench",
              "kubectl apply -n bench -f", "kubectl get -n bench gpt2benchmark cpu-sweep -o jsonpath={.status.phase}",
-             "kubectl wait -n bench --for=condition=Complete gpt2benchmark/cpu-sweep",
+             f"kubectl wait -n bench --for=condition=Finished gpt2benchmark/cpu-sweep --timeout={one_round_s()}s",
              "python -m gpt2bench report --cluster cpu-sweep -n bench", "python -m pytest"]
     positions = [index(log, step) for step in order]
     assert positions == sorted(positions)
@@ -605,6 +625,18 @@ def test_a_benchmark_no_operator_takes_stops_the_run_at_once_saying_why(stubbed:
     assert log[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
 
 
+def test_a_kind_node_too_small_for_the_example_stops_the_run_at_once(stubbed: dict[str, str]) -> None:
+    """The example's pods request 2 CPUs (an MPIJob's 2.5): on a 2-CPU kind node they would stay Pending until
+    their deadline. `up` stops before installing anything, saying what to give Docker."""
+    env = {**stubbed, "STUB_NODE_CPUS": "2"}
+    proc = subprocess.run(["bash", str(SCRIPT), "pytorchjob"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "the kind node has 2 CPUs, the CPU example needs 4" in proc.stderr, proc.stderr
+    assert not [line for line in calls(env) if line.startswith(("kind load", "helm install"))]
+    assert calls(env)[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
+    env["STUB_NODE_CPUS"] = "4000m"
+    assert subprocess.run(["bash", str(SCRIPT), "pytorchjob"], env=env, capture_output=True, timeout=120).returncode == 0
+
+
 def test_an_image_archive_is_loaded_into_kind_as_it_is(stubbed: dict[str, str], tmp_path: Path) -> None:
     archive = tmp_path / "images.tar"
     env = {**stubbed, "GPT2BENCH_KIND_IMAGE": "gpt2bench-trainer:e2e", "GPT2BENCH_KIND_OPERATOR_IMAGE":
@@ -636,3 +668,15 @@ def test_ctrl_c_deletes_the_cluster(stubbed: dict[str, str]) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert calls(env)[-1] == "kind delete cluster --name gpt2bench-e2e-pytorchjob"
+
+
+def test_every_workflow_runs_its_steps_with_pipefail() -> None:
+    """GitHub's unnamed default shell is `bash -e {0}`: a failed `helm push | tee` went on, and the release
+    failed later at cosign with an unrelated error. Named, `shell: bash` is `bash --noprofile --norc -eo
+    pipefail {0}`; no step may set another."""
+    for path in sorted((ROOT / ".github" / "workflows").glob("*.yml")):
+        loaded = yaml.safe_load(path.read_text())
+        assert loaded.get("defaults", {}).get("run", {}).get("shell") == "bash", path.name
+        for job in loaded["jobs"].values():
+            assert job.get("defaults", {}).get("run", {}).get("shell", "bash") == "bash", path.name
+            assert {step.get("shell", "bash") for step in job.get("steps", [])} <= {"bash"}, path.name

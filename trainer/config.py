@@ -74,6 +74,9 @@ class ProcessOptions(BaseModel):
                                                              "collectives until --timeout-seconds)")
     slow_worker_seconds: float | None = Field(None, gt=0, description="test hook: the last worker sleeps this long "
                                                                       "in every step")
+    nccl_log: str | None = Field(None, min_length=1, description="test hook: read this file as this rank's NCCL log "
+                                                              "(on CPU too), as if NCCL had written it: the "
+                                                              "transport record and the first step's fabric check")
     comm_delay_seconds: float | None = Field(None, gt=0, description="test hook: under ddp with --breakdown, "
                                                                      "every step's last gradient all-reduce "
                                                                      "completes this much later (a slow network)")

@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +244,28 @@ def cpu_budget(local_processes: int, environ: dict[str, str] | None = None) -> C
 def apply_cpu_budget(local_processes: int) -> CpuBudget:
     budget = cpu_budget(local_processes)
     torch.set_num_threads(budget.threads)
+    bound_compile_threads(budget.threads)
     return budget
+
+
+# torch.compile's inductor compiles kernels in min(32, the CPUs this process sees) worker processes per rank
+# (torch._inductor.config.decide_compile_threads), counted on the node, not the pod: 8 ranks of a 16-CPU pod on a
+# 192-CPU node started 8 x 32 compilers in a 64 Gi pod. Each rank gets its share of the pod's cores instead.
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
+def bound_compile_threads(threads: int, environ: dict[str, str] | None = None) -> int:
+    """Set inductor's compile workers to `threads` (this rank's share of its pod's cores) unless the pod's env
+    sets them; also where inductor's config is already loaded (it reads the variable once). Returns the count."""
+    environ = os.environ if environ is None else environ
+    environ.setdefault(COMPILE_THREADS_ENV, str(threads))
+    try:
+        value = max(1, int(environ[COMPILE_THREADS_ENV]))
+    except ValueError:
+        raise RuntimeError(f"{COMPILE_THREADS_ENV}={environ[COMPILE_THREADS_ENV]!r} is not a number") from None
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.compile_threads = value
+    return value
 
 

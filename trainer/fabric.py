@@ -15,17 +15,27 @@ Two answers a multi-node figure is worth nothing without (docs/clusters.md):
 
 The parser is tested on NCCL log lines published in NCCL's, nccl-tests' and aws-ofi-nccl's issue trackers
 (tests/test_fabric.py); no GPU has run it here.
+
+What the run expects of the fabric (`spec.fabric`, `FabricPolicy`): after the first step, when the ranks have
+connected, every rank reads its log so far (`transport_problems`) and the workers agree (a collective) on
+whether to stop: a multi-node run whose NCCL reached the other nodes over sockets (and, when asked, one whose
+network channels moved no GPU memory directly) ends with the reason instead of measuring TCP for hours
+(`fallback_reason`). Parameter-server strategies exchange their messages over gloo, which is TCP: across nodes
+their transport is `gloo/TCP`, with a note like NCCL's.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.protocol import NODE_NAME_ENV
+from gpt2bench.protocol import FABRIC_ENV, GPUDIRECT_RDMA_ENV, NCCL_ENV_SCRIPT_ENV, NODE_NAME_ENV
+from gpt2bench.trainer.memlock import pinned_memory_summary
 
 NCCL_LOG_FOLDER = "nccl"
 # The net plugins NCCL and its plugins name, and the transport family each is (the names NCCL prints after
@@ -138,9 +148,12 @@ def rank_payload(nccl_log: Path | None, uses_nccl: bool) -> dict[str, Any]:
     return payload
 
 
-def fabric_summary(payloads: list[dict[str, Any]], nodes_asked: int, on_gpu: bool) -> tuple[dict[str, Any], list[str]]:
+def fabric_summary(payloads: list[dict[str, Any]], nodes_asked: int, on_gpu: bool,
+                   between_nodes: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """The run's nodes and transport from every rank's payload, and the notes they call for: a run of N nodes
-    that used fewer, and a multi-node run whose NCCL traffic went over sockets."""
+    that used fewer, a multi-node run whose NCCL traffic went over sockets, ranks that could not lock the memory
+    RDMA registers. `between_nodes`: the strategy's own transport between nodes where it does not use NCCL
+    (parameter servers: gloo/TCP)."""
     ranked = sorted(payloads, key=lambda p: p.get("job_rank", 0))
     names = [p.get("node_name") for p in ranked]
     known = {name for name in names if name}
@@ -156,8 +169,19 @@ def fabric_summary(payloads: list[dict[str, Any]], nodes_asked: int, on_gpu: boo
         "ofi_provider": next((p["ofi_provider"] for p in ranked if p.get("ofi_provider")), None),
         "transport_reason": next((p["transport_reason"] for p in ranked if p.get("transport_reason")), None)
                             if on_gpu and not transports else None,
+        "nccl_env_applied": next((p["nccl_env_applied"] for p in ranked if p.get("nccl_env_applied")), None),
+        "fabric_require": FabricPolicy.from_env().require,
     }
+    summary.update(pinned_memory_summary(ranked))
     notes = []
+    if between_nodes == GLOO_TCP:
+        gloo, gloo_notes = gloo_transport(max(nodes_asked, nodes_used or 0), on_gpu)
+        summary.update(gloo)
+        notes += gloo_notes
+    if summary["can_lock_memory"] is False and summary["rdma_devices"] and on_gpu:
+        notes.append(f"a rank may lock only {summary['memlock_bytes'] / 2**20:g} MiB of memory (RLIMIT_MEMLOCK, no "
+                     "CAP_IPC_LOCK in effect): RDMA registration may fail and NCCL fall back to sockets "
+                     "(docs/clusters.md, Pinned memory)")
     if nodes_used is not None and nodes_used < nodes_asked:
         notes.append(f"ran on {nodes_used} node(s), not the {nodes_asked} its scale asks for: its pods shared a "
                      "machine, so it measures fewer network hops than its scale says (spec.scheduling."
@@ -166,3 +190,95 @@ def fabric_summary(payloads: list[dict[str, Any]], nodes_asked: int, on_gpu: boo
         notes.append("NCCL's traffic between nodes went over sockets (NET/Socket), not the cluster's fabric: "
                      "its figures measure the pod network (docs/clusters.md says what a fabric needs)")
     return summary, notes
+
+
+# ------------------------------------------------------------------ what the run expects of the fabric
+REQUIRE_CHOICES = ("auto", "rdma", "none")
+GLOO_TCP = "gloo/TCP"  # what parameter-server strategies' messages between nodes travel over
+SOCKET_FALLBACK, NO_GPUDIRECT = 0, 1  # indices of the flags the workers agree on after the first step
+
+
+@dataclass(frozen=True)
+class FabricPolicy:
+    """spec.fabric, as the pod's environment carries it (render/pods.py)."""
+
+    require: str = "auto"  # auto | rdma | none
+    gpudirect_rdma: bool = False
+    nccl_env_script: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> FabricPolicy:
+        environ = os.environ if environ is None else environ
+        require = environ.get(FABRIC_ENV) or "auto"
+        if require not in REQUIRE_CHOICES:
+            raise RuntimeError(f"{FABRIC_ENV}={require!r} is not one of {', '.join(REQUIRE_CHOICES)}")
+        return cls(require, environ.get(GPUDIRECT_RDMA_ENV) == "1", environ.get(NCCL_ENV_SCRIPT_ENV) or None)
+
+    def checks_transport(self, nodes: int) -> bool:
+        """Whether the first step's transport may stop this run: a run of several nodes, not opted out."""
+        return nodes > 1 and self.require != "none"
+
+
+_PRINT_ENV = "import os, sys; sys.stdout.write('\\0'.join(f'{k}={v}' for k, v in os.environ.items()))"
+
+
+def apply_nccl_env_script(path: str, environ: dict[str, str] | None = None) -> list[str]:
+    """Source `path` (the node's set_nccl_env.sh) in a shell and take the NCCL_* variables it sets that this
+    process does not already have (the spec's own env wins). Returns their names; raises RuntimeError with the
+    shell's words when it cannot be sourced."""
+    environ = os.environ if environ is None else environ
+    try:
+        # the environment after sourcing, printed by this Python (the script may change PATH)
+        done = subprocess.run(["bash", "-c", '. "$0" >&2 && exec "$1" -c "$2"', path, sys.executable, _PRINT_ENV],
+                              env=dict(environ), capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"spec.fabric.ncclEnvScript: cannot source {path}: {exc}") from None
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(f"spec.fabric.ncclEnvScript: sourcing {path} failed (exit code {done.returncode})"
+                           + (f": {said[-1]}" if said else ""))
+    applied = []
+    for entry in done.stdout.decode(errors="replace").split("\0"):
+        name, _, value = entry.partition("=")
+        if name.startswith("NCCL_") and name not in environ:
+            environ[name] = value
+            applied.append(name)
+    return sorted(applied)
+
+
+def transport_problems(found: NcclTransport, policy: FabricPolicy) -> list[float]:
+    """This rank's flags after the first step ([SOCKET_FALLBACK, NO_GPUDIRECT], 1.0 where it saw the problem):
+    a channel to another node over sockets, or network channels none of which moved GPU memory directly when
+    the policy asks for GPUDirect RDMA."""
+    flags = [0.0, 0.0]
+    if "NET/Socket" in found.inter_node:
+        flags[SOCKET_FALLBACK] = 1.0
+    if policy.gpudirect_rdma and found.inter_node and not found.gpudirect_rdma:
+        flags[NO_GPUDIRECT] = 1.0
+    return flags
+
+
+def fallback_reason(mean_flags: list[float], workers: int, policy: FabricPolicy) -> str | None:
+    """Why the run stops after its first step (every worker's flags averaged), None when it goes on."""
+    socket, no_gdr = (round(flag * workers) for flag in mean_flags)
+    parts = []
+    if socket:
+        parts.append(f"NCCL reached the other nodes over sockets (NET/Socket) on {socket} of {workers} ranks, not "
+                     "over the cluster's fabric")
+    if no_gdr:
+        parts.append(f"NCCL's network channels moved no GPU memory directly (no GPUDirect RDMA) on {no_gdr} of "
+                     f"{workers} ranks (spec.fabric.gpuDirectRdma)")
+    if not parts:
+        return None
+    return ("; ".join(parts) + f": stopped after the first step instead of measuring the wrong network "
+            f"(spec.fabric.require {policy.require}; `none` runs a socket baseline on purpose). docs/clusters.md "
+            "says what each cluster's fabric needs")
+
+
+def gloo_transport(strategy_nodes: int, on_gpu: bool) -> tuple[dict[str, Any], list[str]]:
+    """A parameter-server run's transport: its messages between nodes are gloo's, over TCP."""
+    if strategy_nodes <= 1:
+        return {}, []
+    notes = ["the parameter servers' messages between nodes went over gloo (TCP), not the cluster's fabric: its "
+             "figures measure the pod network"] if on_gpu else []
+    return {"transport": GLOO_TCP}, notes

@@ -166,7 +166,7 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
     if figures["skipped_measured_steps"]:
         notes.append(f"{figures['skipped_measured_steps']} measured step(s) skipped by the fp16 loss scaler: "
                      "their time counts, their update did not happen")
-    fabric, fabric_notes = fabric_summary(payloads, env.nodes, on_gpu)
+    fabric, fabric_notes = fabric_summary(payloads, env.nodes, on_gpu, parallel.transport_between_nodes)
     notes += fabric_notes
     compile_seconds = max((w.get("compile_seconds") or 0.0 for w in workers), default=0.0)
     if figures["compile_seconds_in_measured_steps"] > 0:
@@ -203,6 +203,8 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
         "threads_by_rank": [p.get("threads") for p in sorted(payloads, key=lambda p: p.get("job_rank", 0))],
         "threads_per_rank": max((p.get("threads") or 0 for p in payloads), default=0) or None,
         "cores_per_rank": max((p.get("cores_per_rank") or 0 for p in payloads), default=0) or None,
+        # torch.compile's worker processes per rank (inductor's compile threads), bounded by that share
+        "compile_threads": max((p.get("compile_threads") or 0 for p in payloads), default=0) or None,
         "param_checksums": [p.get("param_checksum") for p in workers],
         "train_seconds": lead.get("train_seconds"),
         "startup_seconds": lead.get("startup_seconds"),

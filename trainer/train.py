@@ -10,15 +10,25 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from gpt2bench.trainer.config import ConfigError, parse_config
-from gpt2bench.trainer.devices import apply_cpu_budget, emulated_precision
+from gpt2bench.trainer.devices import apply_cpu_budget, bound_compile_threads, emulated_precision
 from gpt2bench.trainer.env import detect_env, process_start_time
 from gpt2bench.trainer.exporter import PrometheusExporter
-from gpt2bench.trainer.fabric import ask_nccl_for_its_log, rank_payload
+from gpt2bench.trainer.fabric import (
+    FabricPolicy,
+    apply_nccl_env_script,
+    ask_nccl_for_its_log,
+    fallback_reason,
+    parse_nccl_log,
+    rank_payload,
+    transport_problems,
+)
 from gpt2bench.trainer.lifeline import watch_runner
+from gpt2bench.trainer.memlock import PinnedMemory, read_pinned_memory
 from gpt2bench.trainer.model import build_model
 from gpt2bench.trainer.parallel import strategy_class
 from gpt2bench.trainer.summary import build_summary, publish_steps, publish_summary
@@ -41,15 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"gpt2bench train: error: {exc}", file=sys.stderr)
         return 2
+    try:  # before any process group: NCCL reads its environment once, at its first communicator
+        policy, pinned, nccl_env = prepare_fabric()
+    except RuntimeError as exc:  # a script that cannot be sourced, memory RDMA cannot register: every rank alike
+        return fail_at_start(config, env, str(exc), pinned_memory_fields(read_pinned_memory()))
     try:
         parallel = strategy_class(config.strategy.name)(config, env)
     except (ImportError, RuntimeError) as exc:  # e.g. horovod not installed, --device cuda without CUDA
         reason = f"--strategy {config.strategy.name} needs {exc.name}: {exc}" if isinstance(exc, ImportError) else str(exc)
-        print(f"gpt2bench train: error: {reason}", file=sys.stderr)
-        if env.rank == 0:  # the operator and `gpt2bench launch` read the reason from rank 0's summary
-            publish_summary({"status": "failed", "reason": reason, "strategy": config.strategy.name,
-                             "precision": config.precision}, config.process.output)
-        return 1
+        return fail_at_start(config, env, reason)
     emulated = None if config.training.allow_emulated_precision else emulated_precision(
         config.precision, config.process.device)
     if emulated:  # every rank sees the same device, so every rank stops here, before any rendezvous
@@ -60,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # before any process group: NCCL reads its log settings once, at its first communicator (trainer/fabric.py)
     nccl_log = ask_nccl_for_its_log(config.process.output, env.rank) if parallel.device.type == "cuda" else None
+    uses_nccl = parallel.device.type == "cuda" or config.process.nccl_log is not None
+    if config.process.nccl_log is not None:  # test hook: a log as NCCL would have written it
+        nccl_log = Path(config.process.nccl_log)
+    check = fabric_check(parallel, nccl_log, policy) if uses_nccl and policy.checks_transport(env.nodes) else None
     payload, exporter = {"job_rank": env.rank}, None
     try:
         parallel.setup()
@@ -70,13 +84,14 @@ def main(argv: list[str] | None = None) -> int:
                                           local_rank=env.local_rank,
                                           workers=1 if parallel.independent_steps else parallel.world_size)
         if parallel.is_worker:
-            payload = train_worker(config, parallel, exporter, started)
+            payload = train_worker(config, parallel, exporter, started, check)
         else:
             served = parallel.serve(lambda: build_model(config)) or {}
             payload = {"job_rank": env.rank, "is_worker": False, "role": "server", "status": "succeeded", **served}
         # read back here, at the end: what the rank really ran with, not what was asked, and where
-        payload.update(threads=torch.get_num_threads(), cores_per_rank=budget.cores_per_rank)
-        payload.update(rank_payload(nccl_log, uses_nccl=parallel.device.type == "cuda"))
+        payload.update(threads=torch.get_num_threads(), cores_per_rank=budget.cores_per_rank,
+                       compile_threads=bound_compile_threads(budget.threads))
+        payload.update(rank_payload(nccl_log, uses_nccl=uses_nccl), **pinned.payload(), nccl_env_applied=nccl_env)
         payloads = parallel.gather_to_reporter(payload)
         if parallel.is_reporter:
             summary = build_summary(config, env, parallel, payloads)
@@ -97,15 +112,62 @@ def main(argv: list[str] | None = None) -> int:
         parallel.teardown()
 
 
-def train_worker(config, parallel, exporter, process_started: float) -> dict:
-    """Build, train, and return this worker's payload; a non-finite loss fails it (all workers alike)."""
+def fail_at_start(config, env, reason: str, extra: dict | None = None) -> int:
+    """A rank that cannot start says why on stderr (its pod's log: the operator names the first pod that failed);
+    rank 0 also writes a failed summary, where the operator and `gpt2bench launch` read a run's reason."""
+    print(f"gpt2bench train: error: {reason}", file=sys.stderr)
+    if env.rank == 0:
+        publish_summary({"status": "failed", "reason": reason, "strategy": config.strategy.name,
+                         "precision": config.precision, **(extra or {})}, config.process.output)
+    return 1
+
+
+def prepare_fabric() -> tuple[FabricPolicy, PinnedMemory, list[str]]:
+    """spec.fabric in this process: the node's NCCL settings sourced (their names returned), what it may lock
+    read; where RDMA was asked for (`require: rdma`) and cannot work here, RuntimeError with the node-level fix."""
+    policy = FabricPolicy.from_env()
+    applied = apply_nccl_env_script(policy.nccl_env_script) if policy.nccl_env_script else []
+    pinned = read_pinned_memory()
+    if policy.require == "rdma" and (problems := pinned.problems()):
+        raise RuntimeError("spec.fabric.require rdma, but " + "; and ".join(problems))
+    return policy, pinned, applied
+
+
+def pinned_memory_fields(pinned: PinnedMemory) -> dict:
+    """What a failed start records of the rank's memory limits (the summary's names)."""
+    return {"memlock_bytes": pinned.memlock_bytes, "can_lock_memory": pinned.can_lock_enough,
+            "rdma_devices": pinned.rdma_devices}
+
+
+def fabric_check(parallel, nccl_log: Path | None, policy: FabricPolicy):
+    """After the first step: every worker reads what its NCCL connected so far, and all of them agree (a
+    collective) on stopping the run off its fabric (FabricFallback, the same step on every rank)."""
+    from gpt2bench.trainer.trainer import FabricFallback
+
+    def check() -> None:
+        try:
+            found = parse_nccl_log(nccl_log.read_text(encoding="utf-8", errors="replace")) if nccl_log else None
+        except OSError:
+            found = None  # no log to read: the summary says why (transport_reason); nothing to stop on
+        flags = transport_problems(found, policy) if found is not None else [0.0, 0.0]
+        mean = parallel.mean_over_workers(torch.tensor(flags)).tolist()
+        reason = fallback_reason(mean, parallel.world_size, policy)
+        if reason:
+            raise FabricFallback(reason)
+
+    return check
+
+
+def train_worker(config, parallel, exporter, process_started: float, after_first_step=None) -> dict:
+    """Build, train, and return this worker's payload; a non-finite loss fails it (all workers alike), as does the
+    fabric check after the first step (`after_first_step`)."""
     from gpt2bench.trainer.trainer import Trainer, TrainingFailed
 
     trainer = Trainer(config, parallel, exporter=exporter)
     first_step_at: list[float] = []
     status, reason = "succeeded", None
     try:
-        trainer.train(first_step_at=first_step_at)
+        trainer.train(first_step_at=first_step_at, after_first_step=after_first_step)
     except TrainingFailed as exc:
         status, reason = "failed", str(exc)
         log.error("%s", reason)

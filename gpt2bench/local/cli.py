@@ -191,8 +191,8 @@ def _rounds_to_add(benchmark: Benchmark, runs: list) -> str:
         return ""
     rounds = sweep.max_repeats - sweep.repeats
     per_round = len({configuration_key(run) for run in runs})
-    return (f", then up to {rounds * per_round} more in {rounds} round{'s' * (rounds > 1)} while undecided "
-            f"(sweep.maxRepeats {sweep.max_repeats})")
+    return (f", then up to {rounds} round{'s' * (rounds > 1)} of the configurations still racing (at most "
+            f"{rounds * per_round} runs, fewer as the race drops the beaten; sweep.maxRepeats {sweep.max_repeats})")
 
 
 def _output(output: str | None, name: str, several: bool) -> Path:

@@ -206,14 +206,20 @@ def assign_gpus(replicas: list[Replica], available: list[str]) -> str | None:
     return blocked.describe() if blocked else None
 
 
+# What kube-scheduler says of a pod that a one-node cluster (this machine) can never take: too few GPUs in all,
+# not busy ones, so preemption cannot help (NodeResourcesFit's UnschedulableAndUnresolvable, kubernetes#131345).
+# The operator reads these words as a start that will not come (gpt2bench.startwait), as the local runner does.
+NO_ROOM_FOR_GPUS = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
+                    "1 Preemption is not helpful for scheduling.")
+
+
 def unschedulable(replicas: list[Replica], available: list[str], job_name: str) -> diagnosis.PodWait | None:
     """Give each replica its own GPUs, in order; the first replica that finds too few left is Unschedulable,
     worded as the scheduler words it for a one-node cluster (this machine is that node)."""
     start = 0
     for replica in replicas:
         if replica.gpus > len(available) - start:
-            return diagnosis.PodWait(pod_name(job_name, replica), "Unschedulable",
-                                     "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+            return diagnosis.PodWait(pod_name(job_name, replica), "Unschedulable", NO_ROOM_FOR_GPUS)
         if replica.gpus:
             replica.env["CUDA_VISIBLE_DEVICES"] = ",".join(available[start : start + replica.gpus])
             start += replica.gpus
@@ -388,10 +394,11 @@ def execute_job(
             exits.append(os.pidfd_open(replica.process.pid))
         while True:
             codes = [r.process.poll() for r in replicas]
-            failed = next((r for r, c in zip(replicas, codes) if c not in (None, 0)), None)
-            if failed is not None:  # the first to fail (its peers, stopped now, would fail because of it)
+            failed = [r for r, c in zip(replicas, codes) if c not in (None, 0)]
+            if failed:  # the first to fail (its peers, stopped now, would fail because of it); those that
+                # ended within one poll are told apart as the operator tells apart pods of the same second
                 _stop_all(replicas, grace_seconds)
-                cause = replica_end(job, failed).describe()
+                cause = diagnosis.first_failure(replica_end(job, replica) for replica in failed).describe()
                 return finished("Failed", cause, cause)
             if all(c == 0 for c in codes):
                 return finished("Succeeded", None)

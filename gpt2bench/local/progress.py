@@ -104,3 +104,13 @@ class Display:
         # markup=False: a reason is the trainer's or the library's text, e.g. gloo's "[/path/unbound_buffer.cc:78]
         # Timed out", which rich would read as a closing tag and raise on
         self.console.print(line, style=style, highlight=False, markup=False)
+
+    def round_added(self, runs: int, reason: str) -> None:
+        """A round added until decided: the sweep's bar grows by its runs; one line says why."""
+        total = self.progress.tasks[self.sweep].total or 0
+        self.progress.update(self.sweep, total=total + runs)
+        self.note(reason)
+
+    def note(self, text: str) -> None:
+        """A line between runs: a configuration dropped by its race, a round added, why the sweep stops."""
+        self.console.print(text, highlight=False, markup=False)

@@ -33,7 +33,7 @@ from gpt2bench.files import held, holding, write_atomic
 from gpt2bench.local import forkserver
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
 from gpt2bench.local.progress import Display
-from gpt2bench.plan import Run, order_seed, plan_runs
+from gpt2bench.plan import Run, order_seed, plan_runs, stopped_configurations
 from gpt2bench.protocol import STEPS_FILE
 from gpt2bench.render import render_job
 from gpt2bench.spec.model import Benchmark
@@ -51,6 +51,7 @@ from gpt2bench.status import (
     RunStatus,
     best_run,
     interrupt_runs,
+    interrupted_note,
     overall_phase,
     settle_abandoned,
 )
@@ -210,28 +211,39 @@ def emulation_skip(benchmark: Benchmark, run: Run) -> str | None:
     return cpu_emulation_reason(run.precision)
 
 
-def add_round(sweep: Sweep, render: Callable[[Benchmark, Run], dict]) -> list[dict]:
-    """After the last planned run: the next round's runs (the configurations this sweep runs, in the round's own
-    order) added to the sweep and its document, and their jobs; none when the rule stops the sweep (decided,
-    budget spent, max rounds), whose reason the document keeps."""
-    from gpt2bench.report.sequential import next_round
+def add_round(sweep: Sweep, render: Callable[[Benchmark, Run], dict], display: Display | None = None) -> list[dict]:
+    """After the last planned run: the next round's runs (the configurations still racing that this sweep runs,
+    in the round's own order) added to the sweep and its document, and their jobs; none when the rule stops the
+    sweep (decided, budget spent, max rounds), whose reason the document keeps."""
+    from gpt2bench.report.sequential import next_round, race_stops
 
     benchmark, runs = sweep.benchmark, sweep.runs
     if benchmark.spec.sweep.max_repeats is None:
         return []
     step = next_round(sweep.doc.runs, sweep.doc.spec, sweep.doc.start_time, datetime.now(timezone.utc))
     sweep.doc.rounds_done, sweep.doc.stop_reason = step.rounds_done, None if step.add else step.reason
+    known = {d.configuration for d in sweep.doc.dropped or []}
+    for dropped in step.dropped:
+        if display and dropped.configuration not in known:
+            display.note(f"{dropped.configuration} dropped after round {dropped.round}: {dropped.behind} is "
+                         f"{dropped.ratio - 1:+.1%} faster; it runs no more rounds")
+    sweep.doc.dropped, sweep.doc.racing = step.dropped or None, len(step.racing)
     if not step.add:
+        if display:
+            display.note(f"no more rounds: {step.reason}")
         sweep.save()
         return []
     planned = max((run.repeat or 0 for run in runs), default=0) + 1
     ours = {configuration_key(run) for run in runs}  # `--only` chose some: the new round runs the same ones
-    new = [run for run in plan_runs(benchmark, runs[0].backend, rounds=planned)
+    new = [run for run in plan_runs(benchmark, runs[0].backend, rounds=planned,
+                                    stopped=race_stops(sweep.doc.runs, step.racing, planned))
            if run.repeat == planned and configuration_key(run) in ours]
     sweep.runs += new
     sweep.doc.runs += [local_entry(collect.run_entry(run, phase=PENDING)) for run in new]
     sweep.doc.rounds_planned = planned
     sweep.save()
+    if display:
+        display.round_added(len(new), step.reason)
     return [render(benchmark, run) for run in new]
 
 
@@ -311,7 +323,7 @@ def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None,
                     display.end_run(sweep.doc.runs[index])
                 index += 1
                 if index == len(runs):  # repeat until decided: one more round, or why not
-                    jobs += add_round(sweep, render)
+                    jobs += add_round(sweep, render, display)
         except KeyboardInterrupt as exc:  # a run Running here was interrupted between the executor and its entry
             sweep.interrupted = True
             sweep.doc.runs = interrupt_runs(sweep.doc.runs, f"stopped by {stop_cause(exc)}")
@@ -357,7 +369,9 @@ def prepare_folder(benchmark: Benchmark, plan: list[Run], chosen: list[Run], dir
     previous = settle_abandoned(previous, directory)
     finished = {entry.name: entry for entry in previous.runs if entry.phase in KEPT_PHASES}
     if not resume:
+        note = interrupted_note(previous, directory)
         raise FolderRefused(
+            f"{note}; --overwrite starts again, or give another --output" if note else
             f"{directory} already holds results of {previous.benchmark} ({previous.phase}: {len(finished)} of "
             f"{len(previous.runs)} runs finished): --resume keeps them and runs the rest, --overwrite starts "
             "again, or give another --output")
@@ -366,8 +380,10 @@ def prepare_folder(benchmark: Benchmark, plan: list[Run], chosen: list[Run], dir
         raise FolderRefused(f"--resume: {directory} holds a sweep of another spec ({differences}); run the same "
                             "file with the same --steps, or --overwrite")
     if benchmark.spec.sweep.max_repeats and (previous.rounds_planned or 0) > benchmark.spec.sweep.repeats:
-        # rounds the earlier sweep added until decided: they are the sweep's too (the same rule continues)
-        plan = plan_runs(benchmark, plan[0].backend if plan else None, rounds=previous.rounds_planned)
+        # rounds the earlier sweep added until decided, for the configurations still racing: they are the sweep's
+        # too (the same rule continues)
+        plan = plan_runs(benchmark, plan[0].backend if plan else None, rounds=previous.rounds_planned,
+                         stopped=stopped_configurations(previous.runs, previous.rounds_planned))
         configs = {configuration_key(run) for run in chosen}
         chosen = [*chosen, *(run for run in plan if (run.repeat or 0) > benchmark.spec.sweep.repeats
                              and configuration_key(run) in configs)]

@@ -8,6 +8,9 @@ are named on stderr.
 
 `gpt2bench render --runtimes [--image IMAGE] [--gpu-image IMAGE]` prints the project's Trainer v2 runtimes instead (what
 TrainJobs point at; install them once per cluster).
+
+`gpt2bench render --openshift FILE` prints what OpenShift must grant the benchmark's pods instead: the
+SecurityContextConstraints they validate against and the binding for their service account (render/openshift.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 from gpt2bench.jobkinds import AUTO, BACKENDS, OFFLINE_BACKEND, TRAINJOB
 from gpt2bench.plan import resolved_backend
 from gpt2bench.render import dump_jobs, render_objects
+from gpt2bench.render.openshift import openshift_objects
 from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
 from gpt2bench.spec.fielderrors import field_path
@@ -48,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                              "offline (docs/backends.md)")
     parser.add_argument("--runtimes", action="store_true",
                         help="print the project's ClusterTrainingRuntimes (for the trainjob backend) instead")
+    parser.add_argument("--openshift", action="store_true",
+                        help="print the SecurityContextConstraints and RoleBinding OpenShift needs for the "
+                             "benchmark's pods instead (apply them as a cluster admin; docs/clusters.md)")
     parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"--runtimes: the CPU trainer image their pods run "
                                                                 f"(default {DEFAULT_IMAGE})")
     parser.add_argument("--gpu-image", default=DEFAULT_GPU_IMAGE, help=f"--runtimes: the GPU (CUDA) trainer image "
@@ -73,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     for benchmark in benchmarks:
         if args.namespace:
             benchmark = benchmark.model_copy(update={"namespace": args.namespace})
+        if args.openshift:
+            objects = openshift_objects(benchmark)
+            sys.stdout.write(dump_jobs(objects) if objects else
+                             f"# {benchmark.name}: OpenShift's restricted-v2 admits its pods: nothing to grant\n")
+            continue
         backend = resolved_backend(benchmark, args.backend)
         # what the chosen backend cannot run (a TrainJob has no hostNetwork), as the operator refuses it
         refused = list(cross_field_errors(benchmark.spec.model_copy(update={"backend": backend})))

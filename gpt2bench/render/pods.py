@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,12 @@ from gpt2bench.plan import Run
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
     COMPONENT_LABEL,
+    FABRIC_ENV,
+    GPUDIRECT_RDMA_ENV,
     KUEUE_QUEUE_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    NCCL_ENV_SCRIPT_ENV,
     NODE_NAME_ENV,
     OUTPUT_DIR,
     OUTPUT_ENV,
@@ -139,19 +143,54 @@ def budget_env(benchmark: Benchmark) -> dict[str, str]:
     return {} if cpu is None else {POD_CPUS_ENV: format(quantity_value(cpu).normalize(), "f")}
 
 
+# The output folder (an emptyDir) grows with the steps: worker 0's steps.jsonl record of each step (about 920 B
+# measured; at most STEP_RECORD_BYTES: tests/test_trainer_metrics.py) and its step time, spilled for the
+# percentiles (8 B), plus what does not grow (the summary, an NCCL log): OUTPUT_BASE_MIB. Its sizeLimit keeps a
+# long run (up to 1,000,000 steps: 2 GiB) from filling the node's disk; past it the kubelet evicts the pod,
+# which the run's reason then says.
+STEP_RECORD_BYTES = 2048
+STEP_TIME_BYTES = 8
+OUTPUT_BASE_MIB = 256
+
+
+def output_size_limit(steps: int) -> str:
+    """The output emptyDir's sizeLimit for a run of `steps` steps (MiB)."""
+    return f"{OUTPUT_BASE_MIB + math.ceil(steps * (STEP_RECORD_BYTES + STEP_TIME_BYTES) / 2**20)}Mi"
+
+
 # torch.compile's caches (inductor's FX graphs and Triton kernels, which it keeps under its own folder) under
 # ~/.cache with the Hugging Face downloads: a volume mounted there (spec.pods.volumes) shares them all.
 COMPILE_CACHE_DIR = f"{TRAINER_HOME}/.cache/torchinductor"
 
 
+def fabric_env(benchmark: Benchmark) -> dict[str, str]:
+    """What the run expects of its fabric (spec.fabric), for the trainer (trainer/fabric.py); nothing where the
+    spec keeps the defaults."""
+    fabric = benchmark.spec.fabric
+    env = {FABRIC_ENV: fabric.require} if fabric.require != "auto" else {}
+    if fabric.gpu_direct_rdma:
+        env[GPUDIRECT_RDMA_ENV] = "1"
+    if fabric.nccl_env_script:
+        env[NCCL_ENV_SCRIPT_ENV] = fabric.nccl_env_script
+    return env
+
+
+def forwarded_env(benchmark: Benchmark) -> list[str]:
+    """The names mpirun forwards to every rank beyond the project's own: the fabric's settings, then the user's
+    (spec.pods.env), which NCCL and libfabric read in the ranks."""
+    return [*fabric_env(benchmark), *benchmark.spec.pods.env_names]
+
+
 def container_env(benchmark: Benchmark) -> list[dict[str, Any]]:
     """Every container's env: the output folder, unbuffered output, the node the pod runs on (downward API),
-    the compile cache's place, then the user's variables (spec.pods.env) in their order."""
+    the compile cache's place, the fabric's expectations, then the user's variables (spec.pods.env) in their
+    order."""
     env: list[dict[str, Any]] = [
         {"name": OUTPUT_ENV, "value": OUTPUT_DIR},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "TORCHINDUCTOR_CACHE_DIR", "value": COMPILE_CACHE_DIR},
+        *({"name": name, "value": value} for name, value in fabric_env(benchmark).items()),
     ]
     return env + [item.model_dump(by_alias=True, exclude_none=True) for item in benchmark.spec.pods.env]
 
@@ -162,11 +201,12 @@ def container_env(benchmark: Benchmark) -> list[dict[str, Any]]:
 WRITABLE_PATHS = {"tmp": "/tmp", "cache": f"{TRAINER_HOME}/.cache", "triton": f"{TRAINER_HOME}/.triton"}
 
 
-def pod_volumes(gpus: int, user: list[VolumeSpec] = ()) -> tuple[list[dict], list[dict]]:
-    """The pod's volumes and the training container's mounts: the output folder, the writable paths, /dev/shm
-    on GPUs, then the user's (spec.pods.volumes). A user's volume at a cache path replaces that emptyDir."""
+def pod_volumes(gpus: int, user: list[VolumeSpec] = (), steps: int = 0) -> tuple[list[dict], list[dict]]:
+    """The pod's volumes and the training container's mounts: the output folder (bounded for a run of `steps`
+    steps), the writable paths, /dev/shm on GPUs, then the user's (spec.pods.volumes). A user's volume at a cache
+    path replaces that emptyDir."""
     replaced = {volume.mount_path.rstrip("/") for volume in user}
-    volumes = [{"name": "output", "emptyDir": {}}]
+    volumes = [{"name": "output", "emptyDir": {"sizeLimit": output_size_limit(steps)}}]
     mounts = [{"name": "output", "mountPath": OUTPUT_DIR}]
     for name, path in WRITABLE_PATHS.items():
         if path in replaced:
@@ -212,6 +252,13 @@ def container_security_context(capabilities: list[str] = ()) -> dict[str, Any]:
             "capabilities": dropped}
 
 
+# The pod annotations that attach the fabric's networks (Multus; GKE's multi-networking): a pod that trains nothing
+# (an MPIJob's launcher, which only runs mpirun and ssh over the pod network) does not take them, nor the fabric's
+# capabilities and the GPU nodes' selector: it would hold a fabric interface, need a privileged namespace for
+# IPC_LOCK, and wait for room on a GPU node for nothing.
+FABRIC_NETWORK_ANNOTATIONS = ("k8s.v1.cni.cncf.io/networks", "networking.gke.io/interfaces",
+                              "networking.gke.io/default-interface")
+
 # Where a run's training pods must not meet: one node each, so that an N-node run measures N machines.
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
@@ -220,9 +267,12 @@ def pod_affinity(benchmark: Benchmark, run: Run, trains: bool) -> dict[str, Any]
     """The user's affinity (spec.affinity), plus, for a training pod of a run of several nodes, a required
     anti-affinity to the run's other training pods on kubernetes.io/hostname (spec.scheduling.
     spreadAcrossNodes). Required, not preferred: a "2-node" run on one node answers another question; a
-    pod anti-affinity, not a topology spread constraint: a TrainJob's runtimePatch can carry affinity only."""
+    pod anti-affinity, not a topology spread constraint: a TrainJob's runtimePatch can carry affinity only.
+    A pod that trains nothing (an MPIJob's launcher) does not take the node affinity, which picks GPU nodes."""
     spec = benchmark.spec
     affinity = spec.affinity.rendered() if spec.affinity else {}
+    if not trains:
+        affinity.pop("nodeAffinity", None)
     if trains and run.nodes > 1 and spec.scheduling.spread_across_nodes:
         term = {"labelSelector": {"matchLabels": {BENCHMARK_LABEL: label_value(benchmark.name), RUN_LABEL: run.name,
                                                   ROLE_LABEL: TRAINER_ROLE}},
@@ -290,12 +340,14 @@ class RunPods:
         if trains:
             labels[ROLE_LABEL] = TRAINER_ROLE
         annotations = {**spec.metrics.pod_annotations, **pods.annotations}
-        volumes, mounts = pod_volumes(gpus, pods.volumes)
+        if not trains:
+            annotations = {key: value for key, value in annotations.items() if key not in FABRIC_NETWORK_ANNOTATIONS}
+        volumes, mounts = pod_volumes(gpus, pods.volumes, spec.training.steps)
         container = {
             "name": container["name"],
             "image": self.image,
             "imagePullPolicy": spec.image_pull_policy,
-            "securityContext": container_security_context(pods.capabilities),
+            "securityContext": container_security_context(pods.capabilities if trains else ()),
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "volumeMounts": mounts,
             **copy.deepcopy(container),
@@ -328,7 +380,7 @@ class RunPods:
         if pods.host_network:
             # the cluster's DNS still resolves the job's Services (rendezvous, MPI hosts)
             pod_spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
-        if spec.node_selector:
+        if spec.node_selector and trains:
             pod_spec["nodeSelector"] = dict(spec.node_selector)
         if affinity := pod_affinity(self.benchmark, run, trains):
             pod_spec["affinity"] = affinity

@@ -145,10 +145,12 @@ def mpi_runtime(image: str = DEFAULT_IMAGE, name: str = MPI_RUNTIME, device: str
         readinessProbe={"tcpSocket": {"port": SSH_PORT}, "initialDelaySeconds": 1, "periodSeconds": 2},
     )
     nodes = _replicated_job(NODE_JOB, sshd, trainer=False)
-    launcher = _replicated_job(
-        LAUNCHER_JOB, _container(image, ports=[_metrics_port()]), trainer=True,
-        dependsOn=[{"name": NODE_JOB, "status": "Ready"}],  # mpirun needs every sshd listening
-    )  # fmt: skip
+    # mpirun needs every sshd listening: without a gang, JobSet starts the launcher once the `node` pods are Ready.
+    # With one, the launcher must exist from the start: the Trainer's PodGroup counts every pod (minMember, TR
+    # coscheduling.go / volcano.go Build), and a launcher held back by dependsOn would never join the gang that
+    # waits for it; the launcher then waits for the sshd pods itself (`gpt2bench launch --wait-seconds`).
+    waits = {} if pod_group_policy else {"dependsOn": [{"name": NODE_JOB, "status": "Ready"}]}
+    launcher = _replicated_job(LAUNCHER_JOB, _container(image, ports=[_metrics_port()]), trainer=True, **waits)
     jobset = {
         # Ranks resolve every host in the hostfile, the launcher's own too, before any pod is Ready.
         "network": {"publishNotReadyAddresses": True},

@@ -37,7 +37,7 @@ from gpt2bench.protocol import (
     TRAINJOB_CONTAINER,
     VOLCANO_QUEUE_ANNOTATION,
 )
-from gpt2bench.render.mpijob import mpirun_command
+from gpt2bench.render.mpijob import launcher_command
 from gpt2bench.render.pods import RunPods, container_security_context, pod_security_context
 from gpt2bench.render.runtimes import (
     MPI_GPU_RUNTIME,
@@ -65,13 +65,6 @@ CARRIED_ELSEWHERE = {"name", "image", "imagePullPolicy", "command", "args", "env
 def torchrun_command(run: Run) -> list[str]:
     # torchrun reads the PET_* the torch plugin injects; "--" keeps `--run` from matching `--run-path`.
     return ["torchrun", "--no-python", "--", "gpt2bench", "train", *run.trainer_args()]
-
-
-def mpi_launcher_command(run: Run, user_env: list[str] = ()) -> list[str]:
-    """mpirun as in the MPIJob (render/mpijob.py), which reaches the non-root sshd on port 2222 with
-    `-mca plm_rsh_args` on the command line: Open MPI ranks that above the MPI plugin's own
-    OMPI_MCA_plm_rsh_args (`-o ConnectionAttempts=10`, kept in ours)."""
-    return mpirun_command(run, user_env)
 
 
 def pod_patch(template: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -112,7 +105,10 @@ def render_trainjob(pods: RunPods) -> dict[str, Any]:
     horovod = run.strategy.name == "horovod"
     trainer: dict[str, Any] = {
         "image": pods.image,
-        "command": mpi_launcher_command(run, spec.pods.env_names) if horovod else torchrun_command(run),
+        # MPI: mpirun as in the MPIJob (render/mpijob.py), reaching the non-root sshd on port 2222 with
+        # `-mca plm_rsh_args` on the command line, which Open MPI ranks above the MPI plugin's own
+        # OMPI_MCA_plm_rsh_args (its `-o ConnectionAttempts=10` is kept in ours)
+        "command": launcher_command(pods) if horovod else torchrun_command(run),
         "env": copy.deepcopy([*pods.env, *pods.budget]),
         "numNodes": run.nodes,
         # torch: PET_NPROC_PER_NODE (never "auto": the CPU count of a request would be guessed);

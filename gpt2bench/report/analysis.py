@@ -2,9 +2,11 @@
 scaling efficiencies; the papers' findings (`findings.py`). Pure functions: the operator calls `analyze`
 for the CR status, the report for results.json. Definitions: docs/analysis.md.
 
-Every decision of a report (each recommendation and each finding that has an interval) is first stated with
-its p-value, then all of them are decided together (Holm), so that the chance that any of the report's
-decisions is wrong stays at most 5 %, however many it makes.
+The fastest configuration of each scale (and of each resource group of a CPU scale) is decided by a selection
+race (`race.py`): one error rate α per race, kept across its looks and its rivals. Every other decision
+(leanest, cheapest across scales, scalable, efficient, and the papers' findings) belongs to a family of its own
+whose decisions are stated with p-values and then decided together (Holm), so that the chance that any decision
+of a family is wrong stays at most α, however many it takes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpt2bench.report import findings
+from gpt2bench.report import findings, race, verdicts
 from gpt2bench.report.measures import (
     Configuration,
     Efficiency,
@@ -32,8 +34,16 @@ from gpt2bench.report.measures import (
     tokens_per_second,
     tokens_per_second_per_device,
 )
-from gpt2bench.report.noise import CONFIDENCE, Contrast, NoiseModel, Pending, Sample, holm, looks, ratio
-from gpt2bench.status import Analysis, FigureNoise, Recommendation, RunStatus, ScalingEfficiency
+from gpt2bench.report.noise import CONFIDENCE, Contrast, Pending, Sample, holm, ratio
+from gpt2bench.status import (
+    TERMINAL_RUN_PHASES,
+    Analysis,
+    DroppedConfiguration,
+    FigureNoise,
+    Recommendation,
+    RunStatus,
+    ScalingEfficiency,
+)
 
 # Step records (steps.jsonl) by run name, where a local run kept them; the operator has none.
 Curves = dict[str, list[dict[str, Any]]]
@@ -51,16 +61,7 @@ FASTEST = Objective("fastest", True, "tokens/s")
 LEANEST = Objective("leanest", False, "bytes")
 SCALABLE = Objective("scalable", True, "ratio")
 EFFICIENT = Objective("efficient", False, "J per 1M tokens")
-
-
-@dataclass(frozen=True)
-class Rules:
-    """What a decision needs beyond its data: the smallest difference that matters (sweep.minEffect: a rival
-    within it of the top-ranked is equivalent), and what one more round costs (for "rounds needed")."""
-
-    min_effect: float | None = None
-    round_seconds: float | None = None
-    round_cost: float | None = None
+ALPHA = race.ALPHA  # 0.05: every race and every family of decisions
 
 
 @dataclass(frozen=True)
@@ -80,25 +81,21 @@ class Candidate:
     def value(self) -> float:
         return math.prod(s.geometric_mean for s in self.over) / math.prod(s.geometric_mean for s in self.under)
 
-    def against(self, other: Candidate, model: NoiseModel) -> Contrast | None:
-        """self ÷ other, on the log scale with its standard error (None: a noise is unknown)."""
-        return ratio([*self.over, *other.under], [*self.under, *other.over], model)
+    def against(self, other: Candidate) -> Contrast | None:
+        """self ÷ other, on the log scale with its standard error (None: too few measurements)."""
+        return ratio([*self.over, *other.under], [*self.under, *other.over])
 
 
-def decide(objective: Objective, scale: str | None, candidates: list[Candidate], model: NoiseModel,
-           excluded: list[str], note: str | None = None, rules: Rules | None = None, **extra: Any) -> Pending:
-    """Rank the candidates by their geometric mean; name a winner only beyond the noise, against every rival:
+def decide(objective: Objective, scale: str | None, candidates: list[Candidate], excluded: list[str],
+           note: str | None = None, **extra: Any) -> Pending:
+    """Rank the candidates by their geometric mean; name a winner only beyond the noise, against every rival
+    (the objectives other than `fastest`, which races: `fastest_by_race`):
     - clear: the interval of the top-ranked's ratio over each rival lies wholly on the better side of 1;
-    - equivalent (with rules.min_effect): each rival is beaten or lies within the min effect of the top-ranked
-      (its interval inside 1 ± min effect); `candidates`: the top-ranked and the equivalent ones;
-    - no-clear-winner: some rival is neither; `candidates` lists the top-ranked and every rival it does not beat,
-      with the rounds that would resolve the hardest one (`rounds_needed`, and for the min effect);
-    - needs-repeats: a noise is unknown (nothing at the scale measured twice): not decided;
+    - no-clear-winner: some rival is not beaten; `candidates` lists the top-ranked and every rival it does not beat;
+    - needs-repeats: too few measurements to know a comparison's noise: not decided;
     - only-candidate: nothing to compare with; not-measurable: no candidate at all (`note` says why).
-    The p-value is the largest over the rivals of the smaller of (beaten, equivalent): every one must be
-    resolved. The margin is over the runner-up, relative to it, positive when the top-ranked is better
-    (docs/analysis.md)."""
-    rules = rules or Rules()
+    The p-value is the largest over the rivals (every one must be beaten), two-sided. The margin is over the
+    runner-up, relative to it, positive when the top-ranked is better (docs/analysis.md)."""
     common = {"objective": objective.name, "scale": scale, "excluded": excluded or None, **extra}
     if not candidates:
         result = Recommendation(decision="not-measurable", note=note or "no succeeded run has this figure", **common)
@@ -106,18 +103,16 @@ def decide(objective: Objective, scale: str | None, candidates: list[Candidate],
     sign = -1 if objective.higher_is_better else 1
     ranked = sorted(candidates, key=lambda c: sign * c.log_value)  # stable: plan order breaks exact ties
     top, rivals = ranked[0], ranked[1:]
-    stat = Stat.of(top.over[0].values) if not top.under else None  # repeats' spread of a plain figure
-    variance = model.of(top.config.name)
     common |= {"run": top.config.name, "strategy": top.config.strategy, "precision": top.config.precision,
-               "value": top.value, "unit": objective.unit, "spread": stat.spread if stat else None,
-               "measurements": top.over[0].n, "note": note, "noise": variance.cv if variance else None}
+               "value": top.value, "unit": objective.unit, "measurements": top.over[0].n, "note": note,
+               "spread": _log_spread(top.over[0]) if not top.under else None}
     if not rivals:
         result = Recommendation(decision="only-candidate", winner=top.config.name, **common)
         return Pending(None, lambda _confidence: result)
     runner = rivals[0]
     common |= {"runner_up": runner.config.name, "runner_up_value": runner.value,
                "margin": _advantage(top.value / runner.value, objective)}
-    contrasts = [top.against(rival, model) for rival in rivals]
+    contrasts = [top.against(rival) for rival in rivals]
     if any(c is None for c in contrasts):
         result = Recommendation(decision="needs-repeats", candidates=[c.config.name for c in ranked], noise_df=0,
                                 **common)
@@ -129,29 +124,18 @@ def decide(objective: Objective, scale: str | None, candidates: list[Candidate],
         low, high = sorted((_advantage(intervals[0].low, objective), _advantage(intervals[0].high, objective)))
         found = {**common, "margin_low": low, "margin_high": high, "confidence": confidence,
                  "noise_df": contrasts[0].df if contrasts[0].se else None, "paired": contrasts[0].paired}
-        if model.paired is not None and not all(c.paired for c in contrasts):
-            missed = [c.config.name for c in ranked if c.config.name not in model.complete]
-            found["note"] = "; ".join(filter(None, [found.get("note"), f"unpaired: {', '.join(missed)} did not run "
-                                                                       "in every round"]))
-        tied = [(r, c) for r, c, i in zip(rivals, contrasts, intervals) if i.side(1.0) != better]
+        tied = [r for r, i in zip(rivals, intervals) if i.side(1.0) != better]
         if not tied:
             return Recommendation(decision="clear", winner=top.config.name, **found)
-        effect = rules.min_effect
-        if effect and all(c.p_within(effect) <= 1 - confidence for _, c in tied):
-            return Recommendation(decision="equivalent", candidates=[top.config.name, *(r.config.name for r, _ in tied)],
-                                  **found)
-        hardest = max(tied, key=lambda pair: pair[1].p_value())[1]  # the rival furthest from being resolved
-        rounds = top.over[0].n
-        needed = hardest.rounds_to_resolve(rounds, 1 - confidence, abs(hardest.center))
-        needed_min = hardest.rounds_to_resolve(rounds, 1 - confidence, math.log(1 + effect)) if effect else None
-        return Recommendation(decision="no-clear-winner", candidates=[top.config.name, *(r.config.name for r, _ in tied)],
-                              rounds_needed=needed, rounds_needed_min_effect=needed_min,
-                              round_seconds=rules.round_seconds, round_cost=rules.round_cost, **found)
+        return Recommendation(decision="no-clear-winner", candidates=[top.config.name, *(r.config.name for r in tied)],
+                              **found)
 
-    def resolved(contrast: Contrast) -> float:
-        return min(contrast.p_value(), contrast.p_within(rules.min_effect)) if rules.min_effect else contrast.p_value()
+    return Pending(max(c.p_value() for c in contrasts), conclude)
 
-    return Pending(max(resolved(c) for c in contrasts), conclude)
+
+def _log_spread(sample: Sample) -> float | None:
+    """The sample standard deviation of ln x over a configuration's runs (≈ its coefficient of variation)."""
+    return math.sqrt(sample.log_squares() / (sample.n - 1)) if sample.n >= 2 else None
 
 
 def _advantage(ratio_: float, objective: Objective) -> float:
@@ -177,52 +161,195 @@ def resource_groups(configs: list[Configuration]) -> list[list[Configuration]]:
     return [first, *(members for key, members in known.items() if key != main)]
 
 
-def _by_metric(objective: Objective, configs: list[Configuration], metric: Metric, model: NoiseModel,
-               scale: str | None, note: str | None = None, grouped: bool = False,
-               rules: Rules | None = None) -> list[Pending]:
+def _group_extra(groups: list[list[Configuration]], index: int, scale: str) -> tuple[dict[str, Any], str | None]:
+    """The fields and note that say which resource group a recommendation ranks (CPU scales with several)."""
+    if len(groups) == 1:
+        return {}, None
+    group = groups[index]
+    extra: dict[str, Any] = {"per_rank": group[0].per_rank}
+    if index == 0:
+        extra["ranked_apart"] = [f"{c.name} ({c.per_rank})" for g in groups[1:] for c in g]
+        return extra, None
+    return extra, f"{APART} from the rest of {scale}: its ranks had {group[0].per_rank}, the others {groups[0][0].per_rank}"
+
+
+def _by_metric(objective: Objective, configs: list[Configuration], metric: Metric, scale: str | None,
+               note: str | None = None, grouped: bool = False) -> list[Pending]:
     groups = resource_groups(configs) if grouped else [configs]
     found = []
     for index, group in enumerate(groups):
         candidates = [Candidate(c, [sample]) for c in group if (sample := c.sample(metric)).n]
-        extra: dict[str, Any] = {"per_rank": group[0].per_rank} if len(groups) > 1 else {}
-        if len(groups) > 1 and index == 0:
-            extra["ranked_apart"] = [f"{c.name} ({c.per_rank})" for g in groups[1:] for c in g]
-        group_note = note
-        if index > 0:
-            group_note = (f"{APART} from the rest of {scale}: its ranks had {group[0].per_rank}, the others "
-                          f"{groups[0][0].per_rank}")
-        found.append(decide(objective, scale, candidates, model, _excluded(group), group_note, rules, **extra))
+        extra, apart = _group_extra(groups, index, scale or "")
+        found.append(decide(objective, scale, candidates, _excluded(group), apart or note, **extra))
     return found
 
 
-def cheapest(configs: list[Configuration], prices: Prices | None) -> list[Pending]:
-    """Per scale (where it ranks like `fastest`: every run of a scale holds the same GPUs and pods), and across
-    all scales, the one comparison where price adds something."""
+# ------------------------------------------------------------------ fastest: the selection race
+def design(sweep: dict[str, Any], entrants: int, rounds: list[int]) -> race.Design:
+    """The race a sweep runs: looking after every round from max(3, repeats) to sweep.maxRepeats, or, with fixed
+    rounds (no maxRepeats), once at the end (its last round: sweep.repeats, or the rounds the runs hold where the
+    spec does not say)."""
+    repeats = int(sweep.get("repeats") or 1)
+    effect = sweep.get("minEffect")
+    if sweep.get("maxRepeats"):
+        return race.Design(entrants, int(sweep["maxRepeats"]), max(race.FIRST_LOOK, repeats), False, ALPHA, effect)
+    last = max(repeats, rounds[-1] if rounds else 1)
+    return race.Design(entrants, last, last, True, ALPHA, effect)
+
+
+def finished_rounds(runs: list[RunStatus]) -> list[int]:
+    """Decision rounds whose every run has finished, in order (a round still running is not looked at)."""
+    rounds: dict[int, bool] = {}
+    for run in runs:
+        if run.repeat:
+            rounds[run.repeat] = rounds.get(run.repeat, True) and run.phase in TERMINAL_RUN_PHASES
+    return sorted(k for k, done in rounds.items() if done)
+
+
+@dataclass
+class Race:
+    """One group's race as the report tells it: its configurations, its design and its outcome."""
+
+    scale: Scale
+    group: list[Configuration]
+    design: race.Design
+    outcome: race.Outcome
+    rounds: list[int]
+
+
+Raced = tuple[Race, int, list[list[Configuration]]]
+
+
+def races(configs: list[Configuration], sweep: dict[str, Any], rounds: list[int]) -> list[Raced]:
+    """Every group's race: per scale, per resource group (the largest first), with the group's index among its
+    scale's groups and those groups."""
+    found = []
+    for scale in scales(configs):
+        groups = resource_groups([c for c in configs if c.scale == scale])
+        for index, group in enumerate(groups):
+            samples = {c.name: _by_round(c, rounds) for c in group}
+            plan = design(sweep, len(group), rounds)
+            entered = {name: found_ for name, found_ in samples.items() if found_}
+            outcome = race.replay(entered, plan, rounds) if entered else race.Outcome("not-measurable", [])
+            found.append((Race(scale, group, plan, outcome, rounds), index, groups))
+    return found
+
+
+def _by_round(config: Configuration, rounds: list[int]) -> dict[int, float]:
+    """tokens/s by round over the finished rounds (succeeded runs with a figure > 0)."""
+    return {run.repeat: float(v) for run in config.succeeded
+            if run.repeat in rounds and (v := tokens_per_second(run)) is not None and v > 0}
+
+
+def fastest_by_race(entry: Race, index: int, groups: list[list[Configuration]], prices: Prices | None,
+                    needed: bool = True) -> Recommendation:
+    """The `fastest` recommendation of one group from its race (docs/analysis.md, The selection race)."""
+    group, outcome = entry.group, entry.outcome
+    names = {c.name: c for c in group}
+    scale = entry.scale.label
+    extra, apart = _group_extra(groups, index, scale)
+    common: dict[str, Any] = {"objective": FASTEST.name, "scale": scale, "excluded": _excluded(group) or None,
+                              "note": apart, "confidence": CONFIDENCE, **extra}
+    ranked = sorted((c for c in group if c.sample(tokens_per_second).n),
+                    key=lambda c: -c.sample(tokens_per_second).log_mean)
+    if not ranked:
+        result = Recommendation(decision="not-measurable", **{**common, "note": apart or
+                                                              "no succeeded run has this figure"})
+        return result
+    top = names[outcome.pick or (outcome.survivors[0] if outcome.survivors else ranked[0].name)]
+    sample = top.sample(tokens_per_second)
+    common |= {"run": top.name, "strategy": top.strategy, "precision": top.precision, "value": sample.geometric_mean,
+               "unit": FASTEST.unit, "measurements": sample.n, "spread": _log_spread(sample)}
+    if len(ranked) == 1:
+        result = Recommendation(decision="only-candidate", winner=top.name, **common)
+        return result
+    runner = next(c for c in ranked if c is not top)
+    versus = outcome.between(top.name, runner.name) if outcome.state is not None else None
+    common |= {"runner_up": runner.name, "runner_up_value": runner.sample(tokens_per_second).geometric_mean}
+    if versus is not None:
+        estimate, low, high, n = versus
+        common |= {"margin": estimate - 1, "margin_low": low - 1 if n >= race.FIRST_LOOK else None,
+                   "margin_high": high - 1 if n >= race.FIRST_LOOK else None, "paired": True,
+                   "noise_df": n - 1 if n >= race.FIRST_LOOK else 0}
+    dropped = [DroppedConfiguration(configuration=d.name, round=d.round, behind=d.behind, ratio=d.ratio, low=d.low)
+               for d in outcome.dropped] or None
+    decision = {"clear": "clear", "equivalent": "equivalent", "needs-rounds": "needs-repeats"}.get(
+        outcome.decision, "no-clear-winner")
+    result = Recommendation(decision=decision, dropped=dropped, decided_in=outcome.decided_in, **common)
+    if decision == "clear":
+        result.winner = top.name
+    elif decision == "equivalent":
+        result.candidates = list(outcome.survivors)
+        result.behind_at_most = outcome.behind_at_most
+    elif decision == "needs-repeats":
+        result.candidates = [c.name for c in ranked]
+    else:
+        result.candidates = list(outcome.survivors)
+        done = entry.rounds[-1] if entry.rounds else 0
+        result.rounds_needed = race.rounds_needed(outcome, entry.design, done) if needed else None
+        result.round_seconds, result.round_cost = round_cost([names[n] for n in outcome.survivors], prices)
+    return result
+
+
+def round_cost(configs: list[Configuration], prices: Prices | None) -> tuple[float | None, float | None]:
+    """What one more round of these configurations takes: their runs' mean wall times (start to completion)
+    summed (they run one at a time), and their mean prices summed (each run's hourly price × its duration)."""
+    seconds, cost = [], []
+    for config in configs:
+        spans = [(run, (parse_time(run.completion_time) - parse_time(run.start_time)).total_seconds())
+                 for run in config.runs if run.start_time and run.completion_time]
+        if spans:
+            seconds.append(statistics.fmean(duration for _, duration in spans))
+            if prices:
+                cost.append(statistics.fmean((prices.hourly(run) or 0) * d / 3600 for run, d in spans))
+    return (sum(seconds) if seconds else None), (sum(cost) if cost and any(cost) else None)
+
+
+def racing(found: list[Raced]) -> list[str]:
+    """The configurations still in an undecided race, in plan order: the next round runs these only."""
+    return [c.name for entry, _, _ in found for c in entry.group
+            if entry.outcome.decision in ("open", "needs-rounds") and c.name in entry.outcome.survivors]
+
+
+# ------------------------------------------------------------------ the other objectives: families of Holm
+def cheapest(configs: list[Configuration], prices: Prices | None, fastest: list[Recommendation]) -> tuple[
+        list[Recommendation], list[Pending]]:
+    """Per scale it ranks like `fastest` (every run of a scale holds the same GPUs and pods, so cost per token is
+    price ÷ tokens/s): the race's answer, in cost. Across all scales, the one comparison where price adds something:
+    a decision of its own (returned pending)."""
     objective = Objective("cheapest", False, prices.unit if prices else "per 1M tokens")
-    unknown = NoiseModel()
     if prices is None:
-        return [decide(objective, None, [], unknown, [], "no prices: set spec.cost.gpuHour and/or spec.cost.nodeHour")]
+        return [], [decide(objective, None, [], [], "no prices: set spec.cost.gpuHour and/or spec.cost.nodeHour")]
     metric = prices.per_million_tokens
     if not any(c.values(metric) for c in configs):
-        return [decide(objective, None, [], unknown, [], "the prices cover none of these runs' resources "
-                                                         "(runs without GPUs need spec.cost.nodeHour)")]
-    cost_noise = noise_model(configs, metric)
-    found = [pending for s in scales(configs)
-             for pending in _by_metric(objective, [c for c in configs if c.scale == s], metric, cost_noise, s.label,
-                                       grouped=True)]
-    across = _by_metric(objective, configs, metric, cost_noise, None,
+        return [], [decide(objective, None, [], [], "the prices cover none of these runs' resources (runs without "
+                                                    "GPUs need spec.cost.nodeHour)")]
+    by_name = {c.name: c for c in configs}
+    per_scale = []
+    for rec in fastest:
+        config = by_name.get(rec.run or "")
+        cost = config.sample(metric) if config else None
+        if not cost or not cost.n:
+            continue
+        runner = by_name.get(rec.runner_up or "")
+        runner_cost = runner.sample(metric) if runner else None
+        found = rec.model_copy(update={
+            "objective": objective.name, "unit": objective.unit, "value": cost.geometric_mean,
+            "runner_up_value": runner_cost.geometric_mean if runner_cost and runner_cost.n else None,
+            "rounds_needed": None, "round_seconds": None, "round_cost": None, "dropped": None})
+        per_scale.append(found)
+    across = _by_metric(objective, configs, metric, None,
                         "across scales; global batch grows with the scale, so equal cost per token is not "
                         "equal cost per unit of convergence")
-    return [*found, *across]
+    return per_scale, across
 
 
 def scalable(configs: list[Configuration], effs: list[Efficiency]) -> list[Pending]:
     """Per scale above a strategy's smallest: the highest scaling efficiency, among those that measure scaling
     (CPU runs whose ranks kept their cores each)."""
     if not effs:
-        return [decide(SCALABLE, None, [], NoiseModel(), [], "every strategy and precision ran at one scale only")]
+        return [decide(SCALABLE, None, [], [], "every strategy and precision ran at one scale only")]
     found = []
-    per_device = noise_model(configs, tokens_per_second_per_device)
     for scale in sorted({e.config.scale for e in effs}):
         here = [c for c in configs if c.scale == scale]
         measured = [e for e in effs if e.config.scale == scale]
@@ -231,7 +358,7 @@ def scalable(configs: list[Configuration], effs: list[Efficiency]) -> list[Pendi
         candidates = [Candidate(e.config, [e.config.sample(tokens_per_second_per_device)],
                                 [e.baseline.sample(tokens_per_second_per_device)]) for e in usable]
         note = "; ".join(dict.fromkeys(refused)) or None
-        found.append(decide(SCALABLE, scale.label, candidates, per_device, _excluded(here), note))
+        found.append(decide(SCALABLE, scale.label, candidates, _excluded(here), note))
     return found
 
 
@@ -242,28 +369,21 @@ def efficient(configs: list[Configuration]) -> list[Pending]:
         reasons = sorted({run.results.energy_unavailable_reason for c in configs for run in c.succeeded
                           if run.results.energy_unavailable_reason})
         why = "; ".join(r.removeprefix("not measurable: ") for r in reasons) or "no succeeded run reports energy"
-        return [decide(EFFICIENT, None, [], NoiseModel(), [], f"no energy figure: {why}")]
-    energy = noise_model(configs, energy_per_million_tokens)
+        return [decide(EFFICIENT, None, [], [], f"no energy figure: {why}")]
     rapl = any(run.results.energy_source == "rapl" for c in configs for run in c.succeeded)
     note = RAPL_NOTE if rapl else None
     return [pending for s in scales(configs)
             for pending in _by_metric(EFFICIENT, [c for c in configs if c.scale == s], energy_per_million_tokens,
-                                      energy, s.label, note, grouped=True)]
+                                      s.label, note, grouped=True)]
 
 
 RAPL_NOTE = ("RAPL counts the whole CPU package of each node: other processes on the node (other tenants, the "
              "operator, the runner) are included")
 
 
-def recommendations(configs: list[Configuration], prices: Prices | None,
-                    effs: list[Efficiency], rules: Rules | None = None) -> list[Pending]:
-    found = []
-    throughput, memory = noise_model(configs, tokens_per_second), noise_model(configs, peak_memory)
-    for scale in scales(configs):
-        here = [c for c in configs if c.scale == scale]
-        found += _by_metric(FASTEST, here, tokens_per_second, throughput, scale.label, grouped=True, rules=rules)
-        found += _by_metric(LEANEST, here, peak_memory, memory, scale.label)
-    return found + cheapest(configs, prices) + scalable(configs, effs) + efficient(configs)
+def leanest(configs: list[Configuration]) -> list[Pending]:
+    return [pending for s in scales(configs)
+            for pending in _by_metric(LEANEST, [c for c in configs if c.scale == s], peak_memory, s.label)]
 
 
 def headline(found: list[Recommendation], configs: list[Configuration]) -> Recommendation | None:
@@ -275,17 +395,17 @@ def headline(found: list[Recommendation], configs: list[Configuration]) -> Recom
     return max(fastest, key=lambda r: measured[r.scale], default=None)
 
 
-def scaling_entries(effs: list[Efficiency], confidences: dict[int, float] | None = None) -> list[ScalingEfficiency]:
+def scaling_entries(effs: list[Efficiency]) -> list[ScalingEfficiency]:
     """Every efficiency, with its baseline's row (efficiency 1 by definition) first, per strategy and precision."""
     rows: dict[tuple[str, str], list[ScalingEfficiency]] = {}
     for eff in effs:
         base = eff.baseline
         key = (base.strategy, base.precision)
         if key not in rows:
-            base_tps = base.stat(tokens_per_second_per_device).mean
+            base_tps = base.sample(tokens_per_second_per_device).geometric_mean
             rows[key] = [_scaling_row(base, base, base_tps, Stat(1.0, None, 1))]
-        rows[key].append(_scaling_row(eff.config, base, eff.config.stat(tokens_per_second_per_device).mean, eff.stat,
-                                      eff.contrast.interval() if eff.contrast else None, eff.refused))
+        rows[key].append(_scaling_row(eff.config, base, eff.config.sample(tokens_per_second_per_device).geometric_mean,
+                                      eff.stat, eff.contrast.interval() if eff.contrast else None, eff.refused))
     return [row for group in rows.values() for row in sorted(group, key=lambda r: r.devices)]
 
 
@@ -299,51 +419,57 @@ def _scaling_row(config: Configuration, base: Configuration, tps: float, stat: S
                              refused=refused)
 
 
-def conclude_all(pendings: list[Pending], alpha: float = 1 - CONFIDENCE) -> tuple[list[Any], int]:
-    """Decide every pending decision together: Holm at `alpha` over those with a p-value; the others need no
-    level."""
+def conclude_family(pendings: list[Pending], alpha: float = ALPHA) -> list[Any]:
+    """Decide one family's pending decisions together: Holm at `alpha` over those with a p-value; the others need
+    no level."""
     deciding = [i for i, p in enumerate(pendings) if p.p_value is not None]
     levels = dict(zip(deciding, holm([pendings[i].p_value for i in deciding], alpha)))
-    return [p.conclude(levels.get(i, 1 - alpha)) for i, p in enumerate(pendings)], len(deciding)
-
-
-def round_timing(runs: list[RunStatus], prices: Prices | None) -> tuple[float | None, float | None]:
-    """The mean wall time of a decision round (its first start to its last completion) and the mean price of
-    its runs (each run's hourly price × its duration), over the rounds whose runs have both times."""
-    spans: dict[int, list[tuple[datetime, datetime, RunStatus]]] = {}
-    for run in runs:
-        if run.repeat and run.start_time and run.completion_time:
-            spans.setdefault(run.repeat, []).append((parse_time(run.start_time), parse_time(run.completion_time), run))
-    if not spans:
-        return None, None
-    seconds = [(max(end for _, end, _ in found) - min(start for start, _, _ in found)).total_seconds()
-               for found in spans.values()]
-    costs = [sum((prices.hourly(run) or 0) * (end - start).total_seconds() / 3600 for start, end, run in found)
-             for found in spans.values()] if prices else []
-    return statistics.fmean(seconds), (statistics.fmean(costs) if costs and any(costs) else None)
+    return [p.conclude(levels.get(i, 1 - alpha)) for i, p in enumerate(pendings)]
 
 
 def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: Curves | None = None) -> Analysis:
+def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: Curves | None = None,
+            rounds_needed: bool = True) -> Analysis:
     """Everything the report concludes from `runs` (failed ones are left out and named). `spec` is the
-    benchmark's spec (camelCase, as results.json keeps it): prices and ps modes come from it. `curves`: the
-    runs' step records where they exist; without them the convergence finding compares final losses."""
+    benchmark's spec (camelCase, as results.json keeps it): the race's design, prices and ps modes come from it.
+    `curves`: the runs' step records where they exist; without them the convergence check compares final losses.
+    `rounds_needed`: simulate the rounds an undecided race still needs (a tenth of a second or so per race; the
+    rule that adds rounds does not need it)."""
     configs = configurations(runs)
     effs = efficiencies(configs)
     prices = Prices.from_spec(spec)
     sweep = (spec or {}).get("sweep") or {}
-    rules = Rules(sweep.get("minEffect"), *round_timing(runs, prices))
-    recs = recommendations(configs, prices, effs, rules)
+    rounds = finished_rounds(runs)
+    raced = races(configs, sweep, rounds) if rounds else []
+    if rounds:
+        fastest = [fastest_by_race(entry, index, groups, prices, rounds_needed) for entry, index, groups in raced]
+    else:  # runs that say nothing of their rounds (one round, or an older results document): compared unpaired
+        fastest = conclude_family([p for s in scales(configs) for p in _by_metric(
+            FASTEST, [c for c in configs if c.scale == s], tokens_per_second, s.label, grouped=True)])
+    per_scale_cost, across_cost = cheapest(configs, prices, fastest)
+    lean = conclude_family(leanest(configs))
+    recs = _in_scale_order(fastest, lean, configs) + per_scale_cost + conclude_family(across_cost) \
+        + conclude_family(scalable(configs, effs)) + conclude_family(efficient(configs))
     claims = findings.check_all(configs, effs, spec or {}, curves)
-    concluded, decisions = conclude_all([*recs, *claims], (1 - CONFIDENCE) / looks(sweep))
-    found, verdicts = concluded[: len(recs)], concluded[len(recs):]
-    return Analysis(recommended=headline(found, configs), decisions=decisions, looks=looks(sweep),
-                    noise=noise_entries(configs, prices), recommendations=found, scaling=scaling_entries(effs),
-                    findings=verdicts)
+    labels = {c.name: f"{c.strategy} {c.precision}" for c in configs}
+    for rec in recs:
+        rec.verdict = verdicts.verdict(rec, labels, len(finished_rounds(runs)), sweep.get("minEffect"))
+    verdicts_ = conclude_family(claims.findings)
+    checks = conclude_family(claims.checks)
+    return Analysis(recommended=headline(recs, configs), alpha=ALPHA, racing=racing(raced) or None,
+                    noise=noise_entries(configs, prices), recommendations=recs, scaling=scaling_entries(effs),
+                    findings=verdicts_, checks=checks)
 
+
+def _in_scale_order(fastest: list[Recommendation], lean: list[Recommendation],
+                    configs: list[Configuration]) -> list[Recommendation]:
+    ordered = []
+    for scale in scales(configs):
+        ordered += [r for r in fastest if r.scale == scale.label] + [r for r in lean if r.scale == scale.label]
+    return ordered + [r for r in lean if r.scale is None]
 
 def noise_entries(configs: list[Configuration], prices: Prices | None) -> list[FigureNoise]:
     """Each figure's noise per scale, where some configuration of it was measured twice, and the far noisier

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpt2bench.status import RESULTS_JSON, ResultsDocument, settle_abandoned
+from gpt2bench.status import RESULTS_JSON, ResultsDocument, interrupted_note, settle_abandoned
 
 
 class DocumentError(ValueError):
@@ -87,4 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print_table(doc)
     print("wrote " + ", ".join(str(p) for p in written))
+    note = None if args.cluster else interrupted_note(doc, directory)
+    if note:
+        print(f"gpt2bench report: {note}", file=sys.stderr)
     return 0

@@ -23,7 +23,6 @@ from gpt2bench.report.measures import (
     Metric,
     configurations,
     hardware,
-    noise_model,
     peak_memory,
     tokens_per_second,
     tokens_per_second_per_device,
@@ -55,17 +54,15 @@ def _key(config: Configuration) -> tuple[str, str, str]:
     return config.strategy, config.precision, config.scale.label
 
 
-def contrast(mine: Configuration, other: Configuration, metric: Metric, models: tuple) -> Contrast | None:
-    """B ÷ A of one configuration's figure, each side with its own sweep's noise of that configuration."""
-    a, b = mine.sample(metric), other.sample(metric)
-    return between_sweeps(a, models[0].of(mine.name), b, models[1].of(other.name))
+def contrast(mine: Configuration, other: Configuration, metric: Metric) -> Contrast | None:
+    """B ÷ A of one configuration's figure, each side with its own noise in its own sweep (3 runs or more each)."""
+    return between_sweeps(mine.sample(metric), other.sample(metric))
 
 
 def figures_markdown(a: list[Configuration], b: list[Configuration]) -> str:
     theirs = {_key(c): c for c in b}
-    models = {header: (noise_model(a, metric), noise_model(b, metric)) for header, metric, *_ in FIGURES}
     matched = [(mine, theirs[_key(mine)]) for mine in a if _key(mine) in theirs]
-    throughput = [contrast(mine, other, tokens_per_second, models["tokens/s"]) for mine, other in matched]
+    throughput = [contrast(mine, other, tokens_per_second) for mine, other in matched]
     tested = [i for i, c in enumerate(throughput) if c is not None]
     levels = dict(zip(tested, holm([throughput[i].p_value() for i in tested])))
     headers = ["configuration", "scale"]
@@ -76,7 +73,7 @@ def figures_markdown(a: list[Configuration], b: list[Configuration]) -> str:
     for index, (mine, other) in enumerate(matched):
         row = [mine.label, mine.scale.label]
         for header, metric, spec, scale in FIGURES:
-            found = contrast(mine, other, metric, models[header])
+            found = contrast(mine, other, metric)
             row += [fmt_stat(mine.stat(metric), spec, scale), fmt_stat(other.stat(metric), spec, scale),
                     _ratio_text(mine.values(metric), other.values(metric), found.interval() if found else None)]
         measured = mine.values(tokens_per_second) and other.values(tokens_per_second)
@@ -105,10 +102,10 @@ def _pick(rec: Recommendation | None) -> str:
         return NO_VALUE
     if rec.strategy is None:
         return f"not measurable: {rec.note}"
-    if rec.winner:
-        return f"{rec.strategy}-{rec.precision} {value_text(rec.value, rec.unit)} ({rec.decision})"
+    if rec.decision in ("clear", "equivalent", "only-candidate"):
+        return f"{rec.verdict}: {value_text(rec.value, rec.unit)}"
     if rec.decision == "no-clear-winner":
-        return f"no clear winner: {', '.join(rec.candidates or [])}"
+        return rec.verdict or f"the best is among {', '.join(rec.candidates or [])}"
     return f"{NEEDS_REPEATS}; top-ranked {rec.strategy}-{rec.precision} {value_text(rec.value, rec.unit)}"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,11 @@ def csv_rows(doc: ResultsDocument) -> list[dict[str, Any]]:
             row |= {"hourlyPrice": prices.hourly(run), "currency": prices.currency,
                     "costPer1MTokens": prices.per_million_tokens(run)}
         config = by_run[run.name]
-        stat = config.stat(tokens_per_second)
-        if stat is not None:
-            row |= {"configurationTokensPerSecond": stat.mean, "configurationTokensPerSecondSpread": stat.spread,
-                    "configurationMeasurements": stat.n,
+        sample = config.sample(tokens_per_second)
+        if sample.n:
+            spread = math.sqrt(sample.log_squares() / (sample.n - 1)) if sample.n >= 2 else None
+            row |= {"configurationTokensPerSecond": sample.geometric_mean,
+                    "configurationTokensPerSecondSpread": spread, "configurationMeasurements": sample.n,
                     "fastestAtScale": standing(config.name, _group_of(config, fastest))}
         rows.append(row)
     return rows
@@ -70,15 +72,22 @@ def _group_of(config: Configuration, recs: list[Recommendation]) -> Recommendati
 
 
 def standing(configuration: str, rec: Recommendation | None) -> str | None:
-    """winner (named beyond the noise), within-noise (a no-clear-winner candidate), not-decided (needs repeats),
-    or behind (beyond the noise behind the top-ranked)."""
+    """Where a configuration stands in its scale's fastest decision: winner (the race's, or named beyond the noise),
+    pick (the fastest or within sweep.minEffect of it), among-fastest (still in an undecided race, or a rival
+    within minEffect of the pick), dropped-after-round-N (the race dropped it), not-decided (too few rounds), or
+    behind (beaten, where the runs have no rounds)."""
     if rec is None or rec.run is None:
         return None
     if rec.winner == configuration:
         return "winner"
+    if rec.decision == "equivalent" and rec.run == configuration:
+        return "pick"
     if rec.decision == "needs-repeats":
         return "not-decided"
-    return "within-noise" if configuration in (rec.candidates or []) else "behind"
+    dropped = next((d for d in rec.dropped or [] if d.configuration == configuration), None)
+    if dropped is not None:
+        return f"dropped-after-round-{dropped.round}"
+    return "among-fastest" if configuration in (rec.candidates or []) else "behind"
 
 
 def write_csv(doc: ResultsDocument, directory: Path) -> Path:

@@ -25,7 +25,6 @@ from gpt2bench.report.measures import (
     comm_hidden_ratio,
     final_loss,
     memory_per_rank,
-    noise_model,
     scales,
     tokens_per_second,
     tokens_per_second_per_device,
@@ -33,7 +32,6 @@ from gpt2bench.report.measures import (
 from gpt2bench.report.noise import (
     Contrast,
     Interval,
-    NoiseModel,
     Pending,
     Sample,
     family_confidence,
@@ -92,11 +90,11 @@ class Check:
         return f"{self.label}: {shown}{basis}"
 
 
-def ratio_check(label: str, numerator: list[Sample], denominator: list[Sample], model: NoiseModel,
-                threshold: float = 1.0, above: bool = True, show: Callable[[float], str] | None = None) -> Check:
+def ratio_check(label: str, numerator: list[Sample], denominator: list[Sample], threshold: float = 1.0,
+                above: bool = True, show: Callable[[float], str] | None = None) -> Check:
     """A claim about Π geometric means(numerator) ÷ Π geometric means(denominator)."""
     estimate = math.exp(sum(s.log_mean for s in numerator) - sum(s.log_mean for s in denominator))
-    check = Check(label, ratio(numerator, denominator, model), estimate, threshold, above)
+    check = Check(label, ratio(numerator, denominator), estimate, threshold, above)
     if show is not None:
         check.show = show
     return check
@@ -177,7 +175,6 @@ def fsdp_memory(configs: list[Configuration]) -> Any:
     """On GPUs the measured peak per rank (CUDA max allocated). On CPU there is no per-rank measurement apart from
     the libraries (peak RSS is a process-wide high-water mark): the tensors' sizes summed are shown as
     accounting, and decide nothing."""
-    memory_noise = noise_model(configs, _rank_memory)
     checks, accounting = [], []
     for fsdp in (c for c in configs if c.strategy == "fsdp" and c.scale.devices >= 2):
         ddp = _find(configs, "ddp", fsdp.precision, fsdp.scale)
@@ -191,7 +188,7 @@ def fsdp_memory(configs: list[Configuration]) -> Any:
             share = statistics.fmean(a.values) / statistics.fmean(b.values) - 1
             accounting.append(f"{label} ({share:+.1%}; accounting: tensor sizes summed, not a measurement)")
             continue
-        checks.append(ratio_check(label, [a], [b], memory_noise, above=False))
+        checks.append(ratio_check(label, [a], [b], above=False))
     missing = "needs fsdp and ddp succeeded at the same precision and scale with 2 or more GPUs"
     if accounting and not checks:
         missing = ("not measurable on CPU: a process's memory there is the libraries' as much as the model's, so "
@@ -201,7 +198,6 @@ def fsdp_memory(configs: list[Configuration]) -> Any:
 
 
 def mixed_precision_faster(configs: list[Configuration]) -> Any:
-    throughput = noise_model(configs, tokens_per_second)
     checks = []
     for mixed in (c for c in configs if c.precision in MIXED):
         fp32 = _find(configs, mixed.strategy, "fp32", mixed.scale)
@@ -210,7 +206,7 @@ def mixed_precision_faster(configs: list[Configuration]) -> Any:
             continue
         label = (f"{mixed.strategy} {mixed.scale.label}: {mixed.precision} {_tps(statistics.fmean(a.values))} vs fp32 "
                  f"{_tps(statistics.fmean(b.values))} tokens/s")
-        checks.append(ratio_check(label, [a], [b], throughput))
+        checks.append(ratio_check(label, [a], [b]))
     return finding("mixed-precision-faster", "Mixed precision (fp16/bf16) trains faster than fp32, for every "
                    "strategy", f"{BAI}, with Apex", checks,
                    "needs a strategy succeeded in fp32 and in fp16 or bf16 at the same scale")
@@ -224,7 +220,6 @@ def _fastest(configs: list[Configuration]) -> Configuration | None:
 def ddp_mixed_precision_best_on_one_node(configs: list[Configuration]) -> Any:
     """Per one-node scale: the fastest ddp in fp16/bf16 against every other configuration whose ranks had the
     same CPU resources (each a comparison: the claim holds only if it beats them all)."""
-    throughput = noise_model(configs, tokens_per_second)
     checks = []
     for scale in (s for s in scales(configs) if s.nodes == 1 and s.devices >= 2):
         here = [c for c in configs if c.scale == scale]
@@ -238,7 +233,7 @@ def ddp_mixed_precision_best_on_one_node(configs: list[Configuration]) -> Any:
             b = other.sample(tokens_per_second)
             label = (f"{scale.label}: {ddp.label} {_tps(statistics.fmean(a.values))} vs {other.label} "
                      f"{_tps(statistics.fmean(b.values))} tokens/s")
-            checks.append(ratio_check(label, [a], [b], throughput))
+            checks.append(ratio_check(label, [a], [b]))
     return finding("ddp-mixed-precision-fastest-on-one-node", "On one node, DDP with mixed precision is the fastest "
                    "configuration", BAI, checks,
                    "needs ddp in fp16 or bf16 and another configuration succeeded on one node with 2 or more devices")
@@ -251,7 +246,6 @@ def _refusals(effs: list[Efficiency]) -> list[str]:
 def horovod_most_robust_across_nodes(configs: list[Configuration], effs: list[Efficiency]) -> Any:
     """Per scale of 2+ nodes and precision: horovod's scaling efficiency against every other strategy's from the
     same one-node baseline scale."""
-    per_device = noise_model(configs, tokens_per_second_per_device)
     usable = [e for e in effs if e.refused is None]
     checks = []
     for hvd in (e for e in usable if e.config.strategy == "horovod" and e.config.scale.nodes >= 2
@@ -263,7 +257,7 @@ def horovod_most_robust_across_nodes(configs: list[Configuration], effs: list[Ef
                      f"efficiency horovod {hvd.stat.mean:.2f} vs {rival.config.strategy} {rival.stat.mean:.2f}")
             over = [c.sample(tokens_per_second_per_device) for c in (hvd.config, rival.baseline)]
             under = [c.sample(tokens_per_second_per_device) for c in (hvd.baseline, rival.config)]
-            checks.append(ratio_check(label, over, under, per_device))
+            checks.append(ratio_check(label, over, under))
     return finding("horovod-most-robust-across-nodes", "Across nodes, Horovod keeps the highest scaling efficiency",
                    BAI, checks, "needs horovod and another strategy succeeded at the same precision on one node and "
                    "at the same scale of 2 or more nodes", _refusals(effs) if not checks else None)
@@ -332,42 +326,68 @@ def synchronous_strategies_agree(configs: list[Configuration], spec: dict[str, A
 
 
 def ddp_scales_near_linearly(configs: list[Configuration], effs: list[Efficiency]) -> Any:
-    per_device = noise_model(configs, tokens_per_second_per_device)
     checks = []
     for eff in (e for e in effs if e.config.strategy == "ddp" and e.refused is None):
         label = f"{eff.config.precision} {eff.baseline.scale.label} → {eff.config.scale.label}: scaling efficiency"
         checks.append(ratio_check(label, [eff.config.sample(tokens_per_second_per_device)],
-                                  [eff.baseline.sample(tokens_per_second_per_device)], per_device,
-                                  threshold=NEAR_LINEAR, show=lambda ratio: f"{ratio:.2f}"))
+                                  [eff.baseline.sample(tokens_per_second_per_device)], threshold=NEAR_LINEAR,
+                                  show=lambda ratio: f"{ratio:.2f}"))
     refused = _refusals([e for e in effs if e.config.strategy == "ddp"])
     return finding("ddp-scales-near-linearly", f"DDP scales near-linearly (scaling efficiency ≥ {NEAR_LINEAR})", LI,
                    checks, "needs ddp succeeded at two scales of the same precision", refused)
 
 
-def ddp_overlap_hides_communication(configs: list[Configuration]) -> Any:
+def ddp_overlap_hides_communication(configs: list[Configuration], curves: Curves | None) -> Any:
     """Per ddp configuration with 2+ devices and a breakdown: the mean hidden share of its communication
-    (1 − exposed ÷ total, per run of the breakdown round, else of its repeats) against 1/2, with a t interval."""
+    (1 − exposed ÷ total) against 1/2, with a t interval. Over its breakdown runs where there are 3 or more
+    (sweep.breakdown inline: every round); else over the measured steps of its breakdown run (the breakdown round,
+    from its step records: steps taken as independent, a first-order guide, as for the steady state)."""
     checks = []
     for config in (c for c in configs if c.strategy == "ddp" and c.scale.devices >= 2):
-        hidden = [float(v) for run in config.breakdown_runs if (v := comm_hidden_ratio(run)) is not None]
-        if not hidden:
+        runs = [float(v) for run in config.breakdown_runs if (v := comm_hidden_ratio(run)) is not None]
+        steps = [share for run in config.breakdown_runs for share in _hidden_per_step(run, curves)]
+        if len(runs) >= 3 or (runs and len(steps) < 3):
+            values, basis = runs, f"{len(runs)} run{'s' if len(runs) != 1 else ''}"
+        elif steps:
+            values, basis = steps, f"{len(steps)} measured steps of the breakdown round, taken as independent"
+        else:
             continue
         label = f"{config.precision} {config.scale.label}: share of all-reduce time hidden by backward"
-        checks.append(Check(label, mean_contrast(hidden), statistics.fmean(hidden), threshold=MOSTLY_HIDDEN,
-                            show=lambda share: f"{share:.0%}"))
+        checks.append(Check(label, mean_contrast(values), statistics.fmean(values), threshold=MOSTLY_HIDDEN,
+                            show=lambda share: f"{share:.0%}", basis=basis))
     return finding("ddp-overlap-hides-communication", "DDP's bucketed all-reduce overlaps the backward pass and "
                    f"hides most (over {MOSTLY_HIDDEN:.0%}) of its communication time", LI, checks,
                    "needs ddp succeeded with 2 or more devices and a step breakdown (sweep.breakdown)")
 
 
+def _hidden_per_step(run: RunStatus, curves: Curves | None) -> list[float]:
+    """1 − exposed ÷ total communication of each measured (not warm-up) step whose communication was timed."""
+    found = []
+    for record in (curves or {}).get(run.name) or []:
+        total, exposed = record.get("comm_seconds"), record.get("comm_exposed_seconds")
+        if record.get("warmup") or not isinstance(total, (int, float)) or not isinstance(exposed, (int, float)):
+            continue
+        if total > 0:
+            found.append(1 - exposed / total)
+    return found
+
+
+@dataclass
+class Claims:
+    """The papers' findings (one family of decisions) and the checks (the convergence check: strategies that
+    must compute the same thing, held to a tolerance; a check, not a finding: it takes no place in the family)."""
+
+    findings: list[Any]
+    checks: list[Any]
+
+
 def check_all(configs: list[Configuration], effs: list[Efficiency], spec: dict[str, Any],
-              curves: Curves | None) -> list[Any]:
-    return [
+              curves: Curves | None) -> Claims:
+    return Claims(findings=[
         fsdp_memory(configs),
         mixed_precision_faster(configs),
         ddp_mixed_precision_best_on_one_node(configs),
         horovod_most_robust_across_nodes(configs, effs),
-        synchronous_strategies_agree(configs, spec, curves),
         ddp_scales_near_linearly(configs, effs),
-        ddp_overlap_hides_communication(configs),
-    ]
+        ddp_overlap_hides_communication(configs, curves),
+    ], checks=[synchronous_strategies_agree(configs, spec, curves)])

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench.plan import seed_for
+from gpt2bench.report import verdicts
 from gpt2bench.report.measures import (
     BREAKDOWN_PARTS,
     Prices,
@@ -33,8 +34,8 @@ from gpt2bench.status import fabric_warnings as run_fabric_warnings
 OBJECTIVE_ORDER = ("fastest", "leanest", "cheapest", "scalable", "efficient")
 VERDICTS = {"holds": "holds", "does-not-hold": "does not hold",
             "inconclusive": "inconclusive (the interval crosses the claim's threshold)",
-            "needs-repeats": "not decided: needs repeats ≥ 2", "not-measurable": "not measurable with this sweep"}
-NEEDS_REPEATS = "not decided: needs repeats ≥ 2 (a single measurement per configuration has no noise estimate)"
+            "needs-repeats": "not decided: needs 3 measurements or more", "not-measurable": "not measurable with this sweep"}
+NEEDS_REPEATS = "not decided: a comparison needs 3 rounds or more (fewer cannot tell its noise)"
 
 
 def value_text(value: float | None, unit: str | None) -> str:
@@ -68,63 +69,40 @@ def margin_text(rec: Recommendation) -> str:
 
 
 def decision_text(rec: Recommendation) -> str:
-    if rec.decision == "clear":
-        return f"clear: margin over {rec.runner_up} {margin_text(rec)}, beyond the noise"
-    if rec.decision == "equivalent":
-        return (f"equivalent: {', '.join(rec.candidates or [])} lie within the smallest difference that matters of "
-                f"each other (margin over the runner-up {margin_text(rec)}): any of them")
-    if rec.decision == "no-clear-winner":
-        return (f"no clear winner: {', '.join((rec.candidates or [])[1:])} not beaten beyond the noise (margin over "
-                f"the runner-up {margin_text(rec)}); within the noise: {', '.join(rec.candidates or [])}"
-                + rounds_needed_text(rec))
-    if rec.decision == "needs-repeats":
-        return NEEDS_REPEATS
-    if rec.decision == "only-candidate":
-        return "only candidate"
-    return f"not measurable: {rec.note}"
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
-
-
-def rounds_needed_text(rec: Recommendation) -> str:
-    """`; a difference this size needs about 9 rounds (7 more: about 21 min, 1.20 USD)`."""
-    done = rec.measurements or 0
-
-    def cost(needed: int | None) -> str:
-        if needed is None:
-            return "more than 1,000 rounds"
-        more = max(needed - done, 0)
-        extras = [_duration(more * rec.round_seconds)] if rec.round_seconds else []
-        extras += [f"{more * rec.round_cost:,.2f}"] if rec.round_cost else []
-        return f"about {needed} rounds ({more} more" + (f": about {', '.join(extras)})" if extras else ")")
-    parts = [f"a difference of this size needs {cost(rec.rounds_needed)} at this noise"]
-    if rec.rounds_needed_min_effect is not None:
-        parts.append(f"the smallest that matters (sweep.minEffect) {cost(rec.rounds_needed_min_effect)}")
-    return "; " + "; ".join(parts)
+    """The verdict (verdicts.py), and for a race what it dropped, when and behind what."""
+    text = rec.verdict or rec.decision
+    dropped = verdicts.dropped(rec)
+    return f"{text}; dropped: {dropped}" if dropped else text
 
 
 def headline(analysis: Analysis) -> str:
+    """The answer for using every device measured: the fastest at the largest scale, in one sentence."""
     rec = analysis.recommended
     if rec is None:
         return "No recommendation: no run succeeded."
-    where = f"at the largest scale measured ({rec.scale})"
-    if rec.winner:
-        ahead = f", {rec.runner_up} {rec.runner_up_value:,.0f} tokens/s" if rec.runner_up else ""
-        return (f"**Recommended {where}: {rec.winner}** ({rec.strategy}, {rec.precision}): fastest, "
-                f"{value_text(rec.value, rec.unit)}{ahead}; {decision_text(rec)}.")
-    if rec.decision == "equivalent":
-        return (f"**Equivalent {where}**: {', '.join(rec.candidates or [])} are within the smallest difference that "
-                f"matters of each other (top-ranked {rec.run}, {value_text(rec.value, rec.unit)}): any of them.")
-    if rec.decision == "no-clear-winner":
-        return (f"**No clear winner {where}**: {', '.join(rec.candidates or [])} are within the noise of each other "
-                f"(top-ranked {rec.run}, {value_text(rec.value, rec.unit)}; margin over {rec.runner_up} "
-                f"{margin_text(rec)}).")
-    return (f"**Not decided {where}**: every configuration was measured once, so the noise is unknown. Highest "
-            f"single measurement: {rec.run}, {value_text(rec.value, rec.unit)}. Set spec.sweep.repeats to 2 or more.")
+    value = f", {value_text(rec.value, rec.unit)}" if rec.decision in ("clear", "equivalent", "only-candidate") else ""
+    return f"**At the largest scale measured ({rec.scale}): {rec.verdict}**{value}."
+
+
+def race_cells(analysis: Analysis) -> dict[str, str]:
+    """Where each configuration stands in its scale's race: the configurations table's `race` column."""
+    cells: dict[str, str] = {}
+    for rec in analysis.recommendations:
+        if rec.objective != "fastest":
+            continue
+        for dropped in rec.dropped or []:
+            cells[dropped.configuration] = (f"dropped after round {dropped.round} ({verdicts.short(dropped.behind)} "
+                                            f"{dropped.ratio - 1:+.0%})")
+        if rec.decision == "clear" and rec.winner:
+            cells[rec.winner] = f"the fastest (round {rec.decided_in})" if rec.decided_in else "the fastest"
+        elif rec.decision == "equivalent":
+            cells[rec.run] = "the pick: fastest or within sweep.minEffect"
+            for name in rec.candidates or []:
+                cells.setdefault(name, "within sweep.minEffect of the pick or behind it")
+        elif rec.decision == "no-clear-winner":
+            for name in rec.candidates or []:
+                cells[name] = "among the fastest"
+    return cells
 
 
 def _ordered(recs: list[Recommendation]) -> list[Recommendation]:
@@ -137,15 +115,13 @@ def _scale_text(rec: Recommendation) -> str:
 
 
 def recommendations_markdown(analysis: Analysis) -> str:
-    rows = [[_scale_text(rec), rec.objective, rec.winner or NO_VALUE, rec.run or NO_VALUE,
+    rows = [[_scale_text(rec), rec.objective, decision_text(rec), rec.run or NO_VALUE,
              value_text(rec.value, rec.unit),
              f"{rec.runner_up} ({value_text(rec.runner_up_value, rec.unit)})" if rec.runner_up else NO_VALUE,
-             margin_text(rec), decision_text(rec)]
+             margin_text(rec)]
             for rec in _ordered(analysis.recommendations)]
-    headers = ["scale", "objective", "recommended", "top-ranked", "value", "runner-up", "margin [interval]",
-               "decision"]
-    lines = [markdown_table(headers, rows, {"scale", "objective", "recommended", "top-ranked", "runner-up",
-                                            "decision"})]
+    headers = ["scale", "objective", "verdict", "top-ranked", "value", "runner-up", "margin [interval]"]
+    lines = [markdown_table(headers, rows, {"scale", "objective", "verdict", "top-ranked", "runner-up"})]
     excluded = {rec.scale or "all scales": rec.excluded for rec in analysis.recommendations if rec.excluded}
     lines += [f"Not compared at {scale} (did not succeed): {', '.join(names)}.\n" for scale, names in excluded.items()]
     apart = {rec.scale: rec.ranked_apart for rec in analysis.recommendations if rec.ranked_apart}
@@ -161,9 +137,11 @@ def recommendation_lines(analysis: Analysis) -> list[str]:
     """The terminal's short form: the headline, then one line per recommendation."""
     lines = [headline(analysis).replace("**", "")]
     for rec in _ordered(analysis.recommendations):
-        pick = rec.winner or (f"top-ranked {rec.run}" if rec.run else NO_VALUE)
-        lines.append(f"  {_scale_text(rec)} {rec.objective}: {pick} "
-                     f"{value_text(rec.value, rec.unit)} ({decision_text(rec)})")
+        value = f", {value_text(rec.value, rec.unit)}" if rec.decision in ("clear", "equivalent") else ""
+        lines.append(f"  {_scale_text(rec)} {rec.objective}: {rec.verdict}{value}")
+        if dropped := verdicts.dropped(rec):
+            lines.append(f"    dropped: {dropped}")
+    lines.append(verdicts.explained(analysis.alpha or 0.05))
     return lines
 
 
@@ -212,22 +190,16 @@ def rounds_line(doc: ResultsDocument) -> str:
     rounds = doc.rounds_done or max((run.repeat or 0 for run in doc.runs), default=0)
     if not rounds:
         return "One round: nothing repeated, so nothing is compared within rounds."
-    text = f"{rounds} round{'s' if rounds != 1 else ''} run, every configuration once per round, each round in a shuffled order."
+    text = (f"{rounds} round{'s' if rounds != 1 else ''} run, each in a shuffled order: every configuration in the "
+            "first rounds, then only those still racing.")
     if doc.stop_reason:
         text += f" Stopped: {doc.stop_reason}."
     return text
 
 
 def decisions_text(analysis: Analysis) -> str:
-    """How many decisions the report takes together, and what that means for each interval."""
-    if not analysis.decisions:
-        return "Nothing here is decided against the noise (no interval).\n"
-    looks = f" at 5 % / {analysis.looks} (the sweep may have stopped at any of {analysis.looks} rounds)" if (
-        analysis.looks or 1) > 1 else " at 5 %"
-    return (f"This report takes {analysis.decisions} decision{'s' if analysis.decisions != 1 else ''} (recommendations "
-            f"and findings with an interval) together: Holm's correction keeps the chance that any of them is wrong"
-            f"{looks} at most, so each interval is shown at the level its decision was tested at (95 % when it is "
-            "the only one, more with several).\n")
+    """What the level of every decision means, said once."""
+    return verdicts.explained(analysis.alpha or 0.05) + "\n"
 
 
 def steadiness_markdown(doc: ResultsDocument) -> str:
@@ -263,8 +235,11 @@ def scaling_markdown(analysis: Analysis) -> str:
 
 def findings_markdown(analysis: Analysis) -> str:
     rows = [[f.claim, f.source, f.measured, f"**{VERDICTS[f.verdict]}**"] for f in analysis.findings]
-    return markdown_table(["claim", "source", "measured here", "verdict"], rows,
+    text = markdown_table(["claim", "source", "measured here", "verdict"], rows,
                           {"claim", "source", "measured here", "verdict"})
+    for check in analysis.checks:
+        text += f"\nCheck: {check.claim}: **{VERDICTS[check.verdict]}** ({check.measured}).\n"
+    return text
 
 
 def _spec_line(spec: dict[str, Any], name: str = "") -> str:
@@ -386,11 +361,12 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
     if doc.spec:
         lines += [_spec_line(doc.spec, doc.benchmark or "") + ".", ""]
     if doc.analysis:
-        lines += ["## Recommendation", "", headline(doc.analysis), "", recommendations_markdown(doc.analysis),
+        lines += ["## Recommendation", "", headline(doc.analysis), "", decisions_text(doc.analysis),
+                  recommendations_markdown(doc.analysis),
                   "## Noise", "", "What one run's figure varies by, measured by this sweep's own repeats, per "
-                  "scale, and on its own for a configuration far noisier than the rest of its scale "
-                  "(docs/analysis.md): every margin and verdict above and below is decided against it.", "",
-                  noise_markdown(doc.analysis), decisions_text(doc.analysis),
+                  "scale (descriptive: every decision compares configurations within rounds, each pair with its "
+                  "own noise; docs/analysis.md).", "",
+                  noise_markdown(doc.analysis),
                   "## Rounds", "", rounds_line(doc), "", rounds_markdown(doc),
                   "## Steady state", "",
                   "Each run's measured steps, second half against first (docs/analysis.md, Steady state).", "",
@@ -421,8 +397,9 @@ def results_markdown(doc: ResultsDocument, plots: list[str], notes: list[str]) -
         counts[run.phase] = counts.get(run.phase, 0) + 1
     lines += [", ".join(f"{n} {phase}" for phase, n in counts.items()) + f" of {len(doc.runs)} runs.", ""]
     if repeated(doc):
-        lines += ["Configurations: mean ± sample standard deviation over their succeeded repeats.", "",
-                  configurations_markdown(configurations(doc.runs))]
+        lines += ["Configurations: geometric mean ± the noise of one run (standard deviation of ln x) over their "
+                  "succeeded rounds, and where each stands in its scale's race.", "",
+                  configurations_markdown(configurations(doc.runs), race_cells(doc.analysis) if doc.analysis else None)]
     lines += [("Definitions: docs/metrics.md (tokens/s excludes warm-up steps; peak memory is the largest across "
                "ranks) and docs/analysis.md (scale, spread, margin, cost, scaling efficiency, verdicts)."), ""]
     if plots:

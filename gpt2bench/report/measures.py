@@ -295,10 +295,9 @@ def efficiencies(configs: list[Configuration]) -> list[Efficiency]:
     """Scaling efficiency of every configuration whose strategy and precision also ran at a smaller scale:
     the geometric mean of its tokens/s per device ÷ the baseline's. Spread: efficiency × (the two coefficients of
     variation added), the first-order bound for a ratio; unknown when either side was measured once. Contrast:
-    the same ratio on the log scale with both scales' noise of tokens/s per device (noise.ratio); `refused`
+    the same ratio on the log scale, within rounds where both ran in 3 or more (noise.ratio); `refused`
     where the CPU ranks had other cores each than the baseline's (unequal_cores)."""
     base = baselines(configs)
-    per_device = noise_model(configs, tokens_per_second_per_device)
     found = []
     for config in configs:
         baseline = base.get((config.strategy, config.precision))
@@ -312,7 +311,7 @@ def efficiencies(configs: list[Configuration]) -> list[Efficiency]:
         spread = None
         if here.spread is not None and there.spread is not None:
             spread = value * (here.spread / here.mean + there.spread / there.mean)
-        contrast = ratio([mine], [theirs], per_device)
+        contrast = ratio([mine], [theirs])
         found.append(Efficiency(config, baseline, Stat(value, spread, here.n), contrast,
                                 unequal_cores(config, baseline)))
     return found

@@ -1,24 +1,21 @@
-"""How much one run's figure varies, per configuration, and the confidence interval of every ratio a decision
-rests on. Definitions: docs/analysis.md, "Noise and intervals".
+"""How much one run's figure varies, and the confidence interval of every ratio a decision rests on.
+Definitions: docs/analysis.md, "Noise and intervals".
 
-Model: a run measures its configuration's true value times a noise factor, exp(ε) with ε ~ N(0, σ_c²). Every
-ratio is taken on the log scale, so a configuration's figure is summarised by the mean of its logs (its
-geometric mean) and its noise by the standard deviation of its logs (≈ the coefficient of variation).
+Model: a run measures its configuration's true value times a noise factor, exp(ε) with ε ~ N(0, σ_c²) (each
+configuration its own σ_c), plus a drift that every run of a round shares. Every ratio is taken on the log scale:
+a configuration's figure is summarised by the mean of its logs (its geometric mean) and its noise by the
+standard deviation of its logs (≈ the coefficient of variation).
 
-Noise is estimated where it belongs (`estimate`):
-- **pooled per scale**: the configurations of one scale (same machine, model and steps) share σ², estimated from
-  their repeats together (one-way ANOVA's mean square error on the logs; df = Σ (n_c − 1));
-- **its own** for a configuration that is *far noisier* than the rest of its scale: its own variance over the
-  pooled variance of the others exceeds the F distribution's 1 − FAR_NOISIER quantile. It then keeps its own
-  variance (df n_c − 1) and leaves the pool. One noisy configuration no longer passes for quiet, and never
-  makes the quiet ones look noisy;
-- a configuration measured once takes its scale's pool (nothing else can be known about it).
+A ratio of configurations (`ratio`) is compared **within rounds** wherever its configurations share at least
+MIN_ROUNDS rounds: the mean of the per-round log ratios, in which each round's drift cancels, with the standard
+error of those per-round values (n − 1 degrees of freedom; each comparison its own variance, so unequal noise is
+handled exactly). Otherwise it is **unpaired**: each configuration's own variance (at least MIN_ROUNDS runs each,
+drift included) and Welch–Satterthwaite's degrees of freedom. Fewer measurements decide nothing: a variance with
+one degree of freedom is not trusted. Every value must be > 0: a ratio of a 0 (an energy counter that never
+advanced) is not a measurement, and `ValueError` says so.
 
-The interval of a product of means over another (`ratio`) is a Student t interval on the log scale with
-se² = Σ V_g / n_g; the degrees of freedom are Welch–Satterthwaite's over the distinct variance estimates used
-(a scale's pool counts once however many of its configurations take part). Every value must be > 0: a ratio of
-a 0 (an energy counter that never advanced) is not a measurement, and `ValueError` says so. Pure functions;
-scipy gives the t and F distributions.
+`estimate` describes the sweep's noise for the report (per scale, per configuration, and how much the rounds
+explain); no decision rests on its pooled figures. Pure functions; scipy gives the t and F distributions.
 """
 
 from __future__ import annotations
@@ -31,10 +28,9 @@ from typing import Any
 
 from scipy.special import fdtrc, stdtr, stdtrit  # F survival, Student t cdf and quantile (fast ufuncs)
 
-CONFIDENCE = 0.95  # of every decision, before the report's multiplicity correction (Holm)
-FAR_NOISIER = 0.05  # one-sided level of the F test that gives a configuration its own noise
-POWER = 0.8  # the chance at which "rounds needed" would resolve a true difference of the size asked
-MAX_ROUNDS = 1000  # beyond this, "rounds needed" says "more than"
+CONFIDENCE = 0.95  # of every race and every family of decisions (docs/analysis.md)
+FAR_NOISIER = 0.05  # one-sided level of the F test that lists a configuration as far noisier (descriptive only)
+MIN_ROUNDS = 3  # measurements a variance needs (2 degrees of freedom) before anything is decided on it
 
 
 def logs(values: Iterable[float], what: str = "a figure") -> list[float]:
@@ -271,7 +267,7 @@ class Contrast:
         half = 0.0 if self.se == 0 else t_quantile(confidence, self.df) * self.se
         low, high = self.center - half, self.center + half
         if self.log:
-            return Interval(math.exp(self.center), math.exp(low), math.exp(high), confidence)
+            return Interval(safe_exp(self.center), safe_exp(low), safe_exp(high), confidence)
         return Interval(self.center, low, high, confidence)
 
     def p_value(self, threshold: float = 1.0) -> float:
@@ -292,22 +288,6 @@ class Contrast:
             return 0.0
         return float(2 * stdtr(self.df, -room / self.se))
 
-    def rounds_to_resolve(self, rounds: int, level: float, effect: float, power: float = POWER,
-                          most: int = MAX_ROUNDS) -> int | None:
-        """Rounds in all at which a true ratio of exp(±`effect`) would be decided at `level` with probability
-        `power`, at this contrast's per-round noise: the smallest k with (t(1 − level/2, ν_k) + t(power, ν_k)) ·
-        se·√(rounds / k) ≤ effect, the degrees of freedom growing with the rounds (ν_k = ν·(k − 1)/(rounds − 1)).
-        None: more than `most` (a difference of 0 never resolves)."""
-        if effect <= 0:
-            return None
-        for k in range(max(rounds, 2), most + 1):
-            df = self.df * (k - 1) / (rounds - 1) if rounds > 1 and math.isfinite(self.df) else self.df
-            df = max(df, 1.0)
-            quantiles = float(stdtrit(df, 1 - level / 2)) + float(stdtrit(df, power))
-            if quantiles * self.se * math.sqrt(rounds / k) <= effect:
-                return k
-        return None
-
     def side(self, threshold: float = 1.0) -> int:
         """+1 when the estimate lies above the threshold, −1 below, 0 on it."""
         reference = math.log(threshold) if self.log else threshold
@@ -327,25 +307,46 @@ def satterthwaite(terms: Sequence[tuple[float, Variance]]) -> tuple[float, float
     return se2, se2**2 / sum(part**2 / df for part, df in parts if part > 0)
 
 
-def ratio(numerator: Sequence[Sample], denominator: Sequence[Sample], model: NoiseModel) -> Contrast | None:
-    """Π geometric means(numerator) ÷ Π geometric means(denominator) on the log scale, with se² = Σ V_g / n_g;
-    None when a sample is empty or a variance unknown (nothing measured twice at its scale).
+def ratio(numerator: Sequence[Sample], denominator: Sequence[Sample]) -> Contrast | None:
+    """Π geometric means(numerator) ÷ Π geometric means(denominator) on the log scale; None when a sample is empty
+    or there are too few measurements to know its noise.
 
-    Paired where every sample ran in every round (and the ratio is balanced, as many samples over as under):
-    the estimate is then the mean of the within-round log ratios, in which each round's shared effect cancels,
-    and the variances are the paired model's (the spread left once the rounds' effects are out). Otherwise
-    unpaired: each configuration's own spread, round effects included."""
+    Paired where the samples share MIN_ROUNDS rounds or more: z_r = Σ ln(numerator) − Σ ln(denominator) in each
+    round r they all ran, estimate mean(z), se = sd(z) / √n, n − 1 degrees of freedom (each round's drift cancels;
+    its own variance, whatever the configurations' noise). Otherwise unpaired: each sample's own variance of ln x
+    over its runs (MIN_ROUNDS each), se² = Σ V_g / n_g, Welch–Satterthwaite's degrees of freedom. A figure measured
+    identically in every run of every sample (model state bytes) is exact: se 0."""
     samples = [*numerator, *denominator]
-    if any(s.n == 0 for s in samples):
+    if not samples or any(s.n == 0 for s in samples):
         return None
-    paired = (model.paired is not None and len(numerator) == len(denominator)
-              and all(s.name in model.complete for s in samples))
-    variances = [(model.paired if paired else model).of(s.name) for s in samples]
-    if any(v is None for v in variances):
+    signs = [1.0] * len(numerator) + [-1.0] * len(denominator)
+    if all(s.n >= 2 and len(set(s.values)) == 1 for s in samples):
+        return Contrast(sum(sign * s.log_mean for s, sign in zip(samples, signs)), 0.0, math.inf, paired=False)
+    by_round = [s.by_round() for s in samples]
+    common = sorted(set.intersection(*(set(found) for found in by_round)))
+    if len(common) >= MIN_ROUNDS:
+        z = [sum(sign * found[r] for found, sign in zip(by_round, signs)) for r in common]
+        return Contrast(statistics.fmean(z), statistics.stdev(z) / math.sqrt(len(z)), len(z) - 1, paired=True)
+    own = [own_variance(s) for s in samples]
+    if any(v is None for v in own):
         return None
-    center = sum(s.log_mean for s in numerator) - sum(s.log_mean for s in denominator)
-    se2, df = satterthwaite([(1 / s.n, v) for s, v in zip(samples, variances)])
-    return Contrast(center, math.sqrt(se2), df, paired=paired)
+    center = sum(sign * s.log_mean for s, sign in zip(samples, signs))
+    se2, df = satterthwaite([(1 / s.n, v) for s, v in zip(samples, own)])
+    return Contrast(center, math.sqrt(se2), df)
+
+
+def own_variance(sample: Sample) -> Variance | None:
+    """A configuration's own variance of ln x over its runs (drift between rounds included), with n − 1 degrees of
+    freedom; None below MIN_ROUNDS runs."""
+    if sample.n < MIN_ROUNDS:
+        return None
+    return Variance(sample.log_squares() / (sample.n - 1), sample.n - 1, f"own:{sample.pool}:{sample.name}", own=True)
+
+
+def safe_exp(x: float) -> float:
+    """exp that saturates at inf (and 0) instead of raising OverflowError: an interval of a ratio whose log end is
+    beyond ±700 is unbounded on that side."""
+    return math.exp(x) if x < 700 else math.inf
 
 
 def mean_contrast(values: Sequence[float]) -> Contrast | None:
@@ -357,10 +358,11 @@ def mean_contrast(values: Sequence[float]) -> Contrast | None:
                     log=False)
 
 
-def between_sweeps(a: Sample, a_noise: Variance | None, b: Sample, b_noise: Variance | None) -> Contrast | None:
-    """mean(b) ÷ mean(a) for one configuration measured in two sweeps (two machines, two clusters), each with
-    its own noise: Welch on the log scale. None when either noise is unknown."""
-    if a_noise is None or b_noise is None or not a.n or not b.n:
+def between_sweeps(a: Sample, b: Sample) -> Contrast | None:
+    """mean(b) ÷ mean(a) for one configuration measured in two sweeps (two machines, two clusters), each with its
+    own variance (MIN_ROUNDS runs each): Welch on the log scale. None when either has fewer runs."""
+    a_noise, b_noise = own_variance(a), own_variance(b)
+    if a_noise is None or b_noise is None:
         return None
     a_noise = Variance(a_noise.value, a_noise.df, f"a:{a_noise.source}")
     b_noise = Variance(b_noise.value, b_noise.df, f"b:{b_noise.source}")
@@ -369,14 +371,6 @@ def between_sweeps(a: Sample, a_noise: Variance | None, b: Sample, b_noise: Vari
 
 
 # ------------------------------------------------------------------ many decisions
-def looks(spec_sweep: dict[str, Any] | None) -> int:
-    """How many times a repeat-until-decided sweep may decide (sweep.maxRepeats − repeats + 1; 1 otherwise)."""
-    sweep = spec_sweep or {}
-    low = int(sweep.get("repeats") or 1)
-    high = int(sweep.get("maxRepeats") or low)
-    return max(1, high - max(low, 2) + 1) if high > low else 1
-
-
 def holm(p_values: Sequence[float], alpha: float = 1 - CONFIDENCE) -> list[float]:
     """Holm's step-down levels: the j-th smallest of m p-values is tested at α / (m − j + 1) while every
     smaller one was rejected; from the first that is not, every later one keeps that level (so its interval at

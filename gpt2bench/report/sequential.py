@@ -1,34 +1,37 @@
-"""Repeat until decided (`sweep.maxRepeats`): after each round, add one more only while a top decision is
-unresolved and the budget allows. The same rule for the local runner and the operator; pure. Definitions:
-docs/analysis.md, Repeat until decided.
+"""Repeat until decided (`sweep.maxRepeats`): after each round, add one more, for the configurations still in a
+race only, while some race is undecided and the budget allows. The same rule for the local runner and the
+operator; pure. Definitions: docs/analysis.md, The selection race and Repeat until decided.
 
-The top decisions are the fastest recommendation of every scale (its main resources group). One is resolved
-when it is clear, equivalent (within sweep.minEffect), only-candidate or not-measurable. The error rate stays
-controlled despite looking after every round: each of the K possible looks (maxRepeats − repeats + 1, counting
-from round 2) decides at α / K (Bonferroni across looks: the chance that any look names a false winner is at
-most α), which `analyze` applies whenever the spec has maxRepeats.
+The races are the fastest decision of every scale and resource group (analysis.races). A configuration that a
+surviving one beats is dropped and runs no more rounds; a decided race's configurations run no more either. The
+error rate holds however many rounds are looked at: each race's boundary (boundary.py) accounts for every look up
+to sweep.maxRepeats.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpt2bench.report.analysis import APART, analyze, parse_time
-from gpt2bench.status import TERMINAL_RUN_PHASES, Recommendation, RunStatus
-
-RESOLVED = ("clear", "equivalent", "only-candidate", "not-measurable")
+from gpt2bench.plan import Key, configuration_of, stopped_configurations
+from gpt2bench.report.analysis import analyze, parse_time
+from gpt2bench.report.measures import configuration_name
+from gpt2bench.report.verdicts import short
+from gpt2bench.status import TERMINAL_RUN_PHASES, DroppedConfiguration, RunStatus
 
 
 @dataclass(frozen=True)
 class Next:
-    """Whether to add a round (`add`), and why (or why the sweep stops: `reason`, for the status)."""
+    """Whether to add a round (`add`) and for which configurations (`racing`), and why (or why the sweep stops:
+    `reason`, for the status)."""
 
     add: bool
     reason: str
     rounds_done: int
+    racing: list[str] = field(default_factory=list)
+    dropped: list[DroppedConfiguration] = field(default_factory=list)  # every configuration a race dropped so far
 
 
 def rounds_done(runs: list[RunStatus]) -> int:
@@ -37,13 +40,9 @@ def rounds_done(runs: list[RunStatus]) -> int:
     return sum(all(r.phase in TERMINAL_RUN_PHASES for r in runs if r.repeat == k) for k in rounds)
 
 
-def top_decisions(recommendations: list[Recommendation]) -> list[Recommendation]:
-    return [r for r in recommendations if r.objective == "fastest" and r.scale is not None
-            and not (r.note or "").startswith(APART)]
-
-
 def next_round(runs: list[RunStatus], spec: dict[str, Any], start_time: str | None, now: datetime) -> Next:
-    """After the last planned round has finished: add one more round, or stop and say why."""
+    """After the last planned round has finished: add one more round of the configurations still racing, or stop
+    and say why."""
     sweep = spec.get("sweep") or {}
     done = rounds_done(runs)
     planned = max((run.repeat or 0 for run in runs), default=0)
@@ -51,40 +50,63 @@ def next_round(runs: list[RunStatus], spec: dict[str, Any], start_time: str | No
         return Next(False, f"{done} rounds: sweep.repeats", done)
     if done < planned or any(run.phase not in TERMINAL_RUN_PHASES for run in runs):
         return Next(False, "rounds still running", done)
-    analysis = analyze(runs, spec)
-    open_ = [r for r in top_decisions(analysis.recommendations) if r.decision not in RESOLVED]
-    if not open_:
-        decided = ", ".join(f"{r.scale} {r.decision}" for r in top_decisions(analysis.recommendations))
-        return Next(False, f"decided after {done} rounds ({decided})", done)
-    undecided = ", ".join(f"{r.scale} ({r.decision})" for r in open_)
+    analysis = analyze(runs, spec, rounds_needed=False)
+    fastest = [r for r in analysis.recommendations if r.objective == "fastest" and r.scale is not None]
+    racing = analysis.racing or []
+    dropped = [d for r in fastest for d in r.dropped or []]
+    if not racing:
+        decided = "; ".join(f"{r.scale}{_group(r)}: {r.verdict}" for r in fastest)
+        return Next(False, f"decided after {done} rounds ({decided})", done, dropped=dropped)
+    labels = {configuration_name(run): f"{run.strategy} {run.precision}" for run in runs}
+    open_ = "; ".join(f"{r.scale}{_group(r)} ({', '.join(short(c, labels) for c in r.candidates or [])})"
+                      for r in fastest if r.decision in ("no-clear-winner", "needs-repeats"))
     if done >= int(sweep["maxRepeats"]):
-        return Next(False, f"max rounds: {done} rounds run, still undecided at {undecided}", done)
-    spent = _over_budget(runs, sweep.get("budget") or {}, start_time, now)
+        return Next(False, f"max rounds: {done} rounds run, still racing at {open_}", done, dropped=dropped)
+    spent = _over_budget(runs, racing, sweep.get("budget") or {}, start_time, now)
     if spent:
-        return Next(False, f"budget spent: {spent}; still undecided at {undecided}", done)
-    return Next(True, f"round {done + 1} added: undecided at {undecided}", done)
+        return Next(False, f"budget spent: {spent}; still racing at {open_}", done, dropped=dropped)
+    return Next(True, f"round {done + 1} added for the {len(racing)} configurations still racing at {open_}", done,
+                racing, dropped)
 
 
-def _over_budget(runs: list[RunStatus], budget: dict[str, Any], start_time: str | None, now: datetime) -> str | None:
-    """Why one more round would not fit the budget, or None: a round is expected to take what the rounds so far
-    took on average (wall time from the first start to the last completion, GPU-hours of its runs)."""
-    rounds = {}
+def race_stops(entries: list[RunStatus], racing: list[str], planned: int) -> dict[Key, int]:
+    """The configurations that run no more (plan_runs' `stopped`): those stopped before, and every one not racing
+    now, stopped after the round before `planned`."""
+    stopped = stopped_configurations(entries, planned - 1)
+    # by configuration, not by name: a long name is shortened with a hash to fit its -r<k> (or -prof) suffix, so
+    # one configuration's runs may strip to different names
+    still = {configuration_of(entry) for entry in entries if configuration_name(entry) in racing}
+    for entry in entries:
+        if entry.repeat and configuration_of(entry) not in still:
+            stopped.setdefault(configuration_of(entry), planned - 1)
+    return stopped
+
+
+def _group(rec: Any) -> str:
+    return f" ({rec.per_rank})" if rec.per_rank else ""
+
+
+def _over_budget(runs: list[RunStatus], racing: list[str], budget: dict[str, Any], start_time: str | None,
+                 now: datetime) -> str | None:
+    """Why one more round would not fit the budget, or None: the next round runs the configurations still racing,
+    one after another, each expected to take its runs' mean wall time (start to completion) and GPU-hours."""
+    spans: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
         if run.repeat and run.start_time and run.completion_time:
-            start, end = parse_time(run.start_time), parse_time(run.completion_time)
-            rounds.setdefault(run.repeat, []).append((start, end, run))
-    if not rounds:
+            seconds = (parse_time(run.completion_time) - parse_time(run.start_time)).total_seconds()
+            spans.setdefault(configuration_name(run), []).append((seconds, run.nodes * run.devices_per_node))
+    known = [spans[name] for name in racing if name in spans]
+    if not known:
         return None
-    wall = statistics.fmean((max(e for _, e, _ in r) - min(s for s, _, _ in r)).total_seconds() for r in rounds.values())
-    gpu = [sum(run.nodes * run.devices_per_node * (e - s).total_seconds() / 3600 for s, e, run in r)
-           for r in rounds.values()]
+    wall = sum(statistics.fmean(s for s, _ in found) for found in known)
+    gpu = sum(statistics.fmean(s * g / 3600 for s, g in found) for found in known)
     if budget.get("wallSeconds") and start_time:
         elapsed = (now - parse_time(start_time)).total_seconds()
         if elapsed + wall > budget["wallSeconds"]:
-            return (f"{elapsed:.0f} s of {budget['wallSeconds']} s used, a round takes about {wall:.0f} s")
+            return f"{elapsed:.0f} s of {budget['wallSeconds']} s used, the next round would take about {wall:.0f} s"
     if budget.get("gpuHours"):
         used = sum(run.nodes * run.devices_per_node * (parse_time(run.completion_time) - parse_time(run.start_time))
                    .total_seconds() / 3600 for run in runs if run.start_time and run.completion_time)
-        if used + statistics.fmean(gpu) > budget["gpuHours"]:
-            return f"{used:.2f} of {budget['gpuHours']} GPU-hours used, a round takes about {statistics.fmean(gpu):.2f}"
+        if used + gpu > budget["gpuHours"]:
+            return f"{used:.2f} of {budget['gpuHours']} GPU-hours used, the next round would take about {gpu:.2f}"
     return None

@@ -105,12 +105,33 @@ CONFIG_COLUMNS: list[tuple[str, Metric, str, float]] = [
 ]
 
 
-def configurations_markdown(configs: list[Configuration]) -> str:
-    """Mean ± sample standard deviation over each configuration's succeeded repeats."""
+def fmt_geometric(values: list[float], spec: str, scale: float = 1.0) -> str:
+    """`1,907 ± 8.7 %`: the geometric mean (the figure every decision, status field and metric uses) and the
+    noise of one run (the sample standard deviation of ln x, as a share), or the value alone when measured once."""
+    positive = [v for v in values if v > 0]
+    if not positive:
+        return NO_VALUE
+    logs = [math.log(v) for v in positive]
+    mean = sum(logs) / len(logs)
+    text = format(math.exp(mean) * scale, spec)
+    if len(logs) < 2:
+        return text
+    noise = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    return f"{text} ± {noise:.1%}"
+
+
+def configurations_markdown(configs: list[Configuration], race: dict[str, str] | None = None) -> str:
+    """Per configuration over its succeeded decision rounds: the geometric mean ± the noise of one run (sd of ln x);
+    with `race`, where each configuration stands in its scale's selection race."""
     headers = ["configuration", "scale", "succeeded"] + [h for h, *_ in CONFIG_COLUMNS]
     rows = [[c.name, c.scale.label, f"{len(c.succeeded)}/{len(c.runs)}"]
-            + [fmt_stat(c.stat(metric), spec, scale) for _, metric, spec, scale in CONFIG_COLUMNS] for c in configs]
-    return markdown_table(headers, rows, {"configuration", "scale", "succeeded"})
+            + [fmt_geometric(c.values(metric), spec, scale) for _, metric, spec, scale in CONFIG_COLUMNS]
+            for c in configs]
+    if race is not None:
+        headers.append("race")
+        for row, config in zip(rows, configs):
+            row.append(race.get(config.name, NO_VALUE))
+    return markdown_table(headers, rows, {"configuration", "scale", "succeeded", "race"})
 
 
 def repeated(doc: ResultsDocument) -> bool:

@@ -136,10 +136,12 @@ def build_crd() -> dict[str, Any]:
         ("Phase", "string", ".status.phase", 0),
         ("Done", "integer", ".status.runsDone", 0),
         ("Runs", "integer", ".status.runsTotal", 0),
+        ("Racing", "integer", ".status.racing", 0),  # configurations still in a race: the next round runs these
         ("Recommended", "string", ".status.analysis.recommended.winner", 0),  # fastest at the largest scale, if clear
         ("Decision", "string", ".status.analysis.recommended.decision", 0),  # clear, no-clear-winner, ...
+        ("Verdict", "string", ".status.analysis.recommended.verdict", 1),  # the decision in words
         ("Backend", "string", ".status.backend", 1),  # trainjob or pytorchjob (auto resolved)
-        ("Best", "string", ".status.best.strategy", 1),  # highest tokens/s, any scale, no noise rule
+        ("Best", "string", ".status.best.strategy", 1),  # highest geometric mean tokens/s, any scale, no noise rule
         ("Tokens/s", "number", ".status.best.tokensPerSecond", 1),
         ("Age", "date", ".metadata.creationTimestamp", 0),
         ("Waiting", "string", ".status.waiting", 0),  # a run's pod not scheduled, its image not pulled ... (last: long)

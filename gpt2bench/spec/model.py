@@ -31,6 +31,7 @@ from pydantic.alias_generators import to_camel
 
 from gpt2bench import __version__
 from gpt2bench.spec import kubesyntax
+from gpt2bench.spec.fabric import FabricSpec
 from gpt2bench.spec.fielderrors import RuleError
 from gpt2bench.spec.kubesyntax import (
     DIGEST_PATTERN,
@@ -534,7 +535,16 @@ class RunPolicySpec(SpecModel):
     startup_seconds: int = Field(
         600, ge=1, le=2**31 - 1,
         description="Fail a run whose pods have not all started (scheduled, images pulled, containers running) "
-                    "this long after its job was created or admitted; its reason names the pod and what it waits for.")
+                    "this long after its job was created or admitted, or after it stopped waiting for capacity, "
+                    "when what it waits for will not come by waiting (an image that cannot be pulled, a bad "
+                    "config, no node that could ever take a pod); its reason names the pod and the kubelet's or "
+                    "scheduler's words.")
+    capacity_seconds: int = Field(
+        1800, ge=1, le=2**31 - 1,
+        description="Fail a run that waited this long after its job was created or admitted for capacity that may "
+                    "still come: a scale-up the cluster autoscaler triggered, nodes busy with other pods, a gang "
+                    "waiting for its members, an image still pulling. Its reason quotes the autoscaler, scheduler "
+                    "or kubelet. runPolicy.activeDeadlineSeconds counts this wait too.")
     queue_seconds: int = Field(
         3600, ge=1, le=2**31 - 1,
         description="Fail a run whose job its queue (Kueue) has not admitted this long after it was queued.")
@@ -691,6 +701,10 @@ class GPT2BenchmarkSpec(SpecModel):
                                           description="Tolerations of every run's training pods.")
     affinity: AffinitySpec | None = Field(None, description="The training pods' affinity (node labels, racks), "
                                                             "passed through.")
+    fabric: FabricSpec = Field(default_factory=FabricSpec,
+                               description="What a run expects of the fabric between its nodes: stop a multi-node "
+                                           "GPU run that fell back to sockets, check at start that RDMA can work "
+                                           "(docs/clusters.md).")
     pods: PodsSpec = Field(default_factory=PodsSpec,
                            description="What every training pod gets: env, volumes, capabilities, networks, pull "
                                        "secrets, service account, user (docs/clusters.md).")

@@ -46,6 +46,15 @@ RESERVED_ENV = frozenset({
     "NCCL_DEBUG_FILE",
 })  # fmt: skip
 RESERVED_ENV_PREFIXES = ("GPT2BENCH_", "PET_")  # ours; torchrun's (Trainer v2 refuses PET_* in trainer.env)
+# GKE A3 Mega's GPUDirect-TCPXO (NCCL_FASTRAK_*) and A3 High's GPUDirect-TCPX (NCCL_GPUDIRECTTCPX_*) NCCL plugins
+# move data only with Google's receive-datapath-manager daemon running as a second container in every pod
+# (GoogleCloudPlatform/container-engine-accelerators, gpudirect-tcpxo/nccl-test-latest.yaml: `tcpxo-daemon`).
+# The benchmark's pods have one container (a TrainJob's runtime fixes its containers), so a run configured for
+# them would silently train over the primary NIC: refused at admission, with the reason.
+SIDECAR_FABRIC_ENV_PREFIXES = ("NCCL_FASTRAK_", "NCCL_GPUDIRECTTCPX_")
+SIDECAR_FABRIC = ("configures GKE's GPUDirect-TCPXO/TCPX NCCL plugin, which needs Google's RxDM daemon as a "
+                  "second container in every training pod; gpt2bench's pods have one container, so NCCL would "
+                  "fall back to the primary NIC (docs/clusters.md, GKE A3 Mega / A3 High)")
 # Volumes the renderers add (render/pods.py, and the MPI controllers' ssh key and hostfile), and their paths.
 RESERVED_VOLUMES = frozenset({"output", "tmp", "cache", "triton", "dshm", "ssh-auth", "mpi-job-config",
                               "mpi-ssh-auth", "mpi-hostfile"})
@@ -88,6 +97,8 @@ class EnvVar(SpecModel):
 
     model_config = ConfigDict(json_schema_extra=cel(
         ("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both"),
+        (" && ".join(f"!self.name.startsWith('{prefix}')" for prefix in SIDECAR_FABRIC_ENV_PREFIXES),
+         f"name: {SIDECAR_FABRIC}"),
     ))
 
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN,
@@ -104,6 +115,8 @@ class EnvVar(SpecModel):
         if self.name in RESERVED_ENV or self.name.startswith(RESERVED_ENV_PREFIXES):
             errors.append((("name",), f"{shown(self.name)} is set by gpt2bench or the Kubeflow controllers in every "
                            "pod: a value here would replace theirs"))
+        elif self.name.startswith(SIDECAR_FABRIC_ENV_PREFIXES):
+            errors.append((("name",), f"{shown(self.name)} {SIDECAR_FABRIC}"))
         if errors:
             raise RuleError(errors)
         return self
@@ -238,9 +251,9 @@ class PodsSpec(SpecModel):
                     "fabric libraries, shared compile caches).")
     capabilities: list[Capability] = Field(
         default_factory=list, max_length=16, json_schema_extra={"x-kubernetes-list-type": "set"},
-        description="Linux capabilities added to the training containers (IPC_LOCK for InfiniBand/RoCE "
-                    "memory registration). Any but NET_BIND_SERVICE leaves Pod Security restricted "
-                    "(docs/security.md).")
+        description="Linux capabilities added to the training containers. They reach the bounding set only: the "
+                    "non-root trainer gets none in effect (IPC_LOCK does not lift its memlock limit: docs/clusters.md, "
+                    "Pinned memory). Any but NET_BIND_SERVICE leaves Pod Security restricted (docs/security.md).")
     host_network: bool = Field(
         False, description="Pods in the node's network namespace (fabrics without a device plugin or CNI). "
                            "Leaves Pod Security baseline; not possible with TrainJobs (docs/security.md).")

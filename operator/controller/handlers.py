@@ -1,18 +1,21 @@
 """kopf handlers for GPT2Benchmarks and their jobs: thin, each hands over to `sweep` (wiring) and
 `reconcile` (decisions).
 
-- startup: all settings in one place (timeouts on every API request: kopf's and the client's);
+- startup: all settings in one place (timeouts on every API request: kopf's and the client's), then
+  what the cluster lacks for the runs, in the log (`prerequisites`);
 - probe: /healthz fails when something has been in flight longer than it can take (`liveness`);
-- create/resume, job events, the timer (a sweep not yet started or Running, every --poll-interval
+- create/resume, job events, the poll (`poll.py`: a sweep not yet started or Running, every --poll-interval
   seconds: a restart, a lost event, a start that met an error), spec edits: each one `sweep.advance`s the
   benchmark from whatever state it is in (docs/operator.md, "States and transitions"). A started sweep keeps
   its spec (warning Event + condition); one that has not started (Invalid, Pending) starts with the new one.
-Jobs are deleted with their GPT2Benchmark through ownerReferences (kopf.adopt); kopf's finalizer only
-lets the timer stop cleanly.
+Jobs are deleted with their GPT2Benchmark through ownerReferences (kopf.adopt). No handler needs a finalizer
+(the poll is one task fed by an index, not a kopf timer per benchmark), so a benchmark is deleted at once, an
+operator running or not; kopf removes the finalizer an earlier version added.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -24,7 +27,7 @@ import kopf
 from gpt2bench.protocol import MANAGED_BY, MANAGED_BY_LABEL
 from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
-from . import apiclient, kube, liveness, metrics, sweep
+from . import apiclient, kube, liveness, metrics, poll, prerequisites, recovery, sweep
 from . import reconcile as rc
 from .jobkinds import JOB_KINDS
 
@@ -37,7 +40,7 @@ RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 
 
 def _not_finished(status: kopf.Status, **_: Any) -> bool:
-    """Pending (a start to try again) or Running (a sweep to follow): the states the timer looks after."""
+    """Pending (a start to try again) or Running (a sweep to follow): the states the poll looks after."""
     return status.get("phase") in (rc.PENDING, rc.RUNNING)
 
 
@@ -60,7 +63,7 @@ def _handling(namespace: str) -> Iterator[None]:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
-    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"  # no handler adds it: kopf removes an earlier one
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=API_GROUP, key="last-handled-configuration"
@@ -76,9 +79,6 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     # kopf's own requests (watches aside: its inactivity timeout restarts a silent one) and its posted Events
     settings.networking.connect_timeout = settings.watching.connect_timeout = timeouts.connect
     settings.networking.request_timeout = 2 * timeouts.read
-    # A deleted benchmark keeps kopf's finalizer until its timer has stopped; a poll still running then is
-    # re-checked every this-many seconds (kopf's default, 60, held `kubectl delete` that long).
-    settings.background.cancellation_polling = 1
     kube.configure(pool_size=workers, timeouts=timeouts)
     sweep.RETRY_SECONDS = POLL_SECONDS
     port = os.environ.get("GPT2BENCH_OPERATOR_METRICS_PORT", "")
@@ -86,6 +86,7 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
         logger.info("metrics on :%d/metrics", metrics.serve(int(port)))
     logger.info("gpt2bench operator: jobs watched; safety-net poll every %.1f s; API timeout %.1f s",
                 POLL_SECONDS, timeouts.read)
+    prerequisites.report(logger)  # what the cluster lacks (job kinds, runtimes), before any run fails for it
 
 
 @kopf.on.probe(id="progress")
@@ -103,13 +104,37 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
+_poll: poll.Poll | None = None
+_poll_task: asyncio.Task | None = None
+
+
+@kopf.index(*RESOURCE, when=_not_finished)
+async def unfinished(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """The benchmarks the poll looks after, kept by kopf from its watch (no API call, no finalizer)."""
+    if _poll is not None:
+        _poll.keep_context()
+    return {(body.metadata.namespace or "default", body.metadata.name): poll.reference(body)}
+
+
+@kopf.on.startup()
+async def start_poll(unfinished: kopf.Index, settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _poll, _poll_task
+    _poll = poll.Poll(unfinished, POLL_SECONDS, sweep.advance, settings)
+    _poll_task = asyncio.get_running_loop().create_task(_poll.run(), name="gpt2bench-poll")
+
+
+@kopf.on.cleanup()
+async def stop_poll(**_: Any) -> None:
+    if _poll_task is not None:
+        _poll_task.cancel()
+
+
 @kopf.on.cleanup()
 def stop_metrics(**_: Any) -> None:
     metrics.stop()
 
 
 # Retried without limit (kopf's default): a start that cannot even write why it waits must not stop trying.
-@kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
 def start_sweep(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     namespace, name = body.metadata.namespace or "default", body.metadata.name
@@ -117,11 +142,11 @@ def start_sweep(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
         sweep.advance(namespace, name, logger)
 
 
-# initial_delay: the create handler has just started the first run; job events do the rest.
-@kopf.timer(*RESOURCE, interval=POLL_SECONDS, initial_delay=POLL_SECONDS, when=_not_finished, retries=20,
-            backoff=POLL_SECONDS)
-def follow_jobs(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+@kopf.on.resume(*RESOURCE)
+def resume_sweep(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    """At the operator's start: first the Events the last one recorded in status and a crash lost, then on."""
     namespace, name = body.metadata.namespace or "default", body.metadata.name
+    recovery.post_missing(namespace, name, logger)
     with _handling(namespace):
         sweep.advance(namespace, name, logger)
 

@@ -53,8 +53,10 @@ class FollowedKind:
         return f"{self.plural}.{self.group}"
 
 
-TRAINING_OPERATOR_INSTALL = ('kubectl apply --server-side -k '
-                             '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"')
+# The commands the README's prerequisites paste (scripts/e2e-kind.sh runs them; tests/test_versions.py).
+TRAINING_OPERATOR_OVERLAY = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"
+TRAINING_OPERATOR_INSTALL = ("kubectl apply --server-side -k manifests/kubeflow/training-operator (in a gpt2bench "
+                             f"checkout: {TRAINING_OPERATOR_OVERLAY} without its own MPIJob)")
 MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f "
                         "https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml")
 

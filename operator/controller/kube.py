@@ -68,11 +68,16 @@ def _networking() -> kubernetes.client.NetworkingV1Api:
     return kubernetes.client.NetworkingV1Api(_api())
 
 
+def leases() -> kubernetes.client.CoordinationV1Api:
+    """The Lease API (leader election, `leader.py`), on the operator's bounded client."""
+    return kubernetes.client.CoordinationV1Api(_api())
+
+
 def transient(exc: BaseException) -> bool:
     """An error to retry later, rather than a verdict on the request."""
     if isinstance(exc, ApiException):
         return exc.status in TRANSIENT_STATUS or exc.status >= 500
-    return isinstance(exc, TRANSIENT_ERRORS)
+    return isinstance(exc, (*TRANSIENT_ERRORS, NotFoundYet))
 
 
 def api_message(exc: ApiException) -> tuple[str, str]:
@@ -126,6 +131,38 @@ def served_job_kinds() -> set[str]:
     return kinds.served_job_kinds(discovery)
 
 
+def runtimes_missing(names: list[str]) -> list[str]:
+    """Of these ClusterTrainingRuntimes, those the cluster does not have (404); other errors raise."""
+    group, version = TRAINJOB_API.split("/")
+    missing = []
+    for name in names:
+        try:
+            _custom().get_cluster_custom_object(group, version, RUNTIME_PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            missing.append(name)
+    return missing
+
+
+def served(kind: FollowedKind) -> bool:
+    """Whether discovery lists `kind` at its version: what decides that a 404 on it means "not served". A 404
+    alone does not: an API server instance whose CRD informer has not synced yet (behind a load balancer), or
+    CRDs being re-applied during an upgrade, answer 404 for a kind the cluster serves. Errors other than a 404
+    of discovery itself raise (a failed discovery says nothing)."""
+    try:
+        resources = _custom().get_api_resources(kind.group, kind.version)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.name == kind.plural for r in ((resources.resources if resources else None) or []))
+
+
+class NotFoundYet(Exception):
+    """A 404 on a kind that discovery says is served: transient, the call is tried again at the next step."""
+
+
 def missing_reason(kind: FollowedKind) -> str:
     """Why `kind` cannot be created here: what the cluster serves instead, and what to install."""
     return missing_kind_reason(kind, [v for v in served_versions(kind.group, kind.plural) if v != kind.version])
@@ -166,7 +203,7 @@ def create_job(job: dict[str, Any], owner_uid: str | None) -> Created | Refused:
             raise
         if exc.status == 409:
             return _existing(kind, namespace, name, owner_uid)
-        if exc.status == 404 and kind.version not in served_versions(kind.group, kind.plural):
+        if exc.status == 404 and not served(kind):
             return Refused(missing_reason(kind), kind_missing=True)
         reason, message = api_message(exc)
         return Refused(reconcile.refused_reason(name, kind.kind, exc.status, reason, message))
@@ -189,7 +226,7 @@ def _runtime_refusal(job: dict[str, Any]) -> Refused | None:
         if exc.status != 404:
             raise
         kind = JOB_KINDS[job["kind"]]
-        if kind.version not in served_versions(kind.group, kind.plural):
+        if not served(kind):
             return Refused(missing_reason(kind), kind_missing=True)
         return Refused(missing_runtime_reason(RUNTIME_KIND, ref["name"]))
     problems = runtime_problems(job, runtime)
@@ -231,7 +268,8 @@ def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Crea
 
 def list_jobs(namespace: str, benchmark: str, kinds: set[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """The jobs labelled with the benchmark's name, by job name, across `kinds`; and, for each kind the
-    cluster does not serve, why (the failure reason of its runs)."""
+    cluster does not serve (a 404 that discovery confirms), why (the failure reason of its runs). A 404 on a
+    kind discovery serves raises NotFoundYet (transient)."""
     jobs: dict[str, dict[str, Any]] = {}
     missing: dict[str, str] = {}
     for name in sorted(kinds):
@@ -242,10 +280,14 @@ def list_jobs(namespace: str, benchmark: str, kinds: set[str]) -> tuple[dict[str
                 label_selector=f"{BENCHMARK_LABEL}={label_value(benchmark)}",
             )
         except ApiException as exc:
-            if exc.status == 404:
-                missing[name] = missing_reason(kind)
-                continue
-            raise
+            if exc.status != 404:
+                raise
+            if served(kind):
+                raise NotFoundYet(f"listing {kind.kind} {kind.api_version} answered 404 though discovery serves "
+                                  f"it (an API server whose CRDs have not synced?): tried again at the next step") \
+                    from exc
+            missing[name] = missing_reason(kind)
+            continue
         for item in listed.get("items", []):
             item.setdefault("kind", name)  # what the result pod and the conditions are read by
             jobs[item["metadata"]["name"]] = item
@@ -265,16 +307,31 @@ def get_benchmark(namespace: str, name: str) -> dict[str, Any] | None:
         raise
 
 
-def patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
-    """Merge-patch the benchmark's status (lists such as `runs` and `conditions` are replaced whole)."""
-    _custom().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
-                                                     {"status": status})
+def _precondition(resource_version: str | None) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": resource_version}} if resource_version else {}
 
 
-def annotate_benchmark(namespace: str, name: str, annotations: dict[str, str]) -> None:
-    """Merge-patch the benchmark's annotations (the pinned spec)."""
-    _custom().patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name,
-                                             {"metadata": {"annotations": annotations}})
+def patch_status(namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+                 ) -> dict[str, Any]:
+    """Merge-patch the benchmark's status (lists such as `runs` and `conditions` are replaced whole); with
+    `resource_version` (that of the benchmark the step read), only if it is still that version: the API server
+    answers 409 Conflict when another writer came first, and the step runs again on what is stored now, so no
+    update is lost. Returns the benchmark as written."""
+    return _custom().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
+                                                            {**_precondition(resource_version), "status": status})
+
+
+def annotate_benchmark(namespace: str, name: str, annotations: dict[str, str], resource_version: str | None = None
+                       ) -> dict[str, Any]:
+    """Merge-patch the benchmark's annotations (the pinned spec), conditional as `patch_status`."""
+    patch = _precondition(resource_version)
+    patch.setdefault("metadata", {})["annotations"] = annotations
+    return _custom().patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name, patch)
+
+
+def conflict(exc: BaseException) -> bool:
+    """A conditional write another writer came before (409 Conflict)."""
+    return isinstance(exc, ApiException) and exc.status == 409
 
 
 # --- pods ---------------------------------------------------------------------------------------------
@@ -292,6 +349,23 @@ def job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pod of a job, all replicas (workers too), as the API returns them."""
     response = _core().list_namespaced_pod(job["metadata"]["namespace"], label_selector=kinds.job_pod_selector(job),
                                            _preload_content=False)
+    return json.loads(response.data).get("items", [])
+
+
+def pod_events(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events about one pod (by its uid: a re-created pod of the same name has its own), as the API returns
+    them: the scheduler's, the kubelet's, the cluster autoscaler's."""
+    metadata = pod.get("metadata") or {}
+    if not metadata.get("uid"):
+        return []
+    try:
+        response = _core().list_namespaced_event(metadata["namespace"],
+                                                 field_selector=f"involvedObject.uid={metadata['uid']}",
+                                                 _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 403:  # an older Role without events list: the pods' own states still tell most waits
+            return []
+        raise
     return json.loads(response.data).get("items", [])
 
 
@@ -331,6 +405,13 @@ def termination_message(pod: dict[str, Any] | None, container: str | None = None
             if terminated.get("message"):
                 return terminated["message"]
     return None
+
+
+def benchmark_events(namespace: str, uid: str | None) -> list[dict[str, Any]]:
+    """The Events about the benchmark of `uid` (involvedObject.uid), as the API returns them."""
+    response = _core().list_namespaced_event(namespace, field_selector=f"involvedObject.uid={uid}",
+                                             _preload_content=False)
+    return json.loads(response.data).get("items", [])
 
 
 # --- config maps (per-step records) -------------------------------------------------------------------

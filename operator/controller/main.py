@@ -3,6 +3,7 @@
     gpt2bench operator --all-namespaces --liveness http://0.0.0.0:8080/healthz --metrics-port 9090
     gpt2bench operator --namespace team-a --namespace team-b
     gpt2bench operator --trainer-image-gpu registry.example.com/gpt2bench:0.1.0-cuda
+    gpt2bench operator --leader-elect --leader-election-namespace gpt2bench   # one active, the others stand by
 
 Equivalent: `kopf run -m gpt2bench.controller.handlers --all-namespaces` (metrics then come from
 $GPT2BENCH_OPERATOR_METRICS_PORT, the API timeout from $GPT2BENCH_OPERATOR_API_TIMEOUT).
@@ -11,8 +12,14 @@ $GPT2BENCH_OPERATOR_METRICS_PORT, the API timeout from $GPT2BENCH_OPERATOR_API_T
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.server
 import importlib
 import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import kopf
 
@@ -20,6 +27,7 @@ from gpt2bench.protocol import TRAINER_IMAGE_CPU_ENV, TRAINER_IMAGE_GPU_ENV
 from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MIN_TTL_SECONDS
 
 from .apiclient import DEFAULT_API_TIMEOUT, MAX_CONNECT_SECONDS
+from .leader import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS
 
 DEFAULT_POLL_SECONDS = 30
 MAX_API_TIMEOUT = 300.0  # the liveness probe's limit on one call grows with it (apiclient.Timeouts.call_limit)
@@ -46,6 +54,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"trainer image of CPU runs whose GPT2Benchmark names none (default {DEFAULT_IMAGE})")
     parser.add_argument("--trainer-image-gpu", metavar="IMAGE", default=None,
                         help=f"trainer image of GPU runs whose GPT2Benchmark names none (default {DEFAULT_GPU_IMAGE})")
+    parser.add_argument("--leader-elect", action="store_true",
+                        help="run only while holding a Lease (coordination.k8s.io/v1): of several operators, one "
+                             "is active and the others stand by (the Helm chart turns it on)")
+    parser.add_argument("--leader-election-namespace", metavar="NS", default=None,
+                        help="the Lease's namespace (default: $POD_NAMESPACE, else the pod's service account "
+                             "namespace, else default)")
+    parser.add_argument("--leader-election-id", metavar="NAME", default="gpt2bench-operator",
+                        help="the Lease's name (default gpt2bench-operator)")
+    parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
+                        help=f"how long a Lease not renewed stays its holder's (default {DEFAULT_LEASE_SECONDS}, at "
+                             f"least {MIN_LEASE_SECONDS}); the holder renews every 2/15 of it and gives up after 2/3")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     if args.metrics_port < 0 or args.metrics_port > 65535:
@@ -56,6 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"got {args.poll_interval}")
     if args.api_timeout is not None and not 0 < args.api_timeout <= MAX_API_TIMEOUT:
         parser.error(f"--api-timeout must be > 0 and at most {MAX_API_TIMEOUT:g} s, got {args.api_timeout}")
+    if args.lease_seconds < MIN_LEASE_SECONDS:
+        parser.error(f"--lease-seconds must be at least {MIN_LEASE_SECONDS}, got {args.lease_seconds:g}")
     for flag, image in (("--trainer-image-cpu", args.trainer_image_cpu), ("--trainer-image-gpu", args.trainer_image_gpu)):
         if image is not None and (not image.strip() or any(c.isspace() for c in image)):
             parser.error(f"{flag} must be an image reference, got {image!r}")
@@ -76,10 +97,73 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[TRAINER_IMAGE_GPU_ENV] = args.trainer_image_gpu
     importlib.import_module("gpt2bench.controller.handlers")
     kopf.configure(verbose=args.verbose)
-    kopf.run(
-        standalone=True,  # one replica; no peering CRD needed
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness,
-    )
+    elector = _lead(args) if args.leader_elect else None
+    try:
+        kopf.run(
+            standalone=True,  # kopf's peering pauses every operator of equal priority: the Lease chooses one
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness,
+        )
+    finally:
+        if elector is not None:
+            elector.release()
     return 0
+
+
+def _lead(args: argparse.Namespace):
+    """Wait until this operator holds the Lease (answering the liveness probe meanwhile: standing by is
+    healthy), then keep renewing it; losing it ends the process."""
+    from . import apiclient, kube, leader
+
+    api_timeout = float(os.environ.get("GPT2BENCH_OPERATOR_API_TIMEOUT", DEFAULT_API_TIMEOUT))
+    kube.configure(timeouts=apiclient.Timeouts.of(api_timeout))
+    elector = leader.Elector(kube.leases(), _lease_namespace(args.leader_election_namespace),
+                             args.leader_election_id, leader.identity(), leader.Timing.of(args.lease_seconds))
+    with standby_health(args.liveness):
+        elector.acquire()
+    elector.keep(lost=leader.exit_now)
+    return elector
+
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _lease_namespace(flag: str | None) -> str:
+    if flag:
+        return flag
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+@contextlib.contextmanager
+def standby_health(url: str | None) -> Iterator[None]:
+    """While standing by, the liveness URL answers 200 `{"standby": true}` (kopf serves it once leading)."""
+    if not url:
+        yield
+        return
+    where = urlsplit(url)
+
+    class Standby(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = b'{"standby": true}' if self.path.split("?")[0] == (where.path or "/") else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((where.hostname or "0.0.0.0", where.port or 80), Standby)
+    thread = threading.Thread(target=server.serve_forever, name="standby-health", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -20,6 +20,7 @@ from gpt2bench.status import (  # noqa: F401 (the phases are part of this module
     COMPLETE,
     FAILED,
     FAILED_CONDITION,
+    FINISHED_CONDITION,
     FINISHED_PHASES,
     INVALID,
     PARTIALLY_SUCCEEDED,
@@ -196,12 +197,14 @@ def set_condition(conditions: list[Condition], new: Condition) -> list[Condition
 
 def sweep_conditions(existing: list[Condition], phase: str, message: str, runs: list[RunStatus],
                      generation: int | None, now: str) -> list[Condition]:
-    """Ready, Complete, Failed and Queued for this phase, as batch Jobs have them.
+    """Ready, Complete, Failed, Finished and Queued for this phase, as batch Jobs have them.
 
     - Ready: True once there are results to read (Succeeded or PartiallySucceeded), reason the phase;
-    - Complete: True when every run finished and at least one has results (`kubectl wait
-      --for=condition=Complete`);
+    - Complete: True when every run finished and at least one has results;
     - Failed: True when no run succeeded, or the spec is invalid (reason NoRunSucceeded / InvalidSpec);
+    - Finished: True once the sweep ended, whichever way (Succeeded, PartiallySucceeded, Failed, Invalid; reason
+      the phase): `kubectl wait --for=condition=Finished` comes back either way, where waiting for Complete
+      would hang until its timeout on a failed sweep;
     - Queued: True while a run's job is suspended (Kueue has not admitted it yet).
     """
     results = phase in (SUCCEEDED, PARTIALLY_SUCCEEDED)
@@ -214,6 +217,7 @@ def sweep_conditions(existing: list[Condition], phase: str, message: str, runs: 
         (READY, results, why),
         (COMPLETE, results, why),
         (FAILED_CONDITION, failed, "NoRunSucceeded" if phase == FAILED else why),
+        (FINISHED_CONDITION, phase in FINISHED_PHASES, phase),
         (QUEUED_CONDITION, bool(queued), "JobSuspended" if queued else "NotQueued"),
     ]
     conditions = list(existing or [])

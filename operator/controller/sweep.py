@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__, collect
 from gpt2bench import jobkinds as kinds
-from gpt2bench.plan import Run, plan_runs
+from gpt2bench.plan import Run, configuration_of, plan_runs, stopped_configurations
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
     COMPONENT_LABEL,
@@ -54,6 +54,10 @@ SWEEP_SPEC_ANNOTATION = f"{API_GROUP}/sweep-spec"
 SWEEP_SPEC_VERSION_ANNOTATION = f"{API_GROUP}/sweep-spec-version"
 # How often a sweep that could not start is tried again (handlers.py sets it from --poll-interval).
 RETRY_SECONDS = 30.0
+# Status writes are conditional on the resourceVersion read (kube.patch_status): a write that another writer
+# came before (409) runs the step again on what is stored now, this many times in a row before the error is the
+# handler's (kopf retries it; the poll tries again).
+MAX_CONFLICTS = 5
 # The per-step records of a run: the GPT2BENCH_STEPS line near the end of the result pod's log.
 STEPS_LOG_LINES = 200
 STEPS_LOG_BYTES = 4 * MAX_STEPS_LINE + 200 * 400
@@ -129,6 +133,7 @@ def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = Fa
     with _gates_guard:
         gate.wanted = True
         gate.edited |= edited
+    conflicts = 0
     while True:
         if not gate.lock.acquire(blocking=False):
             return  # busy: the thread at work goes round once more
@@ -141,9 +146,13 @@ def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = Fa
             try:
                 with liveness.activity(f"step {namespace}/{name}", liveness.STEP_LIMIT):  # each round its own
                     finished = _advance_once(namespace, name, logger, was_edited)
-            except Exception:
+            except Exception as exc:
                 with _gates_guard:
                     gate.edited |= was_edited  # the edit is still to be answered at the next try
+                    conflicts += kube.conflict(exc)
+                    if kube.conflict(exc) and conflicts <= MAX_CONFLICTS:  # another writer came first: again,
+                        gate.wanted = True  # on what is stored now
+                        continue
                 raise
         finally:
             gate.lock.release()
@@ -170,14 +179,17 @@ def _advance_once(namespace: str, name: str, logger: logging.Logger,
         if phase != rc.INVALID or edited:  # an Invalid spec waits for an edit
             _start_or_wait(fresh, logger)
         return []
-    if edited:
-        _ignore_edit(fresh)
     if phase == rc.RUNNING:
         try:
-            return [(fresh, *done) for done in _step(fresh, logger)]
+            finished = [(fresh, *done) for done in _step(fresh, logger)]
         except Unreadable as unreadable:
             _hold(fresh, str(unreadable), logger)
-            return []
+            finished = []
+        if edited:  # said once the step's write is done: a step run again after a 409 does not say it twice
+            _ignore_edit(fresh)
+        return finished
+    if edited:
+        _ignore_edit(fresh)
     if phase in rc.FINISHED_PHASES:  # a restarted operator serves its metric again
         try:
             _export(fresh, BenchmarkStatus.read(stored))
@@ -196,6 +208,8 @@ def _start_or_wait(fresh: dict[str, Any], logger: logging.Logger) -> None:
     try:
         started = _commit_start(fresh, logger)
     except Exception as exc:
+        if kube.conflict(exc):  # another writer came first: the step runs again on what is stored now
+            raise
         reason = _error_text(exc)
         metadata = fresh["metadata"]
         status = rc.pending_status(reason, metadata.get("generation"), rc.now_rfc3339(), RETRY_SECONDS)
@@ -205,17 +219,22 @@ def _start_or_wait(fresh: dict[str, Any], logger: logging.Logger) -> None:
         if stored.get("phase") == rc.PENDING and stored.get("message") == status.message:
             return  # said already: the timer tries again, no Event each time
         kube.patch_status(metadata.get("namespace") or "default", metadata["name"],  # raises: kopf retries
-                          rc.replacing(stored, status.dump()))
+                          rc.replacing(stored, status.dump()), _version(fresh))
         _event(fresh, "Warning", "SweepNotStarted", status.message)
         return
     if started is not None:
         _start_first_runs(fresh, *started, logger)
 
 
+def _version(obj: dict[str, Any]) -> str | None:
+    """The resourceVersion a write is conditional on: the benchmark as this step read (or last wrote) it."""
+    return (obj.get("metadata") or {}).get("resourceVersion")
+
+
 def _commit_start(fresh: dict[str, Any], logger: logging.Logger) -> tuple[Benchmark, list[Run],
-                                                                            BenchmarkStatus] | None:
+                                                                            BenchmarkStatus, dict] | None:
     """Validate (None: Invalid, written), plan, pin the spec and write every run as Pending: from here on
-    the sweep has started. No job exists before its run is in status."""
+    the sweep has started. No job exists before its run is in status. Returns the benchmark as written too."""
     metadata = fresh["metadata"]
     namespace, name = metadata.get("namespace") or "default", metadata["name"]
     spec = with_default_images(dict(fresh.get("spec") or {}))
@@ -233,18 +252,19 @@ def _commit_start(fresh: dict[str, Any], logger: logging.Logger) -> tuple[Benchm
         return None
     runs = plan_runs(benchmark)
     status = rc.initial_status(runs, metadata.get("generation"), rc.now_rfc3339())
-    kube.annotate_benchmark(namespace, name, {
+    pinned = kube.annotate_benchmark(namespace, name, {
         SWEEP_SPEC_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":")),
-        SWEEP_SPEC_VERSION_ANNOTATION: __version__})
-    kube.patch_status(namespace, name, rc.replacing(fresh.get("status") or {}, status.dump()))
+        SWEEP_SPEC_VERSION_ANNOTATION: __version__}, _version(fresh))
+    written = kube.patch_status(namespace, name, rc.replacing(fresh.get("status") or {}, status.dump()),
+                                _version(pinned))
     _event(fresh, "Normal", "SweepPlanned", f"{len(runs)} runs as {status.backend} jobs: "
                                             f"{', '.join(r.name for r in runs)}")
     logger.info("planned %d runs for %s/%s", len(runs), namespace, name)
-    return benchmark, runs, status
+    return benchmark, runs, status, written
 
 
 def _start_first_runs(fresh: dict[str, Any], benchmark: Benchmark, runs: list[Run], status: BenchmarkStatus,
-                      logger: logging.Logger) -> None:
+                      started: dict[str, Any], logger: logging.Logger) -> None:
     now = rc.now_rfc3339()
     # No job listing: none of ours can exist yet; a namesake's answers 409 and is refused (not ours).
     new_runs = _start_runs(fresh, benchmark, runs, status.runs or [], {}, now, logger)
@@ -255,7 +275,7 @@ def _start_first_runs(fresh: dict[str, Any], benchmark: Benchmark, runs: list[Ru
     written = status.dump()
     changed = {key: value for key, value in summary.dump().items() if written.get(key) != value}
     if changed:
-        kube.patch_status(benchmark.namespace, benchmark.name, changed)
+        kube.patch_status(benchmark.namespace, benchmark.name, changed, _version(started))
     _post_transitions(fresh, status.runs or [], new_runs, summary, rc.PENDING)
 
 
@@ -266,7 +286,8 @@ def _reject(fresh: dict[str, Any], error: SpecError) -> None:
     if stored.get("phase") == rc.INVALID and stored.get("message") == status.message and \
             stored.get("observedGeneration") == status.observed_generation:
         return  # said already (a retry, a restart)
-    kube.patch_status(metadata.get("namespace") or "default", metadata["name"], rc.replacing(stored, status.dump()))
+    kube.patch_status(metadata.get("namespace") or "default", metadata["name"], rc.replacing(stored, status.dump()),
+                      _version(fresh))
     _event(fresh, "Warning", "InvalidSpec", status.message)
 
 
@@ -289,7 +310,8 @@ def _ignore_edit(fresh: dict[str, Any]) -> None:
     if stored.get("phase") != rc.RUNNING:
         conditions = BenchmarkStatus.read({"conditions": stored.get("conditions") or []}).conditions
         kube.patch_status(metadata.get("namespace") or "default", metadata["name"],
-                          {"conditions": [c.dump() for c in rc.set_condition(conditions or [], condition)]})
+                          {"conditions": [c.dump() for c in rc.set_condition(conditions or [], condition)]},
+                          _version(fresh))
     _event(fresh, "Warning", "SpecChangeIgnored", condition.message)
 
 
@@ -306,7 +328,9 @@ def _pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run
         raise Unreadable(rc.unreadable_reason(__version__, pinned_by, what)) from error
     except ValueError as error:  # the status (pydantic) or the annotation (JSON)
         raise Unreadable(rc.unreadable_reason(__version__, pinned_by, " ".join(str(error).split()))) from error
-    runs = plan_runs(benchmark, rounds=status.rounds_planned)  # with the rounds a sweep added until decided
+    # with the rounds a sweep added until decided, for the configurations that were still racing
+    runs = plan_runs(benchmark, rounds=status.rounds_planned,
+                     stopped=stopped_configurations(status.runs or [], status.rounds_planned or 0))
     planned, recorded = [r.name for r in runs], [r.name for r in status.runs or []]
     if planned != recorded:
         missing = sorted(set(recorded) - set(planned)) or sorted(set(planned) - set(recorded)) or recorded
@@ -326,7 +350,7 @@ def _hold(fresh: dict[str, Any], reason: str, logger: logging.Logger) -> None:
     condition = rc.spec_unreadable_condition(reason, rc.now_rfc3339(), metadata.get("generation"))
     kube.patch_status(metadata.get("namespace") or "default", metadata["name"],
                       {"message": reason, "conditions": [c for c in conditions if c.get("type") != rc.SPEC_UNREADABLE]
-                       + [condition.dump()]})
+                       + [condition.dump()]}, _version(fresh))
     _event(fresh, "Warning", "SpecUnreadable", reason)
     logger.info("%s", reason)
 
@@ -340,7 +364,7 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
     by_name = {run.name: run for run in runs}
     old_runs = list(status.runs or [])
     listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
-    jobs = rc.owned_jobs(listed, benchmark.uid)
+    jobs = _without_strays(fresh, rc.owned_jobs(listed, benchmark.uid), old_runs, logger)
     now = rc.now_rfc3339()
     entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
     for entry in old_runs:  # a kind the cluster does not serve: its runs fail now, the others go on
@@ -373,10 +397,17 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
             entries[entry.name] = pods.follow_start(by_name[entry.name], entry, jobs[entry.job_name], benchmark.spec,
                                                     now)
     current = [entries[entry.name] for entry in old_runs]
-    current, runs, rounds = _add_round(fresh, benchmark, status, current, runs, now)
-    current = _start_runs(fresh, benchmark, runs, current, jobs, now, logger)
+    current, runs, rounds, added = _add_round(benchmark, status, current, runs, now)
+    if added:  # a new round's runs are recorded first; the next step creates their jobs (as the start does)
+        _again(benchmark.namespace, benchmark.name)
+    else:
+        current = _start_runs(fresh, benchmark, runs, current, jobs, now, logger)
     summary = rc.summarize(status, current, now, benchmark.spec)
-    summary.rounds_planned, summary.rounds_done, summary.stop_reason = rounds
+    summary.rounds_planned, summary.rounds_done, summary.stop_reason, summary.racing, summary.dropped = rounds
+    if summary.phase != rc.RUNNING:
+        summary.racing = 0  # nothing runs on
+    elif summary.racing is None:  # fixed rounds: every configuration runs every round
+        summary.racing = len({configuration_of(entry) for entry in current})
     _export(fresh, summary)
     generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
     if generation > observed:  # written here, not by the update handler: one writer while Running
@@ -387,7 +418,10 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
         summary.conditions = rc.set_condition(summary.conditions or [], readable)
     changed = {key: value for key, value in summary.dump().items() if stored.get(key) != value}
     if changed:  # an idle step writes nothing (100 sweeps polling would otherwise patch every tick)
-        kube.patch_status(benchmark.namespace, benchmark.name, changed)
+        kube.patch_status(benchmark.namespace, benchmark.name, changed, _version(fresh))
+    _post_drops(fresh, status.dropped, summary.dropped)
+    if added:
+        _event(fresh, "Normal", "RoundAdded", added)
     _post_transitions(fresh, old_runs, current, summary, status.phase)
     logger.debug("step: %s", summary.message)
     return collected
@@ -454,25 +488,63 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
     return [current[entry.name] for entry in entries]
 
 
-def _add_round(owner: dict[str, Any], benchmark: Benchmark, status: BenchmarkStatus, current: list[RunStatus],
-               runs: list[Run], now: str) -> tuple[list[RunStatus], list[Run], tuple]:
+def _add_round(benchmark: Benchmark, status: BenchmarkStatus, current: list[RunStatus],
+               runs: list[Run], now: str) -> tuple[list[RunStatus], list[Run], tuple, str | None]:
     """Repeat until decided (sweep.maxRepeats): once every planned run has finished, one more whole round while a
     scale's fastest decision is unresolved and the budget allows (report.sequential, the local runner's rule), as
     Pending entries; else why the sweep stops. The rule reads only the stored runs and times, so a restarted
-    operator continues it. Returns the entries, the runs planned and (rounds planned, rounds done, stop reason)."""
-    rounds = (status.rounds_planned, status.rounds_done, status.stop_reason)
+    operator continues it. Returns the entries, the runs planned, (rounds planned, rounds done, stop reason,
+    configurations still racing, configurations the race dropped so far) and, when a round was added, why (its
+    entries must be written before any of its jobs exists, and its Event posted after that write)."""
+    rounds = (status.rounds_planned, status.rounds_done, status.stop_reason, status.racing, status.dropped)
     if benchmark.spec.sweep.max_repeats is None or any(e.phase not in rc.TERMINAL_RUN_PHASES for e in current):
-        return current, runs, rounds
-    from gpt2bench.report.sequential import next_round
+        return current, runs, rounds, None
+    from gpt2bench.report.sequential import next_round, race_stops
 
     step = next_round(current, rc.camel(benchmark.spec), status.start_time, rc.parse_rfc3339(now))
     if not step.add:
-        return current, runs, (status.rounds_planned, step.rounds_done, step.reason)
+        return current, runs, (status.rounds_planned, step.rounds_done, step.reason, 0, step.dropped or None), None
     planned = (status.rounds_planned or 0) + 1
-    runs = plan_runs(benchmark, rounds=planned)
+    runs = plan_runs(benchmark, rounds=planned, stopped=race_stops(current, step.racing, planned))
     added = [collect.run_entry(run, phase=rc.PENDING) for run in runs if run.repeat == planned]
-    _event(owner, "Normal", "RoundAdded", step.reason)
-    return current + added, runs, (planned, step.rounds_done, None)
+    return current + added, runs, (planned, step.rounds_done, None, len(step.racing), step.dropped or None), step.reason
+
+
+def _again(namespace: str, name: str) -> None:
+    """Have the thread advancing this benchmark go round once more when its step is done (as a trigger that
+    finds it busy does)."""
+    gate = _gate(namespace, name)
+    with _gates_guard:
+        gate.wanted = True
+
+
+def _without_strays(owner: dict[str, Any], jobs: dict[str, dict], entries: list[RunStatus],
+                    logger: logging.Logger) -> dict[str, dict]:
+    """The benchmark's jobs that a run in status holds; any other job it owns is deleted (a Warning Event says
+    so). No step creates a job before its run is in status, so such a job escaped a write that failed (an
+    earlier version created a new round's first job before recording the round), and would run on, listed
+    nowhere, to its deadline."""
+    held = {entry.job_name for entry in entries}
+    for job_name, job in jobs.items():
+        if job_name not in held:
+            kube.delete_job(job)
+            logger.warning("deleted job %s: it belongs to this benchmark but to none of its runs", job_name)
+            _event(owner, "Warning", "StrayJobDeleted",
+                   f"job {job_name} belongs to this GPT2Benchmark but to none of the runs in its status (a status "
+                   f"write failed after it was created): deleted, with its pods")
+    return {job_name: job for job_name, job in jobs.items() if job_name in held}
+
+
+def _post_drops(owner: dict[str, Any], before: list[Any] | None, now: list[Any] | None) -> None:
+    """One Event per configuration the race dropped since the status was last written: which, after which round,
+    and why (posted after the write that records it, so a retried step does not post it twice)."""
+    known = {d.configuration for d in before or []}
+    for dropped in now or []:
+        if dropped.configuration not in known:
+            _event(owner, "Normal", "ConfigurationDropped",
+                   f"{dropped.configuration} dropped after round {dropped.round}: {dropped.behind} is "
+                   f"{dropped.ratio - 1:+.1%} faster (at least {dropped.low - 1:+.1%} at the race's level); it runs no "
+                   "more rounds")
 
 
 def _deleted_since(owner: dict[str, Any]) -> bool:
@@ -548,28 +620,40 @@ def _post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs:
             listed = ", ".join(names[:3]) + f" and {len(names) - 3} more"
             _event(body, "Warning", "RunFailed", f"{len(names)} runs ({listed}): {reason}")
     for entry, before in changed:
-        if entry.phase == rc.RUNNING and before == rc.QUEUED:
-            _event(body, "Normal", "RunAdmitted", f"{entry.name}: job {entry.job_name} resumed")
-        elif entry.phase == rc.RUNNING:
-            _event(body, "Normal", "RunStarted", f"{entry.name}: job {entry.job_name} created")
-        elif entry.phase == rc.QUEUED:
-            _event(body, "Normal", "RunQueued", f"{entry.name}: job {entry.job_name} is suspended, waiting for "
-                                                f"its queue")
-        elif entry.phase == rc.SUCCEEDED:
+        if entry.phase == rc.SUCCEEDED:
             metrics.RUNS_SUCCEEDED.labels(namespace).inc()
-            tps = entry.results.tokens_per_second if entry.results else None
-            _event(body, "Normal", "RunSucceeded", f"{entry.name}: {tps} tokens/s")
-            for warning in fabric_warnings(entry):  # its figure is not what its scale says (docs/clusters.md)
-                _event(body, "Warning", "RunOffItsFabric", warning)
         elif entry.phase == rc.FAILED:
             metrics.RUNS_FAILED.labels(namespace).inc()
-            if len(failures[entry.reason or ""]) < GROUPED_EVENTS_FROM:
-                _event(body, "Warning", "RunFailed", f"{entry.name}: {entry.reason}")
-        elif entry.phase == rc.SKIPPED:  # the trainer chose not to train (e.g. emulated bf16): not a failure
-            _event(body, "Normal", "RunSkipped", f"{entry.name}: {entry.reason}")
+            if len(failures[entry.reason or ""]) >= GROUPED_EVENTS_FROM:
+                continue  # said by the grouped Event
+        for type_, reason, message in run_events(entry, before):
+            _event(body, type_, reason, message)
     if summary.phase != rc.RUNNING and phase_before in (rc.RUNNING, rc.PENDING):
-        best = summary.best
-        text = (f"{summary.message}; best: {best.run if best else None} "
-                f"({best.tokens_per_second if best else None} tokens/s)")
-        kind = "Normal" if summary.phase == rc.SUCCEEDED else "Warning"
-        _event(body, kind, f"Sweep{summary.phase}", text)
+        _event(body, *sweep_event(summary))
+
+
+def run_events(entry: RunStatus, before: str | None) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the Events a run's new phase posts (`before`: its phase before)."""
+    if entry.phase == rc.RUNNING and before == rc.QUEUED:
+        return [("Normal", "RunAdmitted", f"{entry.name}: job {entry.job_name} resumed")]
+    if entry.phase == rc.RUNNING:
+        return [("Normal", "RunStarted", f"{entry.name}: job {entry.job_name} created")]
+    if entry.phase == rc.QUEUED:
+        return [("Normal", "RunQueued", f"{entry.name}: job {entry.job_name} is suspended, waiting for its queue")]
+    if entry.phase == rc.SUCCEEDED:
+        tps = entry.results.tokens_per_second if entry.results else None
+        # a figure that is not what its scale says (docs/clusters.md)
+        return [("Normal", "RunSucceeded", f"{entry.name}: {tps} tokens/s"),
+                *(("Warning", "RunOffItsFabric", warning) for warning in fabric_warnings(entry))]
+    if entry.phase == rc.FAILED:
+        return [("Warning", "RunFailed", f"{entry.name}: {entry.reason}")]
+    if entry.phase == rc.SKIPPED:  # the trainer chose not to train (e.g. emulated bf16): not a failure
+        return [("Normal", "RunSkipped", f"{entry.name}: {entry.reason}")]
+    return []
+
+
+def sweep_event(summary: BenchmarkStatus) -> tuple[str, str, str]:
+    """(type, reason, message) of a finished sweep's Event."""
+    best = summary.best
+    text = f"{summary.message}; best: {best.run if best else None} ({best.tokens_per_second if best else None} tokens/s)"
+    return "Normal" if summary.phase == rc.SUCCEEDED else "Warning", f"Sweep{summary.phase}", text

@@ -17,8 +17,7 @@ import kmock
 import yaml
 
 from .emulator import KubeEmulator
-
-KUBECTL = "/usr/bin/kubectl"
+from .tools import kubectl
 
 
 class EmulatedCluster:
@@ -91,7 +90,7 @@ class EmulatedCluster:
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         """Run the real kubectl against the emulator."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "HOME": str(self.workdir)}
-        result = subprocess.run([KUBECTL, *args], input=input, capture_output=True, text=True, env=env, timeout=60,
+        result = subprocess.run([kubectl(), *args], input=input, capture_output=True, text=True, env=env, timeout=60,
                                 check=False)
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")

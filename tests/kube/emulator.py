@@ -8,7 +8,8 @@ Added here, as a real API server does it:
 - `resourceVersion` (one global counter), `uid`, `creationTimestamp`, `generation`, `generateName`;
 - create answers 201, lists carry `kind`/`apiVersion`/`resourceVersion`, watch streams are
   `application/json` and resume from `?resourceVersion=` (410 Gone when too old), `timeoutSeconds`;
-- PATCH by content type (JSON patch with `test`, merge patch), PUT with optimistic concurrency;
+- PATCH by content type (JSON patch with `test`, merge patch; a patch that sets `metadata.resourceVersion` is
+  conditional on it: 409 when stale), PUT with optimistic concurrency;
 - label and field selectors on list and watch;
 - the `/status` subresource: the main endpoint ignores `status`, `/status` changes only `status`;
 - deletion with finalizers (`deletionTimestamp`, removed when the last finalizer goes) and
@@ -51,6 +52,7 @@ BUILTINS = {
     "v1/pods": dict(kind="Pod", singular="pod", namespaced=True, subresources={"status"}, shortnames={"po"}),
     "v1/events": dict(kind="Event", singular="event", namespaced=True, shortnames={"ev"}),
     "v1/configmaps": dict(kind="ConfigMap", singular="configmap", namespaced=True, shortnames={"cm"}),
+    "coordination.k8s.io/v1/leases": dict(kind="Lease", singular="lease", namespaced=True),
     "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", singular="networkpolicy", namespaced=True,
                                                  shortnames={"netpol"}),
     "apiextensions.k8s.io/v1/customresourcedefinitions": dict(
@@ -281,6 +283,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             key = self._key(request)
             old = self._current(key)
             new = semantics.apply_patch(old, request.data, content_type)
+            # A patch that sets metadata.resourceVersion is conditional on it (the API server compares the patched
+            # object's resourceVersion with the stored one): a stale one is a lost race, 409 Conflict.
+            sent_rv = (new.get("metadata") or {}).get("resourceVersion")
+            if sent_rv != old["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {request.resource.plural} '
+                               f'"{key[2]}": the object has been modified; please apply your changes to the latest '
+                               f'version and try again')
             return await self._write(request, key, old, new)
 
     async def _serve_replace(self, request: kmock.Request) -> dict:

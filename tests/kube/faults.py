@@ -17,7 +17,7 @@ operators and the user, talks to a healthy API server. What is injected, as a re
 Placed faults, for one transition at a time (tests/test_operator_states.py):
 
 - `FailCalls`: the operator's next N calls that match (method, path) answered with one error code (a 503 on
-  discovery, a 403 on a status write...);
+  discovery, a 403 on a status write, a 404 on a list from an API server whose CRDs have not synced...);
 - `Hang`: the operator's calls that match are never answered (the connection stays open, as behind a half-open
   connection) or, with `trickle`, answered with a body that never ends, until released.
 
@@ -44,6 +44,7 @@ from .semantics import ApiError
 ERRORS = {
     403: ("Forbidden", "gpt2benchmarks.gpt2bench.io is forbidden: User \"system:serviceaccount:gpt2bench:operator\" "
                        "cannot do this (injected)"),
+    404: ("NotFound", "the server could not find the requested resource"),
     409: ("Conflict", "Operation cannot be fulfilled: the object has been modified; please apply your changes "
                       "to the latest version and try again"),
     429: ("TooManyRequests", "the server has received too many requests and has asked us to try again later"),

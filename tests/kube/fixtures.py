@@ -6,6 +6,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -176,3 +177,12 @@ def operator_calls(cluster: EmulatedCluster) -> set[tuple[str, str, str]]:
         return seen
 
     return cluster.call(calls)
+
+
+def kubectl_table(text: str) -> list[dict[str, str]]:
+    """`kubectl get` output as one dict per row, cut where each header starts (a cell may hold spaces: the
+    Verdict column)."""
+    header, *rows = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    bounds = list(zip(starts, [*starts[1:], None]))
+    return [{name: row[start:end].strip() for name, (start, end) in zip(header.split(), bounds)} for row in rows]

@@ -9,7 +9,11 @@ kuberuntime_manager.go; containerd's CRI, internal/cri/server/container_start.go
 - `start_error`: containerd could not start the container's command (reason StartError, exit code 128, the
   runtime's message), terminated under restartPolicy Never, else restarted and backing off;
 - `terminate`: its container ended with an exit code (OOMKilled ...), having printed a log; restarted
-  (lastState) under restartPolicy OnFailure.
+  (lastState) under restartPolicy OnFailure;
+- `pulling` / `pulled`: the kubelet pulls the container's image (the container waits in ContainerCreating; the
+  kubelet's `Pulling` event, then `Pulled`: images/image_manager.go);
+- `autoscaler_event`: the cluster autoscaler's word on an unschedulable pod (processors/status/
+  eventing_scale_up_processor.go: `TriggeredScaleUp`, `NotTriggerScaleUp`).
 
 A controller that follows its pods (the Job controller's counts) overrides `pod_changed`.
 """
@@ -60,6 +64,37 @@ class Kubelet:
         if log and self.cluster is not None:
             key = (self.namespace, pod, container, "previous") if previous else (self.namespace, pod, container)
             self.cluster.call(lambda emulator: emulator.pod_logs.__setitem__(key, log))
+
+    def event(self, pod: str, reason: str, message: str, component: str, type_: str = "Normal") -> None:
+        """An Event about `pod` as a component's recorder writes it (core/v1: involvedObject with the pod's uid,
+        source.component, first/lastTimestamp, count)."""
+        meta = self._pod(pod)["metadata"]
+        self.core.create_namespaced_event(self.namespace, {
+            "metadata": {"generateName": f"{pod}."}, "type": type_, "reason": reason, "message": message,
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": self.namespace,
+                               "uid": meta["uid"]},
+            "source": {"component": component}, "firstTimestamp": now(), "lastTimestamp": now(), "count": 1})
+
+    def autoscaler_event(self, pod: str, triggered: bool, words: str) -> None:
+        """cluster-autoscaler's event: `pod triggered scale-up: <scale-up infos>` (each `{<group> 1->3 (max: 4)}`),
+        or `pod didn't trigger scale-up: <n> <reason>, ...`."""
+        if triggered:
+            self.event(pod, "TriggeredScaleUp", f"pod triggered scale-up: {words}", "cluster-autoscaler")
+        else:
+            self.event(pod, "NotTriggerScaleUp", f"pod didn't trigger scale-up: {words}", "cluster-autoscaler")
+
+    def pulling(self, pod: str, node: str = "node-1") -> None:
+        """Scheduled on `node`; the kubelet pulls the image: the container waits in ContainerCreating (no
+        message) and the kubelet posts `Pulling image "<image>"`."""
+        container = self._container(pod)
+        self.waiting(pod, "ContainerCreating", "", node)
+        self.event(pod, "Pulling", f'Pulling image "{container.get("image", "")}"', "kubelet")
+
+    def pulled(self, pod: str, seconds: float = 312.5) -> None:
+        """The pull finished: `Successfully pulled image "<image>" in <d> (<d> including waiting). Image size: ...`."""
+        image = self._container(pod).get("image", "")
+        self.event(pod, "Pulled", f'Successfully pulled image "{image}" in {seconds}s ({seconds}s including '
+                                  f'waiting). Image size: 10737418240 bytes.', "kubelet")
 
     def unschedulable(self, pod: str, message: str) -> None:
         """The scheduler found no node (its FitError): PodScheduled False/Unschedulable with its message, e.g.

@@ -85,6 +85,8 @@ class Parallelism:
     name = "single"
     # how `instrument` times this strategy's communication (the summary's `breakdown_method`; docs/metrics.md)
     breakdown_method = "no communication"
+    # what its messages between nodes travel over where that is not NCCL's choice (the summary's `transport`)
+    transport_between_nodes: str | None = None
 
     def __init__(self, config: TrainConfig, env: DistEnv):
         self.config = config

@@ -53,6 +53,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from gpt2bench.trainer.breakdown import CommTimer
 from gpt2bench.trainer.devices import PeakMemory, device_sync
+from gpt2bench.trainer.fabric import GLOO_TCP
 from gpt2bench.trainer.parallel.base import Parallelism, adamw, state_bytes
 from gpt2bench.trainer.parallel.ps_memory import SharedBuffer, open_shared, shm_room
 
@@ -114,6 +115,7 @@ class ParameterServerParallelism(Parallelism):
     name = "ps"
     sharded = False
     breakdown_method = "ps: push = the gradient sends, pull = the wait for the servers' replies; both exposed"
+    transport_between_nodes = GLOO_TCP  # c10d point-to-point on gloo, CPU tensors, whatever the devices
     comm: CommTimer | None = None
 
     def __init__(self, config, env):

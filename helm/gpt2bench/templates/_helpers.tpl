@@ -9,6 +9,11 @@ Chart name, truncated to 63 characters (a DNS label).
 Fully qualified app name, truncated to 63 characters. If the release name already contains the chart
 name, it is not repeated.
 */}}
+{{/* The leader-election Lease (and its Role): one per release, in the operator's namespace. */}}
+{{- define "gpt2bench.leaseName" -}}
+{{- printf "%s-leader" (include "gpt2bench.fullname" . | trunc 56 | trimSuffix "-") }}
+{{- end }}
+
 {{- define "gpt2bench.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}

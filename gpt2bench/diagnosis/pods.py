@@ -1,12 +1,10 @@
-"""Why a run failed, or has not started: one wording for the operator and for the local runner.
-
-A run's pods (on a cluster) or its replicas (processes standing for those pods, locally) are read into two
-kinds of facts, and both paths turn them into words here, so that the same fault reads the same on a laptop
-and on a cluster (tests/test_diagnosis_table.py):
+"""How each pod of a run ended or why it has not started, which of them is the cause, and the words both drivers
+use for it (the operator reads pods as the API returns them; the local runner builds the same facts from its
+processes).
 
 - `PodEnd`: a pod's container that ended badly (or the pod itself: evicted, lost with its node), when, and
-  the last meaningful line it printed. `first_failure` picks the first by time: the cause, not the peers
-  that failed because of it.
+  the last meaningful line it printed (`said.py`). `first_failure` picks the first by time, and within the same
+  second by how it ended (`end_rank`): the cause, not the peers that failed because of it.
 - `PodWait`: a pod that has not started, and why (not scheduled, an image not pulled, a bad config ...), in
   the scheduler's and the kubelet's own words.
 
@@ -24,14 +22,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpt2bench.collect import CollectError, clean_reason, parse_termination_message, summary_failure
-from gpt2bench.protocol import STEPS_PREFIX, SUMMARY_PREFIX
+from gpt2bench.collect import clean_reason
+
+from .said import START_FAILURES, start_failure
 
 # A pod still Terminating this long after its grace period ended (metadata.deletionTimestamp is the time the
 # grace period ends) is stuck: no kubelet confirms that its containers stopped, so its node is likely gone.
 STUCK_AFTER_SECONDS = 60
-# Line length kept of a log line in a reason.
-LINE_LIMIT = 300
 
 
 def _time(text: str | None) -> datetime.datetime | None:
@@ -91,11 +88,61 @@ def exit_how(code: int, reason: str | None = None) -> str:
     return f"exited with code {code}"
 
 
-def first_failure(ends: Iterable[PodEnd]) -> PodEnd | None:
-    """The pod that failed first (by time; those without a time last, in the order given)."""
+# What a rank prints when a peer failed first: its connection to the peer closed or reset, a collective that
+# waited for the peer until its timeout (NCCL's watchdog, gloo's, Horovod's and the trainer's), NCCL's word for a
+# peer gone. Never the cause while another pod ended in the same second (upstream's wordings: gloo
+# transport/tcp/pair.cc, unbound_buffer.cc; torch ProcessGroupNCCL.cpp; NCCL's ncclRemoteError; horovod
+# common/operations.cc; trainer/parallel/horovod.py).
+PEER_FAILURE = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|[Ww]atchdog caught collective operation timeout|"
+    r"ProcessGroupNCCL's watchdog|NCCL communicator was aborted|remote process exited or there was a network error|"
+    r"Timed out waiting \d+ms for (?:recv|send) operation|Horovod has been shut down|"
+    r"waited more than [\d.]+ s \(--timeout-seconds\) for the other ranks")
+_RANK_KILLED = re.compile(r"^rank \d+ killed by SIG")
+# Signals that ask a process to stop: what a job's controller, JobSet, torchrun or mpirun send the peers of a
+# failed process (and the kubelet a deleted pod) before killing them. A pod stopped so was stopped, not the cause.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def end_rank(end: PodEnd) -> int:
+    """How telling an end is among those of the same second (lower: more likely the cause): the pod's own end
+    (evicted, lost with its node: its containers were killed for it) 0, OOMKilled 1, killed by another signal
+    than a stop (SIGKILL, SIGSEGV, SIGABRT...; or torchrun's root cause: a rank killed by one) 2, another reason
+    of the runtime's (StartError ...) 3, a plain exit 4, a plain exit whose last line says a peer failed first
+    (PEER_FAILURE) 5, stopped by a STOP_SIGNALS signal (its peers' teardown) 6."""
+    if end.container is None:
+        return 0
+    if end.how.startswith("OOMKilled"):
+        return 1
+    if end.how.startswith("killed by"):
+        return 6 if end.how.split()[2] in STOP_SIGNALS else 2
+    if _RANK_KILLED.match(end.line or "") and end.line.split()[3] not in STOP_SIGNALS:
+        return 2
+    if not end.how.startswith("exited with"):
+        return 3
+    return 5 if PEER_FAILURE.search(end.line or "") else 4
+
+
+def _second(end: PodEnd) -> datetime.datetime:
+    """When the end came, to the second (a container's finishedAt has 1 s resolution); no time: last."""
+    at = _time(end.at)
+    return at.replace(microsecond=0) if at else datetime.datetime.max.replace(tzinfo=datetime.UTC)
+
+
+def first_seconds(ends: Iterable[PodEnd]) -> list[PodEnd]:
+    """The ends of the earliest second (all of them when none has a time): the candidates for the cause."""
     listed = list(ends)
-    far = datetime.datetime.max.replace(tzinfo=datetime.UTC)
-    return min(listed, key=lambda end: _time(end.at) or far, default=None)
+    earliest = min(map(_second, listed), default=None)
+    return [end for end in listed if _second(end) == earliest]
+
+
+def first_failure(ends: Iterable[PodEnd]) -> PodEnd | None:
+    """The pod that failed first: by the second it ended (those without a time last); within one second, and
+    among the ends a local runner saw in one poll, by how it ended (`end_rank`: an OOMKill or a signal before a
+    plain exit, a peer's failure reported last), then in the order given. Two pods of a job that fails usually
+    end in the same second: the victim's "Connection closed by peer" must not be named over the cause."""
+    listed = list(ends)
+    return min(listed, key=lambda end: (_second(end), end_rank(end)), default=None)
 
 
 def failure_reason(first: PodEnd | None, controller: str | None = None) -> str | None:
@@ -113,123 +160,10 @@ def queue_reason(wait: str, limit: int) -> str:
     return f"not admitted within runPolicy.queueSeconds ({limit} s): {wait}"
 
 
-# ------------------------------------------------------------------ a container the runtime could not start
-
-# The reasons a container runtime gives a container whose command it could not start (containerd's CRI:
-# StartError, exit code 128; dockershim: ContainerCannotRun), and the kubelet's while it retries.
-START_FAILURES = ("StartError", "ContainerCannotRun", "RunContainerError")
-# runc, crun and Go's os/exec word a missing command so: `exec: "x": executable file not found in $PATH`,
-# `exec: "/x": stat /x: no such file or directory`, `executable file `x` not found in $PATH` (crun).
-_EXEC_ERROR = re.compile(r'exec: "([^"]*)": (executable file not found in \$PATH|(?:stat [^:]*: )?no such file or '
-                         r'directory|permission denied)')
-_CRUN_NOT_FOUND = re.compile(r"executable file `([^`]*)` not found in \$PATH")
-
-
-def executable_not_found(program: str) -> str:
-    """A missing command, as runc reports it through containerd (and the local runner, finding it missing)."""
-    if "/" in program:
-        return f'exec: "{program}": stat {program}: no such file or directory'
-    return f'exec: "{program}": executable file not found in $PATH'
-
-
-def start_failure(message: str | None) -> str:
-    """The essential part of a container runtime's message about a command it could not start (containerd
-    wraps runc's words in four layers of its own: `failed to create containerd task: failed to create shim
-    task: OCI runtime create failed: ...`): the command and why, in runc's words; else the whole message."""
-    text = message or ""
-    crun = _CRUN_NOT_FOUND.search(text)
-    if crun:
-        return executable_not_found(crun.group(1))
-    found = _EXEC_ERROR.search(text)
-    if found:
-        return f'exec: "{found.group(1)}": {found.group(2)}'
-    return clean_reason(text)[:LINE_LIMIT]
-
-
 def cannot_start_here(wait: PodWait, detail: str = "") -> str:
     """A local run that cannot start on this machine (the local runner has no scheduler to wait for)."""
     return f"cannot start on this machine: {wait.describe()}" + (f" ({detail})" if detail else "")
 
-
-# ------------------------------------------------------------------ what a container printed
-
-# Prefixes launchers add to their children's lines: horovodrun's `[1]<stderr>:`, mpirun's `[1,0]<stdout>:`
-_TAG = re.compile(r"^\[\d+(?:,\d+)?\]<(?:stdout|stderr)>:\s?")
-# A Python logging header (the trainer's `2026-01-01 10:00:00,123 rank1 ERROR `)
-_LOG_HEADER = re.compile(r"^\d{4}-\d\d-\d\d[ T][\d:.,]+\s+(?:rank\d+\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+")
-_ERROR = re.compile(r"(Error|Exception|error:|ERROR|not found|No module named|Killed|Aborted|terminate called|"
-                    r"Timed out|timed out|waited more than|[Oo]ut of memory)")
-# Lines that say nothing of the cause: tracebacks' frames, the launchers' own accounts of a child's failure.
-_NOISE = re.compile(
-    r"^(File |Traceback|raise |\^|~|During handling|The above exception)|ChildFailedError|elastic/multiprocessing|"
-    r"torch\.distributed\.elastic|^Process \d+ exit with status code|^Terminating remaining workers|^Terminated$|"
-    r"Horovod detected that one or more processes exited|^Process name:|^Exit code:|^-{5,}|"
-    r"mpirun detected that one or more processes exited|^Primary job +terminated|^Child job \d+ terminated|"
-    r"process rank \d+ with PID|^Exit status:|^warnings\.warn|UserWarning|resource_tracker|^time\s*:|^host\s*:|"
-    r"^error_file\s*:|^traceback\s*:|^\[\d+\]:$|^Failures:|^<NO_OTHER_FAILURES>|^Root Cause|^=+$|"
-    r"^rank\s*:|^exitcode\s*:"
-)
-_ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?"
-    r"(\((SIG\w+)\))?\n",
-    re.DOTALL,
-)
-
-
-def _plain(line: str) -> str:
-    return _TAG.sub("", line.rstrip("\r\n")).strip()
-
-
-def _says_nothing(line: str) -> bool:
-    header = _LOG_HEADER.match(line)
-    if header and header.group(1) in ("DEBUG", "INFO"):  # progress, the resolved config: never a cause
-        return True
-    body = line[header.end():] if header else line
-    return (not body or body.startswith((SUMMARY_PREFIX.strip(), STEPS_PREFIX.strip())) or body[:1] in "{["
-            or bool(_NOISE.search(body)))
-
-
-def last_meaningful_line(text: str | None) -> str | None:
-    """What a failed container last said about its failure: torchrun's root cause (which rank, which exit code
-    or signal) and the last error-looking line that is not a launcher's or a traceback's frame, without the
-    launcher's tags and the log header; else the last line that is not noise (JSON dumps such as the trainer's
-    config, summary lines, INFO lines, the launchers' banners); None when nothing is left."""
-    if not text:
-        return None
-    lines = [_plain(line) for line in text.splitlines()[-300:]]
-    lines = [line for line in lines if line and not _says_nothing(line)]
-    parts = []
-    root = _ROOT_CAUSE.search(text)
-    if root:
-        rank, code, signame = root.group(1), root.group(2), root.group(4)
-        parts.append(f"rank {rank} " + (f"killed by {signame}" if signame else f"exited with code {code}"))
-    errors = [line for line in lines if _ERROR.search(line)]
-    if errors or lines:
-        line = (errors or lines)[-1]
-        header = _LOG_HEADER.match(line)
-        parts.append(line[header.end():] if header else line)
-    return clean_reason("; ".join(parts))[:LINE_LIMIT] or None
-
-
-def container_said(termination_message: str | None, log_tail: str | None = None) -> str | None:
-    """A failed container's own account: the trainer's reason when its termination message is a failed summary;
-    else the last meaningful line of its log (the log tail, else the message, which under
-    FallbackToLogsOnError is the log's tail)."""
-    try:
-        said = summary_failure(parse_termination_message(termination_message))
-    except CollectError:
-        said = None
-    if said:
-        return clean_reason(said)[:LINE_LIMIT]
-    return last_meaningful_line(log_tail) or last_meaningful_line(termination_message)
-
-
-def terminated_said(terminated: dict[str, Any], log_tail: str | None = None) -> str | None:
-    """What a container that ended badly said: the runtime's words when it never ran (StartError ...: its
-    message is the runtime's, it has no log), else `container_said`."""
-    if terminated.get("reason") in START_FAILURES:
-        return start_failure(terminated.get("message"))
-    return container_said(terminated.get("message"), log_tail)
 
 
 # ------------------------------------------------------------------ pods, as the API returns them
