@@ -199,3 +199,31 @@ def test_start_up_per_run_is_compared_forked_against_fresh_within_rounds():
     # every strategy's runs together: fresh 3, 3, 4, 5 -> 3.50; forked 0.75, 1, 1, 1.25 -> 1.00
     assert "median start-up per run, every strategy: fresh 3.50 s, forked 1.00 s (target <= 1.5 s: ok)" in lines[-7]
     assert "| fresh | 52 % | 1.000 |" in lines and "| forked | 22 % | 1.000 |" in lines  # 15 / 29 and 4 / 18
+
+
+def test_the_example_benchmark_reads_wall_time_start_up_share_and_decisions_from_results_json():
+    """Start-up share = the runs' overheadSeconds summed over their jobSeconds summed (runs without both left out);
+    a scale is decided when its fastest recommendation is clear or equivalent; both targets are checked."""
+    from gpt2bench.status import Analysis, LocalRun, Recommendation, ResultsDocument
+
+    bench = load("bench_example")
+
+    def run(name: str, job: float | None, overhead: float | None, phase: str = "Succeeded") -> LocalRun:
+        return LocalRun.model_construct(name=name, phase=phase, job_seconds=job, overhead_seconds=overhead)
+
+    document = ResultsDocument(
+        runs=[run("a", 10.0, 2.0), run("b", 6.0, 1.0), run("c", 4.0, 3.0), run("d", None, None, "Failed")],
+        rounds_done=4, stop_reason="decided",
+        analysis=Analysis(recommendations=[
+            Recommendation(objective="fastest", scale="1x1", decision="clear", verdict="single bf16 is the fastest"),
+            Recommendation(objective="fastest", scale="1x2", decision="no-clear-winner"),
+            Recommendation(objective="leanest", scale="1x1", decision="clear")]))
+    wall = {"seconds": 481.0, "exit_code": 0, "example": "x.yaml", "load": [1.0, 2.0], "ended": "now",
+            "forkserver": "on"}
+    figures = bench.summary(document, wall)
+    assert figures["startup_share"] == pytest.approx(6.0 / 20.0) and figures["startup_median_seconds"] == 2.0
+    assert (figures["runs"], figures["succeeded"], figures["decided_scales"]) == (4, 3, 1)
+    assert set(figures["scales"]) == {"1x1", "1x2"}  # the fastest objective's, not leanest's
+    lines = bench.report(figures, wall)
+    assert "| 8 min 01 s | 4 (3) | 4 | 0 | decided | 30 % | 2.00 s |" in lines
+    assert lines[-1] == "wall time <= 8 min: MISSED; scales decided: 1 of 2 (at least 1: ok)"
