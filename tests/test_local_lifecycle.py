@@ -111,16 +111,23 @@ def test_no_runner_in_the_environment_nothing_is_watched():
 
 # ------------------------------------------------------------------ metrics on loopback, the Prometheus folder removed
 EXPORTER = textwrap.dedent("""
-    import json, os, sys
+    import json, os, socket, sys, urllib.request
     from gpt2bench.trainer.config import TrainConfig
     from gpt2bench.trainer.exporter import PrometheusExporter
-    config = TrainConfig(process={"metrics_port": int(sys.argv[1])})
+    port = int(sys.argv[1])
+    config = TrainConfig(process={"metrics_port": port})
     exporter = PrometheusExporter(config, rank=0, strategy="single", local_rank=0, workers=1)
     address = exporter.server.server_address[0]
     existed = exporter.folder.is_dir()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as scrape:
+        served = scrape.status, "gpt2bench_train_steps_total" in scrape.read().decode()
     exporter.close()
+    again = socket.socket()
+    again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the next run's server: past the scrape's TIME_WAIT,
+    again.bind((address, port))  # not past a listener (Linux): the server is closed, its port free for the next run
+    again.listen()
     print(json.dumps({"address": address, "folder": str(exporter.folder), "existed": existed,
-                      "left": exporter.folder.exists()}))
+                      "left": exporter.folder.exists(), "served": served}))
 """)
 
 
@@ -136,6 +143,7 @@ def test_metrics_bind_where_they_are_told_and_the_prometheus_folder_goes(tmp_pat
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["address"] == expected
     assert seen["existed"] and not seen["left"] and Path(seen["folder"]).parent == tmp_path
+    assert seen["served"] == [200, True]
 
 
 def test_the_local_runner_tells_every_replica_its_pid_and_loopback(tmp_path):

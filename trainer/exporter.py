@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -63,7 +65,7 @@ class PrometheusExporter:
         self.folder = Path(tempfile.gettempdir()) / f"gpt2bench-prometheus-{os.getppid()}-{config.process.metrics_port}"
         self.folder.mkdir(parents=True, exist_ok=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.folder)
-        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server, values
+        from prometheus_client import CollectorRegistry, Counter, Gauge, values
         from prometheus_client.multiprocess import MultiProcessCollector
 
         values.ValueClass = values.MultiProcessValue()  # in case prometheus_client was imported before
@@ -105,7 +107,7 @@ class PrometheusExporter:
             MultiProcessCollector(registry, path=str(self.folder))
             address = os.environ.get(METRICS_ADDRESS_ENV) or DEFAULT_METRICS_ADDRESS
             try:
-                self.server, _thread = start_http_server(config.process.metrics_port, addr=address, registry=registry)
+                self.server = serve(registry, address, config.process.metrics_port)
             except OSError as exc:  # e.g. several "pods" of a local run share one network: train on anyway
                 log.warning("metrics port %s:%d unavailable (%s): this process group's metrics are not served",
                             address, config.process.metrics_port, exc)
@@ -135,3 +137,27 @@ class PrometheusExporter:
             self.server.server_close()
         if self.owns_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+SHUTDOWN_POLL_SECONDS = 0.05
+
+
+def serve(registry: Any, address: str, port: int) -> Any:
+    """prometheus_client's start_http_server, whose serving loop notices a shutdown within 50 ms: the library's
+    polls every 0.5 s, and each run's end waited for it (start-up per run, docs/local.md)."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *_args: Any) -> None:  # a scrape is not worth a log line
+            pass
+
+    server = make_server(address, port, make_wsgi_app(registry), Server, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS}, daemon=True,
+                     name="metrics").start()
+    return server
