@@ -12,6 +12,8 @@ reads its results.json:
 
     python benchmarks/bench_example.py [--example FILE] [--output DIR]
     python benchmarks/bench_example.py --report DIR       # the table again, from DIR/results.json and DIR/wall.json
+
+The measurement the docs quote: docs/results/cpu-sweep (results.json, wall.json, and this output as output.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpt2bench.report.markdown import scale_text
 from gpt2bench.status import ResultsDocument
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +65,7 @@ def summary(document: ResultsDocument, wall: dict) -> dict:
         "dropped": len(document.dropped or []),
         "startup_share": sum(r.overhead_seconds for r in timed) / sum(r.job_seconds for r in timed) if timed else None,
         "startup_median_seconds": statistics.median(r.overhead_seconds for r in timed) if timed else None,
-        "scales": {r.scale: {"decision": r.decision, "verdict": r.verdict} for r in fastest},
+        "scales": [{"scale": scale_text(r), "decision": r.decision, "verdict": r.verdict} for r in fastest],
         "decided_scales": sum(r.decision in DECIDED for r in fastest),
     }
 
@@ -85,7 +88,7 @@ def report(figures: dict, wall: dict) -> list[str]:
         "",
         "| scale | decision | verdict |",
         "|---|---|---|",
-        *(f"| {scale} | {row['decision']} | {row['verdict'] or '—'} |" for scale, row in figures["scales"].items()),
+        *(f"| {row['scale']} | {row['decision']} | {row['verdict'] or '—'} |" for row in figures["scales"]),
         "",
         f"wall time <= {TARGET_WALL_SECONDS // 60} min: {wall_ok}; scales decided: {figures['decided_scales']} of "
         f"{len(figures['scales'])} (at least 1: {decided_ok})",

@@ -217,13 +217,15 @@ def test_the_example_benchmark_reads_wall_time_start_up_share_and_decisions_from
         analysis=Analysis(recommendations=[
             Recommendation(objective="fastest", scale="1x1", decision="clear", verdict="single bf16 is the fastest"),
             Recommendation(objective="fastest", scale="1x2", decision="no-clear-winner"),
+            Recommendation(objective="fastest", scale="1x2", per_rank="1 thread", decision="only-candidate"),
             Recommendation(objective="leanest", scale="1x1", decision="clear")]))
     wall = {"seconds": 481.0, "exit_code": 0, "example": "x.yaml", "load": [1.0, 2.0], "ended": "now",
             "forkserver": "on"}
     figures = bench.summary(document, wall)
     assert figures["startup_share"] == pytest.approx(6.0 / 20.0) and figures["startup_median_seconds"] == 2.0
     assert (figures["runs"], figures["succeeded"], figures["decided_scales"]) == (4, 3, 1)
-    assert set(figures["scales"]) == {"1x1", "1x2"}  # the fastest objective's, not leanest's
+    # the fastest objective's, not leanest's; a resource group of its own keeps its row
+    assert [row["scale"] for row in figures["scales"]] == ["1x1", "1x2", "1x2 (1 thread)"]
     lines = bench.report(figures, wall)
     assert "| 8 min 01 s | 4 (3) | 4 | 0 | decided | 30 % | 2.00 s |" in lines
-    assert lines[-1] == "wall time <= 8 min: MISSED; scales decided: 1 of 2 (at least 1: ok)"
+    assert lines[-1] == "wall time <= 8 min: MISSED; scales decided: 1 of 3 (at least 1: ok)"

@@ -110,12 +110,12 @@ def _ordered(recs: list[Recommendation]) -> list[Recommendation]:
     return sorted(recs, key=lambda r: (scale_order.index(r.scale), OBJECTIVE_ORDER.index(r.objective)))
 
 
-def _scale_text(rec: Recommendation) -> str:
+def scale_text(rec: Recommendation) -> str:
     return (rec.scale or "all scales") + (f" ({rec.per_rank})" if rec.per_rank else "")
 
 
 def recommendations_markdown(analysis: Analysis) -> str:
-    rows = [[_scale_text(rec), rec.objective, decision_text(rec), rec.run or NO_VALUE,
+    rows = [[scale_text(rec), rec.objective, decision_text(rec), rec.run or NO_VALUE,
              value_text(rec.value, rec.unit),
              f"{rec.runner_up} ({value_text(rec.runner_up_value, rec.unit)})" if rec.runner_up else NO_VALUE,
              margin_text(rec)]
@@ -138,7 +138,7 @@ def recommendation_lines(analysis: Analysis) -> list[str]:
     lines = [headline(analysis).replace("**", "")]
     for rec in _ordered(analysis.recommendations):
         value = f", {value_text(rec.value, rec.unit)}" if rec.decision in ("clear", "equivalent") else ""
-        lines.append(f"  {_scale_text(rec)} {rec.objective}: {rec.verdict}{value}")
+        lines.append(f"  {scale_text(rec)} {rec.objective}: {rec.verdict}{value}")
         if dropped := verdicts.dropped(rec):
             lines.append(f"    dropped: {dropped}")
     lines.append(verdicts.explained(analysis.alpha or 0.05))
