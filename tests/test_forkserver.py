@@ -88,6 +88,9 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("server")
     base = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
     base.pop(FORKSERVER_SWITCH_ENV, None)
+    # set in this process by any earlier test that imported transformers (it asks inductor for its cache folder,
+    # which sets the variable): a runner's environment does not have it, and the test below checks it is set anew
+    base.pop("TORCHINDUCTOR_CACHE_DIR", None)
     log = folder / "forkserver.log"
     with forkserver.serving(base, log) as env:
         assert FORKSERVER_ENV in env, log.read_text()
@@ -412,7 +415,8 @@ def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
     strategies = [s["name"] for s in document["spec"]["sweep"]["strategies"]]
     assert forks.count(("torchrun", "--no-python")) == len(strategies) - 1  # every PyTorchJob's launcher
     assert forks.count(("gpt2bench", "launch")) == 1  # the MPIJob's
-    assert forks.count(("gpt2bench", "train")) == 1 + 1 + 2 + 2 + 2 + 3  # single, dataparallel, ddp, fsdp, horovod, ps
+    trainers = {"single": 1, "dataparallel": 1, "ddp": 2, "fsdp": 2, "horovod": 2, "ps": 3}  # at 1x2, ps's server
+    assert forks.count(("gpt2bench", "train")) == sum(trainers[name] for name in strategies)
     horovod = horovod_importable()
     for on, off in zip(docs["on"]["runs"], docs["off"]["runs"], strict=True):
         assert on["name"] == off["name"]
@@ -425,3 +429,21 @@ def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
         for run in (on, off):
             assert run["overheadSeconds"] == pytest.approx(run["jobSeconds"] - run["results"]["trainSeconds"])
             assert 0 < run["overheadSeconds"] < run["jobSeconds"]
+
+
+def test_a_tmpdir_deeper_than_a_socket_path_can_be_still_gets_a_server(tmp_path, probe):
+    """The server's socket is in Linux's abstract namespace, not a file under TMPDIR: a TMPDIR past sun_path's 108
+    bytes (pytest's own, under xdist) kept the server from binding, and every process ran fresh."""
+    deep = tmp_path / ("d" * 100) / ("e" * 60)
+    deep.mkdir(parents=True)
+    base = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    base.pop(FORKSERVER_SWITCH_ENV, None)
+    base.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    log = tmp_path / "forkserver.log"
+    with forkserver.serving({**base, "TMPDIR": str(deep)}, log) as env:
+        assert env[FORKSERVER_ENV].startswith("@") and not list(deep.glob("*/socket")), log.read_text()
+        out = tmp_path / "seen.json"
+        process = launch(probe, "plain", out, job_env(env, deep / "job"), forked=True)
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+        assert json.loads(out.read_text())["pid"] != process.pid  # the server's child ran it, not the stand-in
+    assert "forked" in log.read_text()

@@ -205,8 +205,9 @@ def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_failure_in_th
 
 @pytest.mark.faults
 def test_a_local_replica_killed_in_the_poll_its_peer_failed_in_is_the_reason(tmp_path):
-    """Locally the runner polls its replicas every 0.25 s (here 2 s): the master's "Connection closed by peer" and
-    the worker's SIGKILL seen in one poll are the same tie, told apart by the same rule as on the cluster."""
+    """Locally the runner sees each replica's end at once (it waits on their pidfds): the master's "Connection closed
+    by peer" first, the worker's SIGKILL 0.3 s later. A peer's failure seen alone waits for its cause as long as the
+    operator's tie lasts (one second), and the two are told apart by the same rule as on the cluster."""
     started = time.monotonic()
     peer_gone = [sys.executable, "-c", "import sys, time; time.sleep(0.3); "
                  "sys.stderr.write('RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500\\n'); sys.exit(1)"]
@@ -217,7 +218,7 @@ def test_a_local_replica_killed_in_the_poll_its_peer_failed_in_is_the_reason(tmp
     job = render_job(bench, plan_runs(bench)[0])
     for replica, command in (("Master", peer_gone), ("Worker", killed)):
         job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]["command"] = command
-    outcome = execute_job(job, tmp_path, gpus=[], grace_seconds=2, poll_seconds=2.0)
+    outcome = execute_job(job, tmp_path, gpus=[], grace_seconds=2)
     assert outcome.reason == "pod tie-ddp-fp32-2x1-worker-0 (container pytorch) killed by SIGKILL (exit code 137)"
     FIGURES["local-replicas-same-poll"] = {"injected": 1, "runs_lost": 0, "run_seconds": seconds_since(started),
                                            "reason": outcome.reason}

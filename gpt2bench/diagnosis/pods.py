@@ -138,8 +138,9 @@ def first_seconds(ends: Iterable[PodEnd]) -> list[PodEnd]:
 
 def first_failure(ends: Iterable[PodEnd]) -> PodEnd | None:
     """The pod that failed first: by the second it ended (those without a time last); within one second, and
-    among the ends a local runner saw in one poll, by how it ended (`end_rank`: an OOMKill or a signal before a
-    plain exit, a peer's failure reported last), then in the order given. Two pods of a job that fails usually
+    among the ends a local runner saw within its tie (local/executor.py, TIE_SECONDS), by how it ended
+    (`end_rank`: an OOMKill or a signal before a plain exit, a peer's failure reported last), then in the order
+    given. Two pods of a job that fails usually
     end in the same second: the victim's "Connection closed by peer" must not be named over the cause."""
     listed = list(ends)
     return min(listed, key=lambda end: (_second(end), end_rank(end)), default=None)

@@ -86,6 +86,21 @@ class JobOutcome:
     seconds: float | None = None  # first replica started -> last one's exit seen (monotonic); None: none started
 
 
+# Ends that are a consequence of another replica's (a peer's failure 5, a stop signal 6: diagnosis.end_rank), and
+# how long the runner waits for the cause to end too: the operator ranks pods that ended in the same second alike.
+PEER_RANK = 5
+TIE_SECONDS = 1.0
+
+
+def _settle(exits: list[int], codes: list[int | None], seconds: float) -> None:
+    """Wait until every replica still running has ended, or `seconds` have passed."""
+    waiting = [fd for fd, code in zip(exits, codes) if code is None]
+    deadline = time.monotonic() + seconds
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        ended = select.select(waiting, [], [], left)[0]
+        waiting = [fd for fd in waiting if fd not in ended]
+
+
 def pytorchjob_replicas(job: dict[str, Any], run_dir: Path, runtimes: dict[str, dict] | None = None) -> list[Replica]:
     """Master then Workers, one process per replica, with the training operator's env (`runtimes`: unused,
     a PyTorchJob names none)."""
@@ -395,8 +410,14 @@ def execute_job(
         while True:
             codes = [r.process.poll() for r in replicas]
             failed = [r for r, c in zip(replicas, codes) if c not in (None, 0)]
+            if failed and all(diagnosis.end_rank(replica_end(job, r)) >= PEER_RANK for r in failed):
+                # a peer's failure or a stop, seen at once: its cause may end a moment later (a killed rank's
+                # sockets close as it dies); wait for it as long as the operator's tie lasts (pods of one second)
+                _settle(exits, codes, TIE_SECONDS)
+                codes = [r.process.poll() for r in replicas]
+                failed = [r for r, c in zip(replicas, codes) if c not in (None, 0)]
             if failed:  # the first to fail (its peers, stopped now, would fail because of it); those that
-                # ended within one poll are told apart as the operator tells apart pods of the same second
+                # ended within the tie are told apart as the operator tells apart pods of the same second
                 _stop_all(replicas, grace_seconds)
                 cause = diagnosis.first_failure(replica_end(job, replica) for replica in failed).describe()
                 return finished("Failed", cause, cause)

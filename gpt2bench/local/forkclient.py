@@ -54,6 +54,12 @@ def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any], list
     return json.loads(data), fds
 
 
+def socket_address(address: str) -> str:
+    """The fork server's socket as `connect` and `bind` take it: `@name` is `name` in Linux's abstract namespace
+    (an environment variable cannot hold its leading NUL), anything else a path."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
 def python_script(program: str) -> str | None:
     """The interpreter of a Python script file run by its `#!` line (None for anything else, or a `#!` line with
     options: a server could not reproduce them)."""
@@ -114,7 +120,7 @@ def hand_over(argv: list[str], path: list[str] | None = None, environ: dict[str,
     before = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the child is there to get them
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        sock.connect(address)
+        sock.connect(socket_address(address))
         send(sock, request, fds)
         reply, received = receive(sock, max_fds=1)
     except (OSError, EOFError, ValueError) as exc:

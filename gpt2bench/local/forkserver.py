@@ -109,7 +109,9 @@ def serving(env: dict[str, str], log: Path, wanted: bool = True) -> Iterator[dic
         yield env
         return
     folder = private_tmpdir(env)  # removed below; one a killed runner left goes with the next job's (processes.py)
-    served = {**env, FORKSERVER_ENV: os.path.join(folder, "socket")}
+    # A socket in Linux's abstract namespace: no file (a path under a long TMPDIR outgrows sun_path's 108 bytes),
+    # gone with the server; the server serves its own user only (SO_PEERCRED, `admissible`).
+    served = {**env, FORKSERVER_ENV: f"@gpt2bench-forkserver-{os.getpid()}-{os.path.basename(folder)}"}
     process = None
     try:
         with open(log, "ab") as out:
@@ -152,8 +154,7 @@ def main(address: str) -> int:
         log(f"not serving: {refusal}")
         return 1
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(address)
-    os.chmod(address, 0o600)
+    listener.bind(forkclient.socket_address(address))
     listener.listen(64)
     server = Server(listener, environ, own_fds=set(forkclient.open_fds()) - {0, 1, 2, listener.fileno()},
                     resident=resident_file_pages())
