@@ -135,8 +135,10 @@ def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = Fa
         gate.edited |= edited
     conflicts = 0
     while True:
-        if not gate.lock.acquire(blocking=False):
-            return  # busy: the thread at work goes round once more
+        # busy: the thread at work goes round once more; an edit's own handler waits for its turn instead, as the
+        # thread at work may be a job event's, which kopf does not retry when its write fails
+        if not gate.lock.acquire(blocking=edited):
+            return
         finished: list[tuple[dict, Run, dict, dict]] = []
         try:
             with _gates_guard:
@@ -148,7 +150,8 @@ def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = Fa
                     finished = _advance_once(namespace, name, logger, was_edited)
             except Exception as exc:
                 with _gates_guard:
-                    gate.edited |= was_edited  # the edit is still to be answered at the next try
+                    gate.edited |= was_edited  # the edit is still to be answered at the next try,
+                    gate.wanted |= was_edited  # by the edit's handler if it is waiting (or when kopf retries it)
                     conflicts += kube.conflict(exc)
                     if kube.conflict(exc) and conflicts <= MAX_CONFLICTS:  # another writer came first: again,
                         gate.wanted = True  # on what is stored now
