@@ -84,7 +84,9 @@ def test_of_two_operators_one_acts_and_the_other_takes_over_when_it_dies(tmp_pat
         finally:
             first.stop()
             second.stop()
-    assert 3 <= took_over < 3 + 5, f"took over {took_over:.1f} s after the leader died (lease 3 s)"
+    # the lease runs from the last renewal the standby saw, not from the kill: the leader renews every second
+    # (retry, client-go's 2/15 of the lease, at least 1 s), so the standby may take it 1 s before 3 s pass
+    assert 3 - 1 <= took_over < 3 + 5, f"took over {took_over:.1f} s after the leader died (lease 3 s, retry 1 s)"
     FIGURES["two-operators"] = {"injected": 1, "runs": 4, "runs_lost": 0, "runs_twice": 0, "events_twice": 0,
                                 "final_phase": "Succeeded", "lease_seconds": 3,
                                 "takeover_after_kill_seconds": round(took_over, 1)}
