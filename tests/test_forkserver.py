@@ -202,34 +202,37 @@ def test_the_stand_in_ends_as_the_child_ended(server, probe, tmp_path, mode, cod
         assert "runpy" not in ends[True][1] and "forkserver" not in ends[True][1]
 
 
-def test_a_signal_to_the_stand_in_reaches_the_child(server, probe, tmp_path):
-    """What torchrun and mpirun do to stop a worker: SIGTERM to the process they started (here, the stand-in)."""
-    env = job_env(server[0], tmp_path / "tmp")
+def forked_probe(server, probe: Path, tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, int]:
+    """The probe forked in `mode`, once it has started its sleeper: the stand-in, the child's pid, the sleeper's."""
     out = tmp_path / "seen.json"
-    process = launch(probe, "term", out, env, forked=True)
+    process = launch(probe, mode, out, job_env(server[0], tmp_path / "tmp"), forked=True)
     wait_file(Path(f"{out}.pids"))
     child, sleeper = json.loads(Path(f"{out}.pids").read_text())
+    return process, child, sleeper
+
+
+def gone(pids: tuple[int, ...], seconds: float) -> bool:
+    """Whether every process of `pids` has ended within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(map(alive, pids))
+
+
+def test_a_signal_to_the_stand_in_reaches_the_child(server, probe, tmp_path):
+    """What torchrun and mpirun do to stop a worker: SIGTERM to the process they started (here, the stand-in)."""
+    process, child, sleeper = forked_probe(server, probe, tmp_path, "term")
     assert child != process.pid
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 3  # the child's handler ran and exited 3
-    deadline = time.monotonic() + 15  # and what it left in its process group goes, as with a pod
-    while alive(sleeper) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(child) and not alive(sleeper)
+    assert gone((child, sleeper), 15)  # and what it left in its process group goes, as with a pod
 
 
 def test_a_stand_in_killed_outright_takes_the_child_and_its_tree_along(server, probe, tmp_path):
-    env = job_env(server[0], tmp_path / "tmp")
-    out = tmp_path / "seen.json"
-    process = launch(probe, "sleep", out, env, forked=True)
-    wait_file(Path(f"{out}.pids"))
-    child, sleeper = json.loads(Path(f"{out}.pids").read_text())
+    process, child, sleeper = forked_probe(server, probe, tmp_path, "sleep")
     process.kill()
     process.wait()
-    deadline = time.monotonic() + 20  # SIGTERM, then SIGKILL after the relay's grace
-    while (alive(child) or alive(sleeper)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(child) and not alive(sleeper)
+    assert gone((child, sleeper), 20)  # SIGTERM, then SIGKILL after the relay's grace
 
 
 def test_the_server_and_its_children_go_when_the_runner_is_killed(tmp_path, probe):
