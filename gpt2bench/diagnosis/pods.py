@@ -102,6 +102,7 @@ _RANK_KILLED = re.compile(r"^rank \d+ killed by SIG")
 # Signals that ask a process to stop: what a job's controller, JobSet, torchrun or mpirun send the peers of a
 # failed process (and the kubelet a deleted pod) before killing them. A pod stopped so was stopped, not the cause.
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+PEER_FAILED, STOPPED = 5, 6  # the ranks of ends that another's caused (`end_rank`)
 
 
 def end_rank(end: PodEnd) -> int:
@@ -115,12 +116,17 @@ def end_rank(end: PodEnd) -> int:
     if end.how.startswith("OOMKilled"):
         return 1
     if end.how.startswith("killed by"):
-        return 6 if end.how.split()[2] in STOP_SIGNALS else 2
+        return STOPPED if end.how.split()[2] in STOP_SIGNALS else 2
     if _RANK_KILLED.match(end.line or "") and end.line.split()[3] not in STOP_SIGNALS:
         return 2
     if not end.how.startswith("exited with"):
         return 3
-    return 5 if PEER_FAILURE.search(end.line or "") else 4
+    return PEER_FAILED if PEER_FAILURE.search(end.line or "") else 4
+
+
+def caused_by_another(end: PodEnd) -> bool:
+    """A peer's failure or a stop: an end whose cause is another pod's (which may end a moment later)."""
+    return end_rank(end) >= PEER_FAILED
 
 
 def _second(end: PodEnd) -> datetime.datetime:

@@ -86,9 +86,8 @@ class JobOutcome:
     seconds: float | None = None  # first replica started -> last one's exit seen (monotonic); None: none started
 
 
-# Ends that are a consequence of another replica's (a peer's failure 5, a stop signal 6: diagnosis.end_rank), and
-# how long the runner waits for the cause to end too: the operator ranks pods that ended in the same second alike.
-PEER_RANK = 5
+# How long the runner waits for the cause of an end another replica caused (diagnosis.caused_by_another) to end
+# too: the operator ranks pods that ended in the same second alike.
 TIE_SECONDS = 1.0
 
 
@@ -276,7 +275,7 @@ def start(replica: Replica, base_env: dict[str, str], cwd: str | None = None) ->
     argv = replica.argv
     if replica.gpus:  # a forked child could not use a GPU the server's imports had touched: fresh processes only
         env.pop(FORKSERVER_ENV, None)
-    elif FORKSERVER_ENV in env and not _hands_over_itself(argv, env):
+    elif FORKSERVER_ENV in env and not _hands_over_itself(argv):
         argv = forked_argv(argv, env)
     with open(replica.log_path, "wb") as log:
         # A new session: the terminal's Ctrl-C reaches only `gpt2bench run`, which then stops the
@@ -305,7 +304,7 @@ def forked_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     return [sys.executable, "-m", forkclient.__name__, *argv]
 
 
-def _hands_over_itself(argv: list[str], env: dict[str, str]) -> bool:
+def _hands_over_itself(argv: list[str]) -> bool:
     """`gpt2bench train|launch` asks the fork server itself (gpt2bench.cli)."""
     return Path(argv[0]).name == "gpt2bench" and len(argv) > 1 and argv[1] in FORKED_COMMANDS
 
@@ -410,7 +409,7 @@ def execute_job(
         while True:
             codes = [r.process.poll() for r in replicas]
             failed = [r for r, c in zip(replicas, codes) if c not in (None, 0)]
-            if failed and all(diagnosis.end_rank(replica_end(job, r)) >= PEER_RANK for r in failed):
+            if failed and all(diagnosis.caused_by_another(replica_end(job, r)) for r in failed):
                 # a peer's failure or a stop, seen at once: its cause may end a moment later (a killed rank's
                 # sockets close as it dies); wait for it as long as the operator's tie lasts (pods of one second)
                 _settle(exits, codes, TIE_SECONDS)
