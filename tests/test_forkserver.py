@@ -312,6 +312,13 @@ def test_a_server_whose_imports_started_a_thread_or_changed_the_environment_does
     monkeypatch.setenv("SOMETHING_AN_IMPORT_SET", "1")
     assert forkserver.unforkable(environ, pools) == \
         "the imports changed environment variables ['SOMETHING_AN_IMPORT_SET']"
+    monkeypatch.delenv("SOMETHING_AN_IMPORT_SET")
+
+    def no_pidfd(_pid: int) -> int:
+        raise OSError(38, "Function not implemented")  # ENOSYS: a kernel before 5.3
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)  # a relay could not wait on its child: nothing is served
+    assert forkserver.unforkable(environ, pools) == "no pidfd_open on this kernel (Linux 5.3 or later)"
 
 
 def test_only_scripts_of_the_servers_interpreter_are_handed_over(tmp_path):

@@ -372,3 +372,24 @@ def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     made = operator_calls(cluster)
     assert {("kubeflow.org", "pytorchjobs", "delete"), ("", "pods", "list"), ("", "pods/log", "get")} <= made
     assert [call for call in sorted(made) if not allowed(cluster_role_rules(), *call)] == []
+
+
+def test_without_pidfds_the_runner_polls_and_still_ranks_the_tie(tmp_path, monkeypatch):
+    """A kernel before Linux 5.3 has no pidfd_open: the local runner polls instead, and a peer's failure still waits
+    out the tie for its cause (the same pair as above)."""
+    def no_pidfd(_pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    peer_gone = [sys.executable, "-c", "import sys, time; time.sleep(0.3); "
+                 "sys.stderr.write('RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500\\n'); sys.exit(1)"]
+    killed = [sys.executable, "-c", "import os, signal, time; time.sleep(0.6); os.kill(os.getpid(), signal.SIGKILL)"]
+    document = benchmark("nofd", [{"name": "ddp"}])
+    document["spec"]["sweep"]["scales"] = TWO_NODES
+    bench = load_benchmark(document)
+    job = render_job(bench, plan_runs(bench)[0])
+    for replica, command in (("Master", peer_gone), ("Worker", killed)):
+        job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]["command"] = command
+    outcome = execute_job(job, tmp_path, gpus=[], grace_seconds=2)
+    assert outcome.reason == "pod nofd-ddp-fp32-2x1-worker-0 (container pytorch) killed by SIGKILL (exit code 137)"
+    assert outcome.seconds is not None

@@ -91,8 +91,20 @@ class JobOutcome:
 TIE_SECONDS = 1.0
 
 
-def _settle(exits: list[int], codes: list[int | None], seconds: float) -> None:
+def exit_fd(pid: int) -> int | None:
+    """A pidfd that becomes readable when `pid` ends; None on a kernel without pidfd_open (before Linux 5.3), where
+    the loop polls every poll_seconds instead."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _settle(exits: list[int | None], codes: list[int | None], seconds: float) -> None:
     """Wait until every replica still running has ended, or `seconds` have passed."""
+    if any(fd is None and code is None for fd, code in zip(exits, codes)):
+        time.sleep(seconds)  # no pidfd to wait on: the whole tie
+        return
     waiting = [fd for fd, code in zip(exits, codes) if code is None]
     deadline = time.monotonic() + seconds
     while waiting and (left := deadline - time.monotonic()) > 0:
@@ -400,12 +412,12 @@ def execute_job(
     deadline_s = kinds.active_deadline(job)
     tmpdir = private_tmpdir(base_env)  # removed below, once every process is gone
     base_env = {**base_env, "TMPDIR": tmpdir}
-    exits: list[int] = []  # a pidfd per replica: its exit wakes the loop at once
+    exits: list[int | None] = []  # a pidfd per replica: its exit wakes the loop at once
     try:
         t0 = time.monotonic()
         for replica in replicas:
             start(replica, base_env)
-            exits.append(os.pidfd_open(replica.process.pid))
+            exits.append(exit_fd(replica.process.pid))
         while True:
             codes = [r.process.poll() for r in replicas]
             failed = [r for r, c in zip(replicas, codes) if c not in (None, 0)]
@@ -428,11 +440,13 @@ def execute_job(
                 return finished("Failed", f"DeadlineExceeded: ran longer than activeDeadlineSeconds={deadline_s:g}")
             if on_tick is not None:
                 on_tick(primary, elapsed)
-            select.select([fd for fd, code in zip(exits, codes) if code is None], [], [], poll_seconds)
+            select.select([fd for fd, code in zip(exits, codes) if code is None and fd is not None], [], [],
+                          poll_seconds)
     finally:
         _stop_all(replicas, grace_seconds)
         for fd in exits:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         shutil.rmtree(tmpdir, ignore_errors=True)  # its link to torch.compile's cache, not the cache
 
 

@@ -176,6 +176,10 @@ def unforkable(environ: dict[str, str], pools: set[str]) -> str | None:
     with open("/proc/self/maps", encoding="utf-8") as maps:
         if any(re.search(r"/libcuda\.so", line) for line in maps):
             return "the CUDA driver is loaded: a forked child could not use it"
+    try:  # each relay waits on its child's pidfd
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return "no pidfd_open on this kernel (Linux 5.3 or later)"
     others = set(os.listdir("/proc/self/task")) - pools - {str(os.getpid())}
     if others:
         return f"{len(others)} threads started while importing: a fork would copy none of them"
