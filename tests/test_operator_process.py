@@ -194,8 +194,9 @@ def test_events_a_crash_lost_are_posted_from_the_status_after_a_restart(tmp_path
             trainer.start(second)
             trainer.succeed(second, 200.0)
             wait_for(lambda: benchmarks.status("lost").get("phase") == "Succeeded", what="Succeeded")
-            wait_for(lambda: [e["reason"] for e in benchmarks.events("lost")].count("RunSucceeded") == 2,
-                     what="both RunSucceeded")
+            # Events are posted from kopf's queue after the status write that records them: wait for the last one
+            wait_for(lambda: (reasons := [e["reason"] for e in benchmarks.events("lost")]).count("RunSucceeded") == 2
+                     and "SweepSucceeded" in reasons, what="both RunSucceeded and the SweepSucceeded")
             events = benchmarks.events("lost")
             reasons = [e["reason"] for e in events]
             assert reasons.count("RunStarted") == 2 and reasons.count("SweepSucceeded") == 1, reasons
