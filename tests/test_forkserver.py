@@ -50,6 +50,7 @@ seen = {{
     "stdout": [sys.stdout.line_buffering, sys.stdout.write_through], "stderr": sys.stderr.line_buffering,
     "affinity": sorted(os.sched_getaffinity(0)), "group_leader": os.getpgid(0) == os.getpid(),
     "session_leader": os.getsid(0) == os.getpid(), "main": __name__, "file": __file__,
+    "launcher": __import__("gpt2bench.trainer.env", fromlist=["launcher_pid"]).launcher_pid(),
 }}
 with open(out, "w") as f:
     json.dump(seen, f)
@@ -170,6 +171,7 @@ def test_a_forked_child_starts_as_a_fresh_process_would(server, probe, tmp_path)
                                 "SIGPIPE": "ignored", "SIGUSR1": "default", "SIGXFSZ": "ignored"}
     assert fresh["blocked"] == [signal.SIGUSR2] and fresh["session_leader"] and fresh["comm"] == "probe"
     assert fresh["stdout"] == [False, True] and fresh["tempdir"] == env["TMPDIR"] and fresh["main"] == "__main__"
+    assert fresh["launcher"] == os.getpid()  # and the child's too (its parent is the server's relay)
 
 
 def test_output_left_in_buffers_is_written_as_a_fresh_interpreter_would(server, probe, tmp_path):

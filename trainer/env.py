@@ -78,6 +78,17 @@ def detect_env(environ: dict[str, str] | None = None) -> DistEnv:
     return DistEnv("none", 0, 1, 0, 1, *master)
 
 
+# Set in a child of the local runner's fork server (gpt2bench/local/forkserver.py), whose parent is the server's relay:
+# the parent of its stand-in, the process that started the program.
+started_by: int | None = None
+
+
+def launcher_pid() -> int:
+    """The process that started this one (torchrun, mpirun's daemon, a pod's shell): its parent, as a fresh process
+    has it, also when the fork server made it."""
+    return os.getppid() if started_by is None else started_by
+
+
 def process_start_time() -> float:
     """Wall-clock start of this process (Linux /proc), so startup includes interpreter and imports."""
     try:

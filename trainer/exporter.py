@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gpt2bench.protocol import DEFAULT_METRICS_ADDRESS, METRICS_ADDRESS_ENV
+from gpt2bench.trainer.env import launcher_pid
 
 log = logging.getLogger("gpt2bench.trainer")
 
@@ -62,7 +63,9 @@ class PrometheusExporter:
 
     def __init__(self, config, *, rank: int, strategy: str, local_rank: int, workers: int):
         self.workers = max(1, workers)
-        self.folder = Path(tempfile.gettempdir()) / f"gpt2bench-prometheus-{os.getppid()}-{config.process.metrics_port}"
+        # one folder per launcher (a pod's torchrun or mpirun daemon) and port: the ranks it started share it
+        port = config.process.metrics_port
+        self.folder = Path(tempfile.gettempdir()) / f"gpt2bench-prometheus-{launcher_pid()}-{port}"
         self.folder.mkdir(parents=True, exist_ok=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.folder)
         from prometheus_client import CollectorRegistry, Counter, Gauge, values

@@ -103,7 +103,7 @@ def describe(argv: list[str], path: list[str], environ: dict[str, str], fds: lis
         "argv": argv, "path": path, "env": environ, "cwd": os.getcwd(), "flags": list(sys.flags), "umask": mask,
         "affinity": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0), "rlimits": limits,
         "ignored": ignored, "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-        "fds": fds,
+        "fds": fds, "ppid": os.getppid(),
     }
 
 

@@ -23,9 +23,10 @@ value of its own; or an environment variable that differs from the server's and 
 reads at start: TMPDIR, PYTHONUNBUFFERED, OMP_NUM_THREADS). It serves only jobs that use no GPU (the executor does
 not send others), and serves none when its imports loaded the CUDA driver (a forked child could not use it).
 
-What is not a fresh process's: the child's /proc/PID/cmdline is the server's (its name, /proc/PID/comm, is the
-program's), its string hashes share the server's seed, and its memory pages are the server's until written
-(copy-on-write). `GPT2BENCH_FORKSERVER=off` runs every process fresh (benchmarks/bench_startup.py compares both).
+What is not a fresh process's: its parent is the server's relay (`gpt2bench.trainer.env.launcher_pid()` gives the
+process that started the program, the stand-in's parent, as a fresh one's os.getppid() would); its
+/proc/PID/cmdline is the server's (its name, /proc/PID/comm, is the program's), its string hashes share the
+server's seed, and its memory pages are the server's until written (copy-on-write). `GPT2BENCH_FORKSERVER=off` runs every process fresh (benchmarks/bench_startup.py compares both).
 
 The relay passes the child's end to the stand-in, stops the child's process tree when the stand-in goes (killed
 outright) or when the server goes (the runner gone: every process here has a parent-death signal), and stops what
@@ -61,6 +62,7 @@ from typing import Any, NoReturn
 from gpt2bench.local import forkclient
 from gpt2bench.local.processes import die_with_parent, kill_tree, private_tmpdir, stop_tree
 from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV, RUNNER_PID_ENV
+from gpt2bench.trainer import env as trainer_env
 
 # What a training process imports before its first step, and what torchrun and `gpt2bench launch` import. Not
 # horovod (it loads MPI, which must initialise in the process that uses it).
@@ -344,6 +346,7 @@ def become(child: Child) -> None:
     """Turn this forked child into the fresh process its request describes."""
     request = child.request
     forkclient.forked_child = True
+    trainer_env.started_by = request["ppid"]  # what os.getppid() gives a fresh process: its starter, not the relay
     os.setsid()  # as the executor, torchrun and mpirun start theirs: a process group of its own
     child.arm()
     child.conn.close()
