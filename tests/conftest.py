@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
+from gpt2bench.local import forkclient, forkserver
 from gpt2bench.local.replicas import free_port
+from gpt2bench.protocol import FORKSERVER_ENV
 
 # A tiny, fast, real run: tiny GPT-2 on the first State of the Union addresses.
 TINY_ARGS = ["--model", "tiny", "--seq-len", "32", "--max-documents", "12", "--steps", "6", "--warmup-steps", "2",
@@ -38,15 +40,17 @@ def gpt2bench_executable() -> str:
     return found
 
 
-def torchrun_prefix(nproc: int, port: int | None = None) -> list[str]:
-    """argv that runs `gpt2bench train` under torchrun with nproc local processes.
+def torchrun_prefix(nproc: int, port: int | None = None, forked: bool = False) -> list[str]:
+    """argv that runs `gpt2bench train` under torchrun with nproc local processes; `forked`: torchrun asks the fork
+    server for itself (through forkclient, as the local runner starts it), else it starts fresh.
 
     The `--` matters: torchrun's argparse would otherwise read the trainer's `--run` as an ambiguous
     abbreviation of its own `--run-path` and exit 2.
     """
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(port or free_port()), "--no-python", "--",
-            gpt2bench_executable(), "train"]
+    torchrun = [sys.executable, "-m", forkclient.__name__, shutil.which("torchrun") or "torchrun"] if forked else \
+        [sys.executable, "-m", "torch.distributed.run"]
+    return [*torchrun, "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
+            str(port or free_port()), "--no-python", "--", gpt2bench_executable(), "train"]
 
 
 @dataclass
@@ -109,6 +113,25 @@ def inductor_cache(tmp_path_factory) -> Path:
     return shared_dir(tmp_path_factory, "inductor-cache")
 
 
+def trainer_environment() -> dict[str, str]:
+    """What every trainer a test starts inherits, less its own folders: one thread per process, and none of pytest's
+    per-test variables (PYTEST_CURRENT_TEST changes with every test; the fork server would refuse it)."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="session")
+def fork_server(tmp_path_factory) -> str | None:
+    """The local runner's fork server (gpt2bench/local/forkserver.py) for the trainers this worker's tests start:
+    torch and transformers are imported once per worker instead of once per process, the suite's largest cost.
+    Its address, or None when it is off (GPT2BENCH_FORKSERVER=off) or could not start (its log says why). The
+    server serves only requests a fresh process would match (same interpreter, options, environment but for what
+    is read at run time); anything else, and every `fresh=True` start, runs fresh as before."""
+    log = tmp_path_factory.getbasetemp() / "forkserver.log"
+    with forkserver.serving(trainer_environment(), log) as served:
+        yield served.get(FORKSERVER_ENV)
+
+
 class TrainerProcess:
     """A trainer started in the background (`start_trainer`); `wait()` gives the TrainerRun."""
 
@@ -132,11 +155,12 @@ class TrainerProcess:
 
 
 @pytest.fixture
-def start_trainer(tmp_path, token_cache, inductor_cache) -> Callable[..., TrainerProcess]:
-    return trainer_starter(tmp_path, token_cache, inductor_cache)
+def start_trainer(tmp_path, token_cache, inductor_cache, fork_server) -> Callable[..., TrainerProcess]:
+    return trainer_starter(tmp_path, token_cache, inductor_cache, fork_server)
 
 
-def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path) -> Callable[..., TrainerProcess]:
+def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path,
+                    fork_server: str | None = None) -> Callable[..., TrainerProcess]:
     """Start the real trainer in the background. Arguments:
     args: trainer flags (after `gpt2bench train`);
     nproc: 1 = one plain process, N > 1 = torchrun with N local processes;
@@ -144,22 +168,25 @@ def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path) -> Call
       horovodrun/mpirun ... gpt2bench train);
     env: extra environment; expect_rc: exit code wait() asserts (None: any);
     tiny: prepend TINY_ARGS (a small, fast, real configuration; later flags override it), and
-      HALF_PRECISION_ARGS to fp16 and bf16 runs.
+      HALF_PRECISION_ARGS to fp16 and bf16 runs;
+    fresh: start every process fresh (by default `gpt2bench train` and the default torchrun ask `fork_server`).
     Every run gets its own folder under `base` (the test's tmp_path): output/ (unless --output is given), tmp/ (TMPDIR)
     and termination-log ($GPT2BENCH_TERMINATION_LOG); the token and torch.compile caches are shared by the
     session."""
     counter = iter(range(1000))
 
     def start(args: list[str] = (), *, nproc: int = 1, launcher: list[str] | None = None,
-              env: dict[str, str] | None = None, expect_rc: int | None = 0, tiny: bool = True) -> TrainerProcess:
+              env: dict[str, str] | None = None, expect_rc: int | None = 0, tiny: bool = True,
+              fresh: bool = False) -> TrainerProcess:
         workdir = base / f"run{next(counter)}"
+        forked = bool(fork_server) and not fresh
         output, tmpdir = workdir / "output", workdir / "tmp"
         tmpdir.mkdir(parents=True)
         # inductor keeps its precompiled C++ headers (~150 MB, ~10 s to build) in $TMPDIR/torchinductor_<user>
         # whatever TORCHINDUCTOR_CACHE_DIR says: pointed at the session's cache, they are built once.
         (tmpdir / f"torchinductor_{getpass.getuser()}").symlink_to(inductor_cache, target_is_directory=True)
         if launcher is None:
-            launcher = torchrun_prefix(nproc) if nproc > 1 else [gpt2bench_executable(), "train"]
+            launcher = torchrun_prefix(nproc, forked=forked) if nproc > 1 else [gpt2bench_executable(), "train"]
         args = list(args)
         half = tiny and any(a in ("fp16", "bf16") and b == "--precision" for b, a in zip(args, args[1:]))
         argv = [*launcher, *(TINY_ARGS if tiny else []), *(HALF_PRECISION_ARGS if half else []), *args]
@@ -168,10 +195,9 @@ def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path) -> Call
         else:
             argv += ["--output", str(output)]
         termination_log = workdir / "termination-log"
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmpdir),
-                    "GPT2BENCH_CACHE_DIR": str(token_cache), "GPT2BENCH_TERMINATION_LOG": str(termination_log),
-                    "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
-                    "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        full_env = {**trainer_environment(), "TMPDIR": str(tmpdir), "GPT2BENCH_CACHE_DIR": str(token_cache),
+                    "GPT2BENCH_TERMINATION_LOG": str(termination_log), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
+                    **({FORKSERVER_ENV: fork_server} if forked else {}), **(env or {})}
         return TrainerProcess(argv, full_env, workdir, output, termination_log, expect_rc)
 
     return start
@@ -189,11 +215,11 @@ def run_trainer(start_trainer) -> Callable[..., TrainerRun]:
 
 
 @pytest.fixture(scope="session")
-def single_reference(tmp_path_factory, token_cache, inductor_cache) -> Callable[[str], TrainerRun]:
+def single_reference(tmp_path_factory, token_cache, inductor_cache, fork_server) -> Callable[[str], TrainerRun]:
     """`single_reference("bf16")`: the run other strategies are compared with at global batch 4 (`single`,
     micro-batch 4, TINY_ARGS), trained once per precision in a session: runs are deterministic, and each
     one costs ~10 s (fp32) to ~30 s (bf16, emulated on this CPU) of the suite."""
-    start = trainer_starter(tmp_path_factory.mktemp("single-reference"), token_cache, inductor_cache)
+    start = trainer_starter(tmp_path_factory.mktemp("single-reference"), token_cache, inductor_cache, fork_server)
     runs: dict[str, TrainerRun] = {}
 
     def reference(precision: str = "fp32") -> TrainerRun:
@@ -222,7 +248,8 @@ def cluster(tmp_path_factory):
 # operator's controller (Trainer v2 modules override it).
 @pytest.fixture(scope="module")
 def operator(cluster):
-    """The real kopf operator (a subprocess) on the module's cluster (tests/kube/fixtures.kopf_operator)."""
+    """The real kopf operator (kopf.testing.KopfRunner: `kopf run` in a thread of this process) on the module's cluster
+    (tests/kube/fixtures.kopf_operator); tests of the operator as a process of its own start `OperatorProcess`."""
     from kube.fixtures import kopf_operator
 
     with kopf_operator(cluster, poll_seconds=0.3) as runner:
