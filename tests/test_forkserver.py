@@ -284,7 +284,8 @@ def test_which_differences_the_server_accepts():
     launched = {**server, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "RANK": "1", "LOCAL_RANK": "1",
                 "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x", "OMPI_COMM_WORLD_RANK": "1",
                 "PMIX_RANK": "1", "GPT2BENCH_OUTPUT_DIR": "/o", "PET_NNODES": "1", "TMPDIR": "/t",
-                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": "/c"}
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": "/c",
+                "NCCL_SOCKET_IFNAME": "lo"}  # horovodrun sets it for its ranks
     assert forkserver.env_difference(server, launched) is None
     for name, value in (("PATH", "/usr/bin"), ("PYTHONPATH", "/x"), ("LD_PRELOAD", "x.so"), ("MKL_NUM_THREADS", "1"),
                         ("TRANSFORMERS_VERBOSITY", "info"), ("HOME", None)):
