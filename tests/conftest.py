@@ -126,7 +126,7 @@ def fork_server(tmp_path_factory) -> str | None:
     torch and transformers are imported once per worker instead of once per process, the suite's largest cost.
     Its address, or None when it is off (GPT2BENCH_FORKSERVER=off) or could not start (its log says why). The
     server serves only requests a fresh process would match (same interpreter, options, environment but for what
-    is read at run time); anything else, and every `fresh=True` start, runs fresh as before."""
+    is read at run time); anything else runs fresh as before."""
     log = tmp_path_factory.getbasetemp() / "forkserver.log"
     with forkserver.serving(trainer_environment(), log) as served:
         yield served.get(FORKSERVER_ENV)
@@ -168,18 +168,17 @@ def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path,
       horovodrun/mpirun ... gpt2bench train);
     env: extra environment; expect_rc: exit code wait() asserts (None: any);
     tiny: prepend TINY_ARGS (a small, fast, real configuration; later flags override it), and
-      HALF_PRECISION_ARGS to fp16 and bf16 runs;
-    fresh: start every process fresh (by default `gpt2bench train` and the default torchrun ask `fork_server`).
+      HALF_PRECISION_ARGS to fp16 and bf16 runs.
+    `gpt2bench train` and the default torchrun ask `fork_server` for their process (fresh without one).
     Every run gets its own folder under `base` (the test's tmp_path): output/ (unless --output is given), tmp/ (TMPDIR)
     and termination-log ($GPT2BENCH_TERMINATION_LOG); the token and torch.compile caches are shared by the
     session."""
     counter = iter(range(1000))
 
     def start(args: list[str] = (), *, nproc: int = 1, launcher: list[str] | None = None,
-              env: dict[str, str] | None = None, expect_rc: int | None = 0, tiny: bool = True,
-              fresh: bool = False) -> TrainerProcess:
+              env: dict[str, str] | None = None, expect_rc: int | None = 0, tiny: bool = True) -> TrainerProcess:
         workdir = base / f"run{next(counter)}"
-        forked = bool(fork_server) and not fresh
+        forked = bool(fork_server)
         output, tmpdir = workdir / "output", workdir / "tmp"
         tmpdir.mkdir(parents=True)
         # inductor keeps its precompiled C++ headers (~150 MB, ~10 s to build) in $TMPDIR/torchinductor_<user>
