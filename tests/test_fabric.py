@@ -130,6 +130,7 @@ def test_unknown_nodes_count_nothing():
     assert summary["transport"] is None and summary["transport_reason"] is None  # CPU: no NCCL to ask
 
 
+@pytest.mark.slow  # real trainer processes (make test-fast skips the multi-process tests)
 def test_the_real_trainer_records_the_node_of_each_rank(start_trainer):
     """Two torchrun "nodes" (each its own torchrun, as two pods are) that the downward API puts on one machine:
     the summary lists each rank's node and says the run used 1 node of its 2."""

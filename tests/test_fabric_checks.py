@@ -183,6 +183,7 @@ def credentials_of_the_pod(program: list[str]) -> list[str]:
     return AS_THE_POD if probe.returncode == 0 else WITHOUT_IPC_LOCK
 
 
+@pytest.mark.slow  # real trainer processes (make test-fast skips the multi-process tests)
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to start "
                     "the trainer with the rendered pods' credentials")
 def test_a_trainer_started_as_the_pods_are_fails_at_once_where_rdma_was_asked_for(run_trainer, tmp_path):
@@ -226,6 +227,7 @@ def two_nodes(start_trainer, args: list[str], env: dict[str, str], per_node: int
     return first.wait()
 
 
+@pytest.mark.slow  # real trainer processes (make test-fast skips the multi-process tests)
 def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_step(start_trainer, tmp_path):
     """Each rank reads a log as NCCL writes it (the --nccl-log test hook; on CPU the collective that settles it is
     gloo's): a channel over NET/Socket to the other node. The ranks agree in an all-reduce and both stop after

@@ -13,7 +13,7 @@ import pytest
 
 from gpt2bench.local import sweep as local_sweep
 from gpt2bench.plan import order_seed, plan_runs
-from gpt2bench.protocol import SUMMARY_PREFIX, TERMINATION_LOG_ENV
+from gpt2bench.protocol import FORKSERVER_SWITCH_ENV, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 from gpt2bench.render import render_job
 from gpt2bench.report.sequential import next_round
 from gpt2bench.spec.validation import SpecError, load_benchmark
@@ -125,12 +125,19 @@ def _fake(tps: dict[str, float]):
     return render
 
 
+@pytest.fixture
+def no_fork_server(monkeypatch):
+    """`_fake`'s jobs run `python -c`, which the fork server never serves: starting it (importing torch and
+    transformers) was most of each sweep's time here."""
+    monkeypatch.setenv(FORKSERVER_SWITCH_ENV, "off")
+
+
 @pytest.mark.parametrize(("tps", "per_round", "reason"), [
     ({"ddp": 200.0, "fsdp": 100.0, "ps": 50.0}, [3, 3, 3], "decided after 3 rounds"),  # the first look decides
     ({"ddp": 100.0, "fsdp": 100.0, "ps": 50.0}, [3, 3, 3, 2], "max rounds: 4 rounds run"),  # a tie races on
 ])
 def test_the_local_runner_adds_rounds_of_the_configurations_still_racing_and_says_why_it_stopped(
-        tmp_path, tps, per_round, reason):
+        tmp_path, tps, per_round, reason, no_fork_server):
     bench = benchmark({"strategies": [{"name": "ddp"}, {"name": "fsdp"}, {"name": "ps"}], "repeats": 2,
                        "maxRepeats": 4, "breakdown": "off", "scales": [{"processesPerNode": 2}]})
     runs = plan_runs(bench)
@@ -147,7 +154,7 @@ def test_the_local_runner_adds_rounds_of_the_configurations_still_racing_and_say
     assert saved["roundsDone"] == rounds and saved["stopReason"] == doc.stop_reason and saved["racing"] == 0
 
 
-def test_a_resumed_sweep_keeps_the_rounds_it_added_and_continues_the_same_rule(tmp_path):
+def test_a_resumed_sweep_keeps_the_rounds_it_added_and_continues_the_same_rule(tmp_path, no_fork_server):
     """A sweep that added rounds 3 and 4, then was killed during round 4's last run: --resume keeps rounds 3 and 4
     (not only the spec's 2), runs the interrupted run again, and the rule ends it as before (max rounds)."""
     bench = benchmark({"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2, "maxRepeats": 4,
