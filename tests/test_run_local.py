@@ -227,6 +227,7 @@ def test_a_bf16_run_this_cpu_would_only_emulate_is_skipped_with_the_reason_and_n
     (skipped,) = doc.runs
     assert (skipped.phase, skipped.reason) == ("Skipped", "bf16 emulated on this CPU")
     assert not (tmp_path / "out" / "runs").exists()  # nothing was started
+    assert not (tmp_path / "out" / local_sweep.FORKSERVER_LOG).exists()  # not even the fork server
     assert doc.phase == "Failed" and doc.analysis.recommended is None  # nothing measured, said so
 
 

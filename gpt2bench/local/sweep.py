@@ -303,7 +303,8 @@ def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None,
              render: Callable[[Benchmark, Run], dict]) -> None:
     benchmark, runs = sweep.benchmark, sweep.runs
     live = console.is_terminal if live is None else live
-    cpu_runs = any(not run.devices_per_node for run in runs)  # the fork server serves CPU jobs only
+    # the fork server serves CPU jobs only, and none that is skipped unstarted (a later round repeats a configuration)
+    cpu_runs = any(not run.devices_per_node and not emulation_skip(benchmark, run) for run in runs)
     with forkserver.serving(child_env(), sweep.directory / FORKSERVER_LOG, wanted=cpu_runs) as base_env, \
             Display(console, len(runs), benchmark.spec.training.steps, live) as display:
         try:
