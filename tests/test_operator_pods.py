@@ -203,21 +203,28 @@ def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_failure_in_th
                                                "runs_lost": 0, "reason": reason}
 
 
+def peer_failure_then_kill_job(name: str) -> dict:
+    """A two-node ddp job whose master fails with gloo's "Connection closed by peer" after 0.3 s and whose worker is
+    SIGKILLed 0.3 s later: the peer's failure comes first, its cause second."""
+    peer_gone = [sys.executable, "-c", "import sys, time; time.sleep(0.3); "
+                 "sys.stderr.write('RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500\\n'); sys.exit(1)"]
+    killed = [sys.executable, "-c", "import os, signal, time; time.sleep(0.6); os.kill(os.getpid(), signal.SIGKILL)"]
+    document = benchmark(name, [{"name": "ddp"}])
+    document["spec"]["sweep"]["scales"] = TWO_NODES
+    bench = load_benchmark(document)
+    job = render_job(bench, plan_runs(bench)[0])
+    for replica, command in (("Master", peer_gone), ("Worker", killed)):
+        job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]["command"] = command
+    return job
+
+
 @pytest.mark.faults
 def test_a_local_replica_killed_in_the_poll_its_peer_failed_in_is_the_reason(tmp_path):
     """Locally the runner sees each replica's end at once (it waits on their pidfds): the master's "Connection closed
     by peer" first, the worker's SIGKILL 0.3 s later. A peer's failure seen alone waits for its cause as long as the
     operator's tie lasts (one second), and the two are told apart by the same rule as on the cluster."""
     started = time.monotonic()
-    peer_gone = [sys.executable, "-c", "import sys, time; time.sleep(0.3); "
-                 "sys.stderr.write('RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500\\n'); sys.exit(1)"]
-    killed = [sys.executable, "-c", "import os, signal, time; time.sleep(0.6); os.kill(os.getpid(), signal.SIGKILL)"]
-    document = benchmark("tie", [{"name": "ddp"}])
-    document["spec"]["sweep"]["scales"] = TWO_NODES
-    bench = load_benchmark(document)
-    job = render_job(bench, plan_runs(bench)[0])
-    for replica, command in (("Master", peer_gone), ("Worker", killed)):
-        job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]["command"] = command
+    job = peer_failure_then_kill_job("tie")
     outcome = execute_job(job, tmp_path, gpus=[], grace_seconds=2)
     assert outcome.reason == "pod tie-ddp-fp32-2x1-worker-0 (container pytorch) killed by SIGKILL (exit code 137)"
     FIGURES["local-replicas-same-poll"] = {"injected": 1, "runs_lost": 0, "run_seconds": seconds_since(started),
@@ -381,15 +388,7 @@ def test_without_pidfds_the_runner_polls_and_still_ranks_the_tie(tmp_path, monke
         raise OSError(38, "Function not implemented")
 
     monkeypatch.setattr(os, "pidfd_open", no_pidfd)
-    peer_gone = [sys.executable, "-c", "import sys, time; time.sleep(0.3); "
-                 "sys.stderr.write('RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500\\n'); sys.exit(1)"]
-    killed = [sys.executable, "-c", "import os, signal, time; time.sleep(0.6); os.kill(os.getpid(), signal.SIGKILL)"]
-    document = benchmark("nofd", [{"name": "ddp"}])
-    document["spec"]["sweep"]["scales"] = TWO_NODES
-    bench = load_benchmark(document)
-    job = render_job(bench, plan_runs(bench)[0])
-    for replica, command in (("Master", peer_gone), ("Worker", killed)):
-        job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]["command"] = command
+    job = peer_failure_then_kill_job("nofd")
     outcome = execute_job(job, tmp_path, gpus=[], grace_seconds=2)
     assert outcome.reason == "pod nofd-ddp-fp32-2x1-worker-0 (container pytorch) killed by SIGKILL (exit code 137)"
     assert outcome.seconds is not None
