@@ -178,14 +178,13 @@ def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path,
     def start(args: list[str] = (), *, nproc: int = 1, launcher: list[str] | None = None,
               env: dict[str, str] | None = None, expect_rc: int | None = 0, tiny: bool = True) -> TrainerProcess:
         workdir = base / f"run{next(counter)}"
-        forked = bool(fork_server)
         output, tmpdir = workdir / "output", workdir / "tmp"
         tmpdir.mkdir(parents=True)
         # inductor keeps its precompiled C++ headers (~150 MB, ~10 s to build) in $TMPDIR/torchinductor_<user>
         # whatever TORCHINDUCTOR_CACHE_DIR says: pointed at the session's cache, they are built once.
         (tmpdir / f"torchinductor_{getpass.getuser()}").symlink_to(inductor_cache, target_is_directory=True)
         if launcher is None:
-            launcher = torchrun_prefix(nproc, forked=forked) if nproc > 1 else [gpt2bench_executable(), "train"]
+            launcher = torchrun_prefix(nproc, forked=bool(fork_server)) if nproc > 1 else [gpt2bench_executable(), "train"]
         args = list(args)
         half = tiny and any(a in ("fp16", "bf16") and b == "--precision" for b, a in zip(args, args[1:]))
         argv = [*launcher, *(TINY_ARGS if tiny else []), *(HALF_PRECISION_ARGS if half else []), *args]
@@ -196,7 +195,7 @@ def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path,
         termination_log = workdir / "termination-log"
         full_env = {**trainer_environment(), "TMPDIR": str(tmpdir), "GPT2BENCH_CACHE_DIR": str(token_cache),
                     "GPT2BENCH_TERMINATION_LOG": str(termination_log), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
-                    **({FORKSERVER_ENV: fork_server} if forked else {}), **(env or {})}
+                    **({FORKSERVER_ENV: fork_server} if fork_server else {}), **(env or {})}
         return TrainerProcess(argv, full_env, workdir, output, termination_log, expect_rc)
 
     return start

@@ -26,7 +26,8 @@ not send others), and serves none when its imports loaded the CUDA driver (a for
 What is not a fresh process's: its parent is the server's relay (`gpt2bench.trainer.env.launcher_pid()` gives the
 process that started the program, the stand-in's parent, as a fresh one's os.getppid() would); its
 /proc/PID/cmdline is the server's (its name, /proc/PID/comm, is the program's), its string hashes share the
-server's seed, and its memory pages are the server's until written (copy-on-write). `GPT2BENCH_FORKSERVER=off` runs every process fresh (benchmarks/bench_startup.py compares both).
+server's seed, and its memory pages are the server's until written (copy-on-write). `GPT2BENCH_FORKSERVER=off`
+runs every process fresh (benchmarks/bench_startup.py compares both).
 
 The relay passes the child's end to the stand-in, stops the child's process tree when the stand-in goes (killed
 outright) or when the server goes (the runner gone: every process here has a parent-death signal), and stops what
