@@ -68,7 +68,7 @@ def env(tmp_path_factory):
     with EmulatedCluster(tmp_path_factory.mktemp("faults") / "kube") as cluster:
         install_crds(cluster)
         client = api_client(cluster)
-        operator = OperatorProcess(cluster, free_port(), free_port(), poll_seconds=POLL_SECONDS)
+        operator = OperatorProcess(cluster, poll_seconds=POLL_SECONDS)
         operator.start()
         try:
             yield Env(cluster, Benchmarks(client), TrainingOperator(client, cluster=cluster), operator)

@@ -18,8 +18,6 @@ from kube.fixtures import Benchmarks, api_client, benchmark, install_crds, wait_
 from kube.training import TrainingOperator
 from test_operator_process import OperatorProcess, job_creations
 
-from gpt2bench.local.replicas import free_port
-
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(240)]
 
 LEASE = ["--leader-elect", "--leader-election-namespace", "default", "--leader-election-id", "gpt2bench-test",
@@ -27,7 +25,7 @@ LEASE = ["--leader-elect", "--leader-election-namespace", "default", "--leader-e
 
 
 def candidate(cluster: EmulatedCluster, log: str) -> OperatorProcess:
-    operator = OperatorProcess(cluster, free_port(), free_port(), log=log)
+    operator = OperatorProcess(cluster, log=log)
     operator.extra_args = LEASE
     return operator
 

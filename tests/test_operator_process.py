@@ -7,6 +7,7 @@ is down; the new process resumes from status and the existing jobs and creates n
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,27 +35,39 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 class OperatorProcess:
     """`gpt2bench operator` as a process; `extra_args` (e.g. ["--api-timeout", "1"]) and `env` (e.g. the
-    worker count) apply from the next start."""
+    worker count) apply from the next start. Its metrics and health ports are free ones, kept across restarts
+    unless a restart finds one taken (see `start`)."""
 
-    def __init__(self, cluster: EmulatedCluster, metrics_port: int, health_port: int, poll_seconds: float = 0.3,
-                 log: str = "operator.log"):
-        self.cluster, self.metrics_port, self.health_port = cluster, metrics_port, health_port
+    def __init__(self, cluster: EmulatedCluster, poll_seconds: float = 0.3, log: str = "operator.log"):
+        self.cluster, self.metrics_port, self.health_port = cluster, free_port(), free_port()
         self.poll_seconds = poll_seconds
         self.extra_args: list[str] = []
         self.env: dict[str, str] = {}
         self.log = cluster.workdir / log
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def start(self, attempts: int = 3) -> None:
+        """Start it and wait for /healthz. A port freed by a killed operator is in the machine's ephemeral range
+        (`free_port`), so any outgoing connection may take it before the restart binds it (kopf then exits with
+        EADDRINUSE): that start is retried on fresh ports; any other exit fails at once with the log."""
         env = env_for_subprocess({**operator_env(self.cluster, poll_seconds=self.poll_seconds), **self.env})
-        args = [sys.executable, "-m", "gpt2bench", "operator", "--all-namespaces", "--poll-interval",
-                str(self.poll_seconds),
-                "--metrics-port", str(self.metrics_port),
-                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz", *self.extra_args]
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.get(f"http://127.0.0.1:{self.health_port}/healthz") is not None, 60,
-                 what=f"the operator's /healthz ({self.log})")
+        for attempt in range(attempts):
+            args = [sys.executable, "-m", "gpt2bench", "operator", "--all-namespaces", "--poll-interval",
+                    str(self.poll_seconds),
+                    "--metrics-port", str(self.metrics_port),
+                    "--liveness", f"http://127.0.0.1:{self.health_port}/healthz", *self.extra_args]
+            logged = self.log.stat().st_size if self.log.exists() else 0
+            with open(self.log, "a") as log:
+                self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+            up = wait_for(lambda: self.proc.poll() is not None or
+                          self.get(f"http://127.0.0.1:{self.health_port}/healthz") is not None, 60,
+                          what=f"the operator's /healthz ({self.log})")
+            if up and self.proc.poll() is None:
+                return
+            output = self.log.read_bytes()[logged:].decode(errors="replace")
+            assert "address already in use" in output and attempt + 1 < attempts, \
+                f"the operator exited {self.proc.returncode} before /healthz answered:\n{output[-3000:]}"
+            self.metrics_port, self.health_port = free_port(), free_port()
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -117,7 +130,7 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
         install_crds(cluster)
         client = api_client(cluster)
         benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
-        operator = OperatorProcess(cluster, free_port(), free_port())
+        operator = OperatorProcess(cluster)
         operator.start()
         try:
             strategies = [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}, {"name": "horovod"}]
@@ -133,7 +146,13 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
             operator.kill()  # mid-sweep, no goodbye
             trainer.start(second)
             trainer.succeed(second, 300.0)  # finishes while no operator runs
-            operator.start()
+            freed = operator.health_port
+            with socket.socket() as taker:  # as another process may take the freed port before the restart
+                taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the probes' TIME_WAIT
+                taker.bind(("127.0.0.1", freed))
+                taker.listen()
+                operator.start()
+            assert operator.health_port != freed and "address already in use" in operator.log.read_text()
 
             for i in (2, 3):
                 job = wait_for(lambda i=i: len(jobs := trainer.jobs("restart")) == i + 1 and jobs[i], what=f"job {i}")
@@ -176,7 +195,7 @@ def test_events_a_crash_lost_are_posted_from_the_status_after_a_restart(tmp_path
         install_crds(cluster)
         client = api_client(cluster)
         benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
-        operator = OperatorProcess(cluster, free_port(), free_port())
+        operator = OperatorProcess(cluster)
         operator.start()
         try:
             benchmarks.create(benchmark("lost", [{"name": "single"}, {"name": "ddp"}]))
@@ -255,7 +274,7 @@ def test_a_failed_job_creation_is_counted_retried_and_the_sweep_goes_on(tmp_path
                      << fail_once)
         client = api_client(cluster)
         benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
-        operator = OperatorProcess(cluster, free_port(), free_port())
+        operator = OperatorProcess(cluster)
         operator.start()
         try:
             benchmarks.create(benchmark("retried", [{"name": "single"}]))
@@ -273,7 +292,7 @@ def test_without_the_kubeflow_crds_every_run_fails_at_once_saying_what_to_instal
     with EmulatedCluster(tmp_path / "kube") as cluster:
         cluster.kubectl("apply", "-f", str(REPO / "manifests" / "crd.yaml"))  # no Kubeflow CRDs
         benchmarks = Benchmarks(api_client(cluster))
-        operator = OperatorProcess(cluster, free_port(), free_port())
+        operator = OperatorProcess(cluster)
         operator.start()
         try:
             # the v1 jobs asked for by name (`auto` would pick TrainJob here and say to install Trainer v2:
@@ -305,7 +324,7 @@ def test_job_events_start_the_next_run_within_a_second_of_the_previous_one_endin
         install_crds(cluster)
         client = api_client(cluster)
         benchmarks, trainer = Benchmarks(client), TrainingOperator(client)
-        operator = OperatorProcess(cluster, free_port(), free_port(), poll_seconds=60)
+        operator = OperatorProcess(cluster, poll_seconds=60)
         operator.start()
         try:
             strategies = [{"name": "single"}, {"name": "ddp"}, {"name": "fsdp"}, {"name": "horovod"}]
