@@ -40,17 +40,34 @@ def gpt2bench_executable() -> str:
     return found
 
 
-def torchrun_prefix(nproc: int, port: int | None = None, forked: bool = False) -> list[str]:
-    """argv that runs `gpt2bench train` under torchrun with nproc local processes; `forked`: torchrun asks the fork
-    server for itself (through forkclient, as the local runner starts it), else it starts fresh.
+def torchrun_prefix(nproc: int, port: int | None = None, forked: bool = False, nodes: int = 1,
+                    node_rank: int = 0) -> list[str]:
+    """argv that runs `gpt2bench train` under torchrun with nproc local processes (on node `node_rank` of `nodes`,
+    each its own torchrun as pods are); `forked`: torchrun asks the fork server for itself (through forkclient, as
+    the local runner starts it), else it starts fresh.
 
     The `--` matters: torchrun's argparse would otherwise read the trainer's `--run` as an ambiguous
     abbreviation of its own `--run-path` and exit 2.
     """
     torchrun = [sys.executable, "-m", forkclient.__name__, shutil.which("torchrun") or "torchrun"] if forked else \
         [sys.executable, "-m", "torch.distributed.run"]
-    return [*torchrun, "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
+    return [*torchrun, *(["--nnodes", str(nodes), "--node-rank", str(node_rank)] if nodes > 1 else []),
+            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
             str(port or free_port()), "--no-python", "--", gpt2bench_executable(), "train"]
+
+
+def torchrun_script(script: Path, body: str, nproc: int, fork_server: str | None) -> list[str]:
+    """argv that runs the Python `body`, saved as `script`, on `nproc` torchrun workers. With `fork_server` torchrun
+    and each worker are forked from it: the script gets the `#!` line forkclient needs to run it as this interpreter
+    would, and each worker asks for itself through forkclient (the server's environment: `trainer_environment()`)."""
+    script.write_text(f"#!{sys.executable}\n{body}")
+    script.chmod(0o755)
+    if not fork_server:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+                str(free_port()), str(script)]
+    return [sys.executable, "-m", forkclient.__name__, shutil.which("torchrun") or "torchrun", "--nproc-per-node",
+            str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--no-python", "--",
+            sys.executable, "-m", forkclient.__name__, str(script)]
 
 
 @dataclass

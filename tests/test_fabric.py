@@ -5,10 +5,8 @@ is unmeasured."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from conftest import free_port, gpt2bench_executable
+from conftest import free_port, torchrun_prefix
 
 from gpt2bench.trainer.fabric import (
     ask_nccl_for_its_log,
@@ -131,15 +129,13 @@ def test_unknown_nodes_count_nothing():
 
 
 @pytest.mark.slow  # real trainer processes (make test-fast skips the multi-process tests)
-def test_the_real_trainer_records_the_node_of_each_rank(start_trainer):
+def test_the_real_trainer_records_the_node_of_each_rank(start_trainer, fork_server):
     """Two torchrun "nodes" (each its own torchrun, as two pods are) that the downward API puts on one machine:
     the summary lists each rank's node and says the run used 1 node of its 2."""
     port = free_port()
 
     def node(rank: int):
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
-                    "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                    "--no-python", "--", gpt2bench_executable(), "train"]
+        launcher = torchrun_prefix(1, port, forked=bool(fork_server), nodes=2, node_rank=rank)
         return start_trainer(["--strategy", "ddp", "--steps", "3", "--warmup-steps", "1", "--no-breakdown"],
                              launcher=launcher, env={"GPT2BENCH_NODE_NAME": "worker-node-1"})
 

@@ -11,7 +11,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -210,16 +209,15 @@ def test_a_trainer_started_as_the_pods_are_fails_at_once_where_rdma_was_asked_fo
     assert "spec.fabric.require rdma" in (home / "termination-log").read_text()
 
 
-def two_nodes(start_trainer, args: list[str], env: dict[str, str], per_node: int = 1):
-    """Two torchrun "nodes" of `per_node` processes each (each its own torchrun, as two pods are)."""
-    from conftest import free_port, gpt2bench_executable
+def two_nodes(start_trainer, fork_server: str | None, args: list[str], env: dict[str, str], per_node: int = 1):
+    """Two torchrun "nodes" of `per_node` processes each (each its own torchrun, as two pods are), forked from the
+    session's fork server where one serves."""
+    from conftest import free_port, torchrun_prefix
 
     port = free_port()
 
     def node(rank: int):
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
-                    "--nproc-per-node", str(per_node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                    "--no-python", "--", gpt2bench_executable(), "train"]
+        launcher = torchrun_prefix(per_node, port, forked=bool(fork_server), nodes=2, node_rank=rank)
         return start_trainer(args, launcher=launcher, env=env, expect_rc=None)
 
     first, second = node(0), node(1)
@@ -228,19 +226,19 @@ def two_nodes(start_trainer, args: list[str], env: dict[str, str], per_node: int
 
 
 @pytest.mark.slow  # real trainer processes (make test-fast skips the multi-process tests)
-def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_step(start_trainer, tmp_path):
+def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_step(start_trainer, fork_server, tmp_path):
     """Each rank reads a log as NCCL writes it (the --nccl-log test hook; on CPU the collective that settles it is
     gloo's): a channel over NET/Socket to the other node. The ranks agree in an all-reduce and both stop after
     step 1; with spec.fabric.require none the same run goes on and says which transport it measured."""
     (tmp_path / "socket.log").write_text(SOCKET_LOG)
     args = ["--strategy", "ddp", "--steps", "6", "--warmup-steps", "2", "--no-breakdown",
             "--nccl-log", str(tmp_path / "socket.log")]
-    run = two_nodes(start_trainer, args, {})
+    run = two_nodes(start_trainer, fork_server, args, {})
     assert run.returncode == 1 and run.summary["status"] == "failed", run.describe()
     assert run.summary["reason"].startswith("NCCL reached the other nodes over sockets (NET/Socket) on 2 of 2 ranks")
     assert [s["step"] for s in run.steps] == [1]  # it stopped after its first step
     assert run.summary["transport"] == "NET/Socket" and run.summary["can_lock_memory"] is not None
-    baseline = two_nodes(start_trainer, args, {"GPT2BENCH_FABRIC": "none"})
+    baseline = two_nodes(start_trainer, fork_server, args, {"GPT2BENCH_FABRIC": "none"})
     assert baseline.returncode == 0 and baseline.summary["status"] == "succeeded", baseline.describe()
     assert baseline.summary["transport"] == "NET/Socket" and "over sockets (NET/Socket)" in baseline.summary["note"]
     from gpt2bench.trainer.cores import available_cpus
@@ -249,10 +247,10 @@ def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_
 
 
 @pytest.mark.slow  # four trainer processes
-def test_parameter_servers_across_two_nodes_report_gloo_over_tcp(start_trainer):
+def test_parameter_servers_across_two_nodes_report_gloo_over_tcp(start_trainer, fork_server):
     """ps's messages are gloo's whatever the devices: a run across two "nodes" (a server and a worker on each)
     records gloo/TCP as its transport, as NCCL runs record theirs."""
-    run = two_nodes(start_trainer, ["--strategy", "ps", "--ps-servers", "2", "--steps", "3", "--warmup-steps", "1",
-                                    "--no-breakdown"], {}, per_node=2)
+    run = two_nodes(start_trainer, fork_server, ["--strategy", "ps", "--ps-servers", "2", "--steps", "3",
+                                                 "--warmup-steps", "1", "--no-breakdown"], {}, per_node=2)
     assert run.returncode == 0 and run.summary["status"] == "succeeded", run.describe()
     assert run.summary["transport"] == "gloo/TCP"

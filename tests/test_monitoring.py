@@ -353,19 +353,25 @@ def test_recording_rules_evaluate_in_real_prometheus(prometheus) -> None:
 # ------------------------------------------------------------------------------ real trainer
 @needs_prometheus
 @pytest.mark.slow
-def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path) -> None:
-    """`gpt2bench train --metrics-port` (tiny model, one process) scraped by a real Prometheus."""
+def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path, fork_server: str | None) -> None:
+    """`gpt2bench train --metrics-port` (tiny model, one process, forked as the local runner's are) scraped by a
+    real Prometheus."""
     pytest.importorskip("gpt2bench.trainer.train", reason="the trainer is not installed")
+    from conftest import gpt2bench_executable, trainer_environment
+
+    from gpt2bench.protocol import FORKSERVER_ENV
+
     port = free_port()
     scrape = [{"job_name": "gpt2bench-trainer", "static_configs": [
         {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ml", "pod": "tiny-master-0"}}]}]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
-           "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log")}
+    env = {**trainer_environment(), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
+           "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log"),
+           **({FORKSERVER_ENV: fork_server} if fork_server else {})}
     # Long enough to be scraped several times at 1 s: 20 tiny steps lasted ~1-2 s, a window two scrapes could miss.
     steps = 80
     with PrometheusServer(tmp_path, scrape) as prom:
         proc = subprocess.run(
-            [sys.executable, "-m", "gpt2bench", "train", "--strategy", "single", "--precision", "fp32",
+            [gpt2bench_executable(), "train", "--strategy", "single", "--precision", "fp32",
              "--model", "tiny", "--steps", str(steps), "--warmup-steps", "2", "--micro-batch-size", "2",
              "--seq-len", "32", "--max-documents", "12", "--metrics-port", str(port), "--benchmark", "tiny-bench",
              "--run", "tiny-run", "--output", str(tmp_path / "out")],

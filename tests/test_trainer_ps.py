@@ -13,15 +13,14 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import free_port, gpt2bench_executable
+from conftest import free_port, gpt2bench_executable, torchrun_script, trainer_environment
 
+from gpt2bench.protocol import FORKSERVER_ENV
 from gpt2bench.trainer.parallel.ps import server_ranks, shard_ranges
 
 LOSS_TOL = 1e-4
@@ -181,13 +180,10 @@ os._exit(0)  # as `gpt2bench train` ends (train.EXIT_WITHOUT_DESTRUCTORS): c10d'
 
 
 @pytest.mark.slow
-def test_fp16_overflow_is_skipped_by_every_server_and_worker(tmp_path):
+def test_fp16_overflow_is_skipped_by_every_server_and_worker(tmp_path, fork_server):
     """One worker's inf, in one shard: both servers skip, both workers back off the same scale."""
-    script = tmp_path / "probe.py"
-    script.write_text(OVERFLOW_PROBE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-                           "--master-port", str(free_port()), str(script)],
+    env = {**trainer_environment(), "TMPDIR": str(tmp_path), **({FORKSERVER_ENV: fork_server} if fork_server else {})}
+    proc = subprocess.run(torchrun_script(tmp_path / "probe.py", OVERFLOW_PROBE, 4, fork_server),
                           env=env, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE "))
@@ -208,16 +204,18 @@ def test_fp16_overflow_is_skipped_by_every_server_and_worker(tmp_path):
 
 
 # ------------------------------------------------------------------ a dead or hung worker ends the job
-def _launch_job(tmp_path, args, nprocs, token_cache, per_node=None):
+def _launch_job(tmp_path, args, nprocs, token_cache, per_node=None, fork_server=None):
     """Each process on its own, as pods of a multi-node job are: no torchrun agent kills the others.
-    `per_node` processes per emulated node (default all on one)."""
+    `per_node` processes per emulated node (default all on one). With `fork_server` each is forked from it; a signal
+    sent to one then reaches its stand-in, not the trainer (so not where a test stops or kills a rank itself)."""
     port, procs = free_port(), []
     per_node = per_node or nprocs
     tmp_path.mkdir(parents=True, exist_ok=True)
     for rank in range(nprocs):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "RANK": str(rank),
+        env = {**trainer_environment(), "TMPDIR": str(tmp_path), "RANK": str(rank),
                "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank % per_node), "LOCAL_WORLD_SIZE": str(per_node),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GPT2BENCH_CACHE_DIR": str(token_cache)}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GPT2BENCH_CACHE_DIR": str(token_cache),
+               **({FORKSERVER_ENV: fork_server} if fork_server else {})}
         with open(tmp_path / f"rank{rank}.log", "w") as log:  # the child keeps its own descriptor
             procs.append(subprocess.Popen([gpt2bench_executable(), "train", *args], env=env, stdout=log,
                                           stderr=subprocess.STDOUT))
@@ -299,24 +297,21 @@ def test_async_workers_do_not_wait_for_each_other(run_trainer):
 
 
 @pytest.mark.slow
-def test_servers_on_other_nodes_get_the_payload_in_messages(tmp_path, token_cache):
+def test_servers_on_other_nodes_get_the_payload_in_messages(tmp_path, token_cache, fork_server, single_reference):
     """Two emulated nodes of (1 server + 1 worker): each worker shares memory with its own node's server and
     exchanges messages with the other's; sync ps-sharded still trains exactly like single."""
     from conftest import TINY_ARGS
 
     output = tmp_path / "out"
     args = [*TINY_ARGS, "--strategy", "ps-sharded", "--ps-servers", "2", "--output", str(output)]
-    procs = _launch_job(tmp_path, args, 4, token_cache, per_node=2)
+    procs = _launch_job(tmp_path, args, 4, token_cache, per_node=2, fork_server=fork_server)
     codes = [p.wait(timeout=300) for p in procs]
     assert codes == [0, 0, 0, 0], [(tmp_path / f"rank{r}.log").read_text()[-2000:] for r in range(4)]
     summary = json.loads((output / "summary.json").read_text())
     assert summary["nodes"] == 2 and summary["world_size"] == 2
     assert summary["ps_pairs_sharing_memory"] == 2 and summary["ps_pairs_exchanging_messages"] == 2
-    single = _launch_job(tmp_path / "single", [*TINY_ARGS, "--micro-batch-size", "4", "--output",
-                                               str(tmp_path / "single-out")], 1, token_cache)
-    assert single[0].wait(timeout=300) == 0
     steps = [json.loads(x) for x in (output / "steps.jsonl").read_text().splitlines()]
-    reference = [json.loads(x) for x in (tmp_path / "single-out" / "steps.jsonl").read_text().splitlines()]
+    reference = single_reference("fp32").steps  # single, micro-batch 4, TINY_ARGS
     for mine, ref in zip(steps, reference, strict=True):
         assert mine["loss"] == pytest.approx(ref["loss"], abs=LOSS_TOL)
         assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=NORM_RTOL["ps-sharded"])

@@ -188,21 +188,20 @@ os._exit(0)  # as `gpt2bench train` ends (train.EXIT_WITHOUT_DESTRUCTORS): c10d'
 '''
 
 
-def test_fsdp_reduce_scatters_once_per_step_under_gradient_accumulation(tmp_path, token_cache):
+def test_fsdp_reduce_scatters_once_per_step_under_gradient_accumulation(tmp_path, token_cache, fork_server):
     """grad-accum 4: the first three micro-steps run without gradient sync (FSDP2's no_sync), so each of the
     three FSDP groups (2 blocks + root) reduce-scatters once per optimizer step, not once per micro-step."""
-    import os
     import subprocess
-    import sys
 
-    from conftest import TINY_ARGS, free_port
+    from conftest import TINY_ARGS, torchrun_script, trainer_environment
 
-    script = tmp_path / "probe.py"
-    script.write_text(FSDP_ACCUMULATION_PROBE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache)}
+    from gpt2bench.protocol import FORKSERVER_ENV
+
+    env = {**trainer_environment(), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
+           **({FORKSERVER_ENV: fork_server} if fork_server else {})}
     steps = 2
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(free_port()), str(script), *TINY_ARGS, "--strategy", "fsdp", "--micro-batch-size", "1",
+    proc = subprocess.run([*torchrun_script(tmp_path / "probe.py", FSDP_ACCUMULATION_PROBE, 2, fork_server),
+                           *TINY_ARGS, "--strategy", "fsdp", "--micro-batch-size", "1",
                            "--grad-accum", "4", "--steps", str(steps), "--warmup-steps", "1",
                            "--output", str(tmp_path / "out")],
                           env=env, capture_output=True, text=True, timeout=300, check=False)
