@@ -8,6 +8,7 @@ and a termination-log file; it checks the exit code and returns a `TrainerRun`.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import os
@@ -38,6 +39,15 @@ def gpt2bench_executable() -> str:
     if found is None:
         pytest.fail("the gpt2bench console script is not on PATH: run `pip install -e .`")
     return found
+
+
+@functools.cache
+def horovod_import_error() -> str | None:
+    """Why `import horovod.torch` fails here, or None; asked once per test worker (each asking costs a torch import).
+    Imported in a child: a broken build must not kill pytest."""
+    probe = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True,
+                           check=False)
+    return f"horovod.torch does not import: {probe.stderr.strip().splitlines()[-1:]}" if probe.returncode else None
 
 
 def torchrun_prefix(nproc: int, port: int | None = None, forked: bool = False, nodes: int = 1,

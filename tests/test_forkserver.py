@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import horovod_import_error
 
 from gpt2bench.local import forkclient, forkserver
 from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
@@ -389,9 +390,6 @@ def test_start_up_per_run_is_the_job_time_less_worker_0s_training():
 
 
 # ---------------------------------------------------------------- real sweeps
-def horovod_importable() -> bool:
-    return subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True,
-                          check=False).returncode == 0
 
 
 @pytest.mark.slow
@@ -432,7 +430,7 @@ def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
     assert forks.count(("gpt2bench", "launch")) == 1  # the MPIJob's
     trainers = {"single": 1, "dataparallel": 1, "ddp": 2, "fsdp": 2, "horovod": 2, "ps": 3}  # at 1x2, ps's server
     assert forks.count(("gpt2bench", "train")) == sum(trainers[name] for name in strategies)
-    horovod = horovod_importable()
+    horovod = horovod_import_error() is None
     for on, off in zip(docs["on"]["runs"], docs["off"]["runs"], strict=True):
         assert on["name"] == off["name"]
         if on["strategy"] == "horovod" and not horovod:

@@ -1,5 +1,5 @@
-"""`gpt2bench run FILE.yaml`: the default example end to end with real processes (torchrun, mpirun),
-a failing run followed by a good one, Ctrl-C mid-sweep, and bad input.
+"""`gpt2bench run FILE.yaml`: every strategy end to end with real processes (torchrun, mpirun), a failing run
+followed by a good one, Ctrl-C mid-sweep, two scales, and bad input.
 
 Budget (2 shared cores): every run trains the tiny model for 3 steps; about 2 minutes in all.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 import yaml
+from conftest import horovod_import_error
 
 from gpt2bench.local import cli as run_local
 from gpt2bench.local import sweep as local_sweep
@@ -38,9 +39,7 @@ PNGS = ("throughput.png", "peak_memory.png", "train_time.png", "grad_norm.png", 
 
 
 def horovod_importable() -> bool:
-    return (
-        subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, check=False).returncode == 0
-    )
+    return horovod_import_error() is None
 
 
 @pytest.fixture
@@ -138,58 +137,6 @@ def test_steps_override_is_validated_like_the_file():
 
 
 # ---------------------------------------------------------------- slow: real sweeps
-
-
-@pytest.mark.slow
-def test_default_example_end_to_end(tmp_path, example, child_env):
-    """torchrun (1 and 2 processes) and the MPIJob launcher's mpirun, through the CLI (one repeat: the noise
-    rules have their own tests below)."""
-    out = tmp_path / "results"
-    only = "single-fp32|ddp-fp32|horovod-fp32"
-    done = gpt2bench("run", str(example), "--steps", "3", "--only", only, "--output", str(out), env=child_env)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-    doc = json.loads((out / "results.json").read_text())
-    expected = [run.name for run in plan_runs(load_benchmark_file(str(example))) if re.search(only, run.name)]
-    assert (
-        [r["name"] for r in doc["runs"]]
-        == expected
-        == ["cpu-sweep-single-fp32-1x1", "cpu-sweep-ddp-fp32-1x2", "cpu-sweep-horovod-fp32-1x2"]
-    )
-    single, ddp, horovod = doc["runs"]
-    for run in (single, ddp):
-        assert run["phase"] == "Succeeded", run
-        assert run["results"]["tokensPerSecond"] > 0 and run["results"]["trainSeconds"] > 0
-        steps = read_steps(out / run["stepsFile"])
-        assert [s["step"] for s in steps] == [1, 2, 3]
-    assert ddp["results"]["worldSize"] == 2 and single["results"]["worldSize"] == 1
-    assert horovod["jobKind"] == "MPIJob"
-    if horovod_importable():
-        assert horovod["phase"] == "Succeeded", horovod
-        assert horovod["results"]["worldSize"] == 2
-    else:
-        assert horovod["phase"] == "Failed"
-        assert re.search(r"horovod", horovod["reason"], re.IGNORECASE), horovod["reason"]
-        assert re.search(r"not installed|No module named|needs Horovod", horovod["reason"]), horovod["reason"]
-    assert doc["phase"] in ("Succeeded", "PartiallySucceeded")
-    assert doc["best"]["run"] in (single["name"], ddp["name"], horovod["name"])
-    assert doc["spec"]["training"]["steps"] == 3 and doc["startTime"] and doc["completionTime"]
-
-    markdown = (out / "results.md").read_text()
-    assert results_table_markdown(ResultsDocument.read(doc)) in markdown
-    for name in expected:
-        assert name in done.stdout  # the table is printed at the end
-    for png in PNGS:
-        assert_png(out / png)
-
-    # `gpt2bench report DIR` rebuilds the same report from results.json alone
-    for path in [out / "results.md", *(out / png for png in PNGS)]:
-        path.unlink()
-    rebuilt = gpt2bench("report", str(out), "--quiet", env=child_env)
-    assert rebuilt.returncode == 0, rebuilt.stderr
-    assert (out / "results.md").read_text() == markdown
-    for png in PNGS:
-        assert_png(out / png)
 
 
 @pytest.mark.slow
@@ -361,35 +308,70 @@ def test_two_scale_sweep_recommends_per_scale_and_checks_the_papers(tmp_path, ex
 
 
 @pytest.mark.slow
-def test_every_strategy_gets_the_same_cpu_budget_per_rank_whatever_launches_it(tmp_path, example, monkeypatch):
-    """torchrun (which would set OMP_NUM_THREADS=1), mpirun (which sets nothing), DataParallel's one process and
-    ps servers: each rank's intra-op threads, read back inside the rank, are its share of the pod's CPUs."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the budget, not the environment, sets the threads
+def test_every_strategy_runs_through_the_cli_with_its_share_of_the_cpus_and_is_reported(tmp_path, example):
+    """`gpt2bench run` of every strategy at 1×2 (one sweep for what two tests checked apart, each sweep's start-up
+    being the suite's cost): torchrun with 1 and 2 processes, the MPIJob launcher's mpirun, DataParallel's one
+    process, ps's servers. Each run's results and steps, the table printed and written, the plots, and `gpt2bench
+    report DIR` rebuilding them from results.json; and each rank's intra-op threads, read back inside the rank, are
+    its share of the pod's CPUs whatever launches it (torchrun would set OMP_NUM_THREADS=1, mpirun sets nothing)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    # the budget, not the environment, sets the threads
+    env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "TMPDIR": str(tmp)}
     document = yaml.safe_load(example.read_text())
-    document["spec"]["training"] |= {"steps": 3, "warmupSteps": 1, "seqLen": 32}
+    document["spec"]["training"] |= {"warmupSteps": 1, "seqLen": 32}
     document["spec"]["data"]["maxDocuments"] = 12
     document["spec"]["sweep"] = {
         "strategies": [{"name": s, **({"psServers": 2} if s == "ps-sharded" else {})} for s in STRATEGIES],
         "precisions": ["fp32"], "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}
     path = tmp_path / "every-strategy.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
-    benchmark = load_benchmark_file(str(path))
-    out = tmp_path / "out"
-    doc = local_sweep.run_sweep(benchmark, plan_runs(benchmark), out, live=False).doc
-    assert {r.strategy for r in doc.runs} == set(STRATEGIES)
+    out = tmp_path / "results"
+    done = gpt2bench("run", str(path), "--steps", "3", "--output", str(out), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    doc = json.loads((out / "results.json").read_text())
+    expected = [run.name for run in plan_runs(load_benchmark_file(str(path)))]
+    assert [r["name"] for r in doc["runs"]] == expected and [r["strategy"] for r in doc["runs"]] == list(STRATEGIES)
+    runs = {r["strategy"]: r for r in doc["runs"]}
+    assert runs["horovod"]["jobKind"] == "MPIJob" and runs["ddp"]["jobKind"] == "PyTorchJob"
+    if not horovod_importable():
+        horovod = runs.pop("horovod")
+        assert horovod["phase"] == "Failed"
+        assert re.search(r"horovod", horovod["reason"], re.IGNORECASE), horovod["reason"]
+        assert re.search(r"not installed|No module named|needs Horovod", horovod["reason"]), horovod["reason"]
     cores = min(2, len(os.sched_getaffinity(0)))  # the pod asks for 2 CPUs; one pod on this machine
-    for entry in doc.runs:
-        if entry.strategy == "horovod" and not horovod_importable():
-            continue
-        assert entry.phase == "Succeeded", (entry.name, entry.reason)
-        (summary_file,) = (out / entry.run_dir).glob("*/summary.json")  # the reporting rank's summary
+    for strategy, run in runs.items():
+        assert run["phase"] == "Succeeded", run
+        assert run["results"]["tokensPerSecond"] > 0 and run["results"]["trainSeconds"] > 0
+        assert [s["step"] for s in read_steps(out / run["stepsFile"])] == [1, 2, 3]
+        (summary_file,) = (out / run["runDir"]).glob("*/summary.json")  # the reporting rank's summary
         summary = json.loads(summary_file.read_text())
         processes = summary["processes"]  # workers and parameter servers alike
         share = cores / processes
-        assert summary["threads_by_rank"] == [max(1, int(share))] * processes, entry.name
-        assert entry.results.threads_per_rank == max(1, int(share))
-        assert entry.results.cores_per_rank == pytest.approx(share), entry.name
+        assert summary["threads_by_rank"] == [max(1, int(share))] * processes, strategy
+        assert run["results"]["threadsPerRank"] == max(1, int(share))
+        assert run["results"]["coresPerRank"] == pytest.approx(share), strategy
+    assert runs["ddp"]["results"]["worldSize"] == 2 and runs["single"]["results"]["worldSize"] == 1
+    assert doc["phase"] in ("Succeeded", "PartiallySucceeded")
+    assert doc["best"]["run"] in expected
+    assert doc["spec"]["training"]["steps"] == 3 and doc["startTime"] and doc["completionTime"]
+
+    markdown = (out / "results.md").read_text()
+    assert results_table_markdown(ResultsDocument.read(doc)) in markdown
+    for name in expected:
+        assert name in done.stdout  # the table is printed at the end
+    for png in PNGS:
+        assert_png(out / png)
+
+    # `gpt2bench report DIR` rebuilds the same report from results.json alone
+    for path in [out / "results.md", *(out / png for png in PNGS)]:
+        path.unlink()
+    rebuilt = gpt2bench("report", str(out), "--quiet", env=env)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (out / "results.md").read_text() == markdown
+    for png in PNGS:
+        assert_png(out / png)
 
 
 def test_a_reason_with_brackets_is_printed_as_text_not_read_as_markup(example):

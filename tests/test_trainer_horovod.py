@@ -6,31 +6,23 @@ Stated tolerance for "horovod trains like single at equal global batch and seed"
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
-from conftest import gpt2bench_executable
+from conftest import gpt2bench_executable, horovod_import_error
 from fault_figures import FIGURES
 
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
 
-@functools.lru_cache(maxsize=1)
 def horovod_missing() -> str | None:
-    """Why Horovod cannot run here, or None. Imported in a child: a broken build must not kill pytest."""
+    """Why Horovod cannot run here, or None."""
     if shutil.which("horovodrun") is None:
         return "horovodrun is not on PATH (scripts/install.sh builds Horovod 0.28.1)"
-    probe = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True,
-                           check=False)
-    if probe.returncode:
-        return f"horovod.torch does not import: {probe.stderr.strip().splitlines()[-1:]}"
-    return None
+    return horovod_import_error()
 
 
 @pytest.fixture(autouse=True)
