@@ -398,14 +398,16 @@ def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
     """Each way the CPU example starts processes (fp32, 4 steps) through `gpt2bench run`, with the fork server (the
     default) and without it (GPT2BENCH_FORKSERVER=off): torchrun, its workers, `gpt2bench launch` and mpirun's ranks
     and ps's servers are all forked, none refused, and every run's loss curve is the fresh run's, to the last bit.
-    Each run's job time and start-up per run are in results.json. fsdp is left out: its processes start as ddp's
-    (a PyTorchJob of two workers), and the conftest's fork server forks its other tests' runs."""
+    Each run's job time and start-up per run are in results.json. single and fsdp are left out: their processes
+    start as ddp's (a PyTorchJob's torchrun and its workers), and the conftest's fork server forks their other tests'
+    runs."""
     from gpt2bench.local.replicas import free_port
     from gpt2bench.report.steps import read_steps
 
     document = yaml.safe_load((Path(__file__).resolve().parents[1] / "manifests/examples/cpu-sweep.yaml").read_text())
     document["spec"]["sweep"].update(precisions=["fp32"], repeats=1, breakdown="off")
-    document["spec"]["sweep"]["strategies"] = [s for s in document["spec"]["sweep"]["strategies"] if s["name"] != "fsdp"]
+    document["spec"]["sweep"]["strategies"] = [s for s in document["spec"]["sweep"]["strategies"]
+                                               if s["name"] not in ("single", "fsdp")]
     for key in ("maxRepeats", "minEffect", "budget"):
         document["spec"]["sweep"].pop(key)
     document["spec"].setdefault("metrics", {})["port"] = free_port()
