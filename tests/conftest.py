@@ -59,25 +59,26 @@ def torchrun_prefix(nproc: int, port: int | None = None, forked: bool = False, n
     The `--` matters: torchrun's argparse would otherwise read the trainer's `--run` as an ambiguous
     abbreviation of its own `--run-path` and exit 2.
     """
+    return [*_torchrun(nproc, port, forked, nodes, node_rank), "--no-python", "--", gpt2bench_executable(), "train"]
+
+
+def _torchrun(nproc: int, port: int | None, forked: bool, nodes: int = 1, node_rank: int = 0) -> list[str]:
+    """torchrun and its options, up to the program it runs; `forked`: asking the fork server for itself."""
     torchrun = [sys.executable, "-m", forkclient.__name__, shutil.which("torchrun") or "torchrun"] if forked else \
         [sys.executable, "-m", "torch.distributed.run"]
     return [*torchrun, *(["--nnodes", str(nodes), "--node-rank", str(node_rank)] if nodes > 1 else []),
-            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
-            str(port or free_port()), "--no-python", "--", gpt2bench_executable(), "train"]
+            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port or free_port())]
 
 
 def torchrun_script(script: Path, body: str, nproc: int, fork_server: str | None) -> list[str]:
     """argv that runs the Python `body`, saved as `script`, on `nproc` torchrun workers. With `fork_server` torchrun
     and each worker are forked from it: the script gets the `#!` line forkclient needs to run it as this interpreter
-    would, and each worker asks for itself through forkclient (the server's environment: `trainer_environment()`)."""
+    would, and each worker asks for itself through forkclient (the server's environment:
+    `trainer_environment(fork_server)`)."""
     script.write_text(f"#!{sys.executable}\n{body}")
     script.chmod(0o755)
-    if not fork_server:
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-                str(free_port()), str(script)]
-    return [sys.executable, "-m", forkclient.__name__, shutil.which("torchrun") or "torchrun", "--nproc-per-node",
-            str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--no-python", "--",
-            sys.executable, "-m", forkclient.__name__, str(script)]
+    program = ["--no-python", "--", sys.executable, "-m", forkclient.__name__] if fork_server else []
+    return [*_torchrun(nproc, None, bool(fork_server)), *program, str(script)]
 
 
 @dataclass
@@ -140,11 +141,13 @@ def inductor_cache(tmp_path_factory) -> Path:
     return shared_dir(tmp_path_factory, "inductor-cache")
 
 
-def trainer_environment() -> dict[str, str]:
+def trainer_environment(fork_server: str | None = None) -> dict[str, str]:
     """What every trainer a test starts inherits, less its own folders: one thread per process, and none of pytest's
-    per-test variables (PYTEST_CURRENT_TEST changes with every test; the fork server would refuse it)."""
+    per-test variables (PYTEST_CURRENT_TEST changes with every test; the fork server would refuse it); with the
+    address of `fork_server` where one serves (the `fork_server` fixture), so that its programs ask it."""
     return {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+            **({FORKSERVER_ENV: fork_server} if fork_server else {})}
 
 
 @pytest.fixture(scope="session")
@@ -211,7 +214,8 @@ def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path,
         # whatever TORCHINDUCTOR_CACHE_DIR says: pointed at the session's cache, they are built once.
         (tmpdir / f"torchinductor_{getpass.getuser()}").symlink_to(inductor_cache, target_is_directory=True)
         if launcher is None:
-            launcher = torchrun_prefix(nproc, forked=bool(fork_server)) if nproc > 1 else [gpt2bench_executable(), "train"]
+            launcher = torchrun_prefix(nproc, forked=bool(fork_server)) if nproc > 1 else \
+                [gpt2bench_executable(), "train"]
         args = list(args)
         half = tiny and any(a in ("fp16", "bf16") and b == "--precision" for b, a in zip(args, args[1:]))
         argv = [*launcher, *(TINY_ARGS if tiny else []), *(HALF_PRECISION_ARGS if half else []), *args]
@@ -220,9 +224,9 @@ def trainer_starter(base: Path, token_cache: Path, inductor_cache: Path,
         else:
             argv += ["--output", str(output)]
         termination_log = workdir / "termination-log"
-        full_env = {**trainer_environment(), "TMPDIR": str(tmpdir), "GPT2BENCH_CACHE_DIR": str(token_cache),
+        full_env = {**trainer_environment(fork_server), "TMPDIR": str(tmpdir), "GPT2BENCH_CACHE_DIR": str(token_cache),
                     "GPT2BENCH_TERMINATION_LOG": str(termination_log), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
-                    **({FORKSERVER_ENV: fork_server} if fork_server else {}), **(env or {})}
+                    **(env or {})}
         return TrainerProcess(argv, full_env, workdir, output, termination_log, expect_rc)
 
     return start

@@ -226,7 +226,8 @@ def two_nodes(start_trainer, fork_server: str | None, args: list[str], env: dict
 
 
 @pytest.mark.slow  # real trainer processes (make test-fast skips the multi-process tests)
-def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_step(start_trainer, fork_server, tmp_path):
+def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_step(start_trainer, fork_server,
+                                                                                       tmp_path):
     """Each rank reads a log as NCCL writes it (the --nccl-log test hook; on CPU the collective that settles it is
     gloo's): a channel over NET/Socket to the other node. The ranks agree in an all-reduce and both stop after
     step 1; with spec.fabric.require none the same run goes on and says which transport it measured."""

@@ -390,8 +390,6 @@ def test_start_up_per_run_is_the_job_time_less_worker_0s_training():
 
 
 # ---------------------------------------------------------------- real sweeps
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):

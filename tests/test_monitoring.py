@@ -359,14 +359,11 @@ def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path
     pytest.importorskip("gpt2bench.trainer.train", reason="the trainer is not installed")
     from conftest import gpt2bench_executable, trainer_environment
 
-    from gpt2bench.protocol import FORKSERVER_ENV
-
     port = free_port()
     scrape = [{"job_name": "gpt2bench-trainer", "static_configs": [
         {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ml", "pod": "tiny-master-0"}}]}]
-    env = {**trainer_environment(), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
-           "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log"),
-           **({FORKSERVER_ENV: fork_server} if fork_server else {})}
+    env = {**trainer_environment(fork_server), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
+           "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log")}
     # Long enough to be scraped several times at 1 s: 20 tiny steps lasted ~1-2 s, a window two scrapes could miss.
     steps = 80
     with PrometheusServer(tmp_path, scrape) as prom:

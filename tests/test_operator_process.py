@@ -59,10 +59,10 @@ class OperatorProcess:
             logged = self.log.stat().st_size if self.log.exists() else 0
             with open(self.log, "a") as log:
                 self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-            up = wait_for(lambda: self.proc.poll() is not None or
-                          self.get(f"http://127.0.0.1:{self.health_port}/healthz") is not None, 60,
-                          what=f"the operator's /healthz ({self.log})")
-            if up and self.proc.poll() is None:
+            wait_for(lambda: self.proc.poll() is not None or
+                     self.get(f"http://127.0.0.1:{self.health_port}/healthz") is not None, 60,
+                     what=f"the operator's /healthz ({self.log})")
+            if self.proc.poll() is None:
                 return
             output = self.log.read_bytes()[logged:].decode(errors="replace")
             assert "address already in use" in output and attempt + 1 < attempts, \

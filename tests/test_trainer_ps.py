@@ -20,7 +20,6 @@ import time
 import pytest
 from conftest import free_port, gpt2bench_executable, torchrun_script, trainer_environment
 
-from gpt2bench.protocol import FORKSERVER_ENV
 from gpt2bench.trainer.parallel.ps import server_ranks, shard_ranges
 
 LOSS_TOL = 1e-4
@@ -182,7 +181,7 @@ os._exit(0)  # as `gpt2bench train` ends (train.EXIT_WITHOUT_DESTRUCTORS): c10d'
 @pytest.mark.slow
 def test_fp16_overflow_is_skipped_by_every_server_and_worker(tmp_path, fork_server):
     """One worker's inf, in one shard: both servers skip, both workers back off the same scale."""
-    env = {**trainer_environment(), "TMPDIR": str(tmp_path), **({FORKSERVER_ENV: fork_server} if fork_server else {})}
+    env = {**trainer_environment(fork_server), "TMPDIR": str(tmp_path)}
     proc = subprocess.run(torchrun_script(tmp_path / "probe.py", OVERFLOW_PROBE, 4, fork_server),
                           env=env, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -212,10 +211,9 @@ def _launch_job(tmp_path, args, nprocs, token_cache, per_node=None, fork_server=
     per_node = per_node or nprocs
     tmp_path.mkdir(parents=True, exist_ok=True)
     for rank in range(nprocs):
-        env = {**trainer_environment(), "TMPDIR": str(tmp_path), "RANK": str(rank),
+        env = {**trainer_environment(fork_server), "TMPDIR": str(tmp_path), "RANK": str(rank),
                "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank % per_node), "LOCAL_WORLD_SIZE": str(per_node),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GPT2BENCH_CACHE_DIR": str(token_cache),
-               **({FORKSERVER_ENV: fork_server} if fork_server else {})}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GPT2BENCH_CACHE_DIR": str(token_cache)}
         with open(tmp_path / f"rank{rank}.log", "w") as log:  # the child keeps its own descriptor
             procs.append(subprocess.Popen([gpt2bench_executable(), "train", *args], env=env, stdout=log,
                                           stderr=subprocess.STDOUT))

@@ -195,10 +195,7 @@ def test_fsdp_reduce_scatters_once_per_step_under_gradient_accumulation(tmp_path
 
     from conftest import TINY_ARGS, torchrun_script, trainer_environment
 
-    from gpt2bench.protocol import FORKSERVER_ENV
-
-    env = {**trainer_environment(), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
-           **({FORKSERVER_ENV: fork_server} if fork_server else {})}
+    env = {**trainer_environment(fork_server), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache)}
     steps = 2
     proc = subprocess.run([*torchrun_script(tmp_path / "probe.py", FSDP_ACCUMULATION_PROBE, 2, fork_server),
                            *TINY_ARGS, "--strategy", "fsdp", "--micro-batch-size", "1",
