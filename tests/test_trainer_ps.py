@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import signal
 import subprocess
 import time
@@ -206,7 +207,8 @@ def test_fp16_overflow_is_skipped_by_every_server_and_worker(tmp_path, fork_serv
 def _launch_job(tmp_path, args, nprocs, token_cache, per_node=None, fork_server=None):
     """Each process on its own, as pods of a multi-node job are: no torchrun agent kills the others.
     `per_node` processes per emulated node (default all on one). With `fork_server` each is forked from it; a signal
-    sent to one then reaches its stand-in, not the trainer (so not where a test stops or kills a rank itself)."""
+    sent to one then reaches its stand-in, which passes on neither SIGKILL nor SIGSTOP: `program_pid` finds the
+    trainer."""
     port, procs = free_port(), []
     per_node = per_node or nprocs
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -222,14 +224,16 @@ def _launch_job(tmp_path, args, nprocs, token_cache, per_node=None, fork_server=
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["killed", "hung"])
-def test_a_dead_or_hung_worker_ends_the_job(tmp_path, token_cache, how):
-    from conftest import TINY_ARGS
+def test_a_dead_or_hung_worker_ends_the_job(tmp_path, token_cache, fork_server, how):
+    """The worker's own process is killed or stopped (forked ones through `program_pid`: their stand-ins pass
+    neither signal on)."""
+    from conftest import TINY_ARGS, program_pid
 
     output = tmp_path / "out"
     timeout = 10
     args = [*TINY_ARGS, "--strategy", "ps", "--steps", "500", "--output", str(output),
             "--timeout-seconds", str(timeout)]
-    procs = _launch_job(tmp_path, args, 3, token_cache)
+    procs = _launch_job(tmp_path, args, 3, token_cache, fork_server=fork_server)
     victim = procs[2]  # job rank 2 = worker 1
     try:
         deadline = time.monotonic() + 240
@@ -237,7 +241,7 @@ def test_a_dead_or_hung_worker_ends_the_job(tmp_path, token_cache, how):
         while not (steps.exists() and len(steps.read_text().splitlines()) >= 3):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no training started"
             time.sleep(0.5)
-        victim.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        os.kill(program_pid(victim.pid), signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         stopped_at = time.monotonic()
         codes = [p.wait(timeout=timeout + 60) for p in procs[:2]]
         took = time.monotonic() - stopped_at
