@@ -95,8 +95,7 @@ def test_fsdp_holds_half_the_state_of_ddp(run_trainer):
 @pytest.mark.parametrize(
     "strategy, precision, nproc, extra",
     [
-        ("single", "bf16", 1, []),
-        ("single", "fp16", 1, []),
+        ("single", "fp16", 1, []),  # single bf16: the session's reference (test_bf16_curves_agree_...)
         ("dataparallel", "fp32", 1, []),
         ("dataparallel", "bf16", 1, []),
         ("ddp", "fp16", 2, ["--static-graph", "--grad-accum", "2", "--micro-batch-size", "1"]),
@@ -153,6 +152,7 @@ def test_bf16_curves_agree_across_strategies_as_fp32_ones_do(run_trainer, single
     ddp = run_trainer(["--strategy", "ddp", "--micro-batch-size", "2", "--precision", "bf16"], nproc=2)
     fsdp = run_trainer(["--strategy", "fsdp", "--micro-batch-size", "1", "--grad-accum", "2", "--precision", "bf16"],
                        nproc=2)
+    check_common(single, strategy="single", precision="bf16", devices=1)
     for other in (ddp, fsdp):
         check_common(other, strategy=other.summary["strategy"], precision="bf16", devices=2)
         assert other.losses == pytest.approx(single.losses, rel=LOSS_RTOL)
