@@ -404,6 +404,8 @@ def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
 
     document = yaml.safe_load((Path(__file__).resolve().parents[1] / "manifests/examples/cpu-sweep.yaml").read_text())
     document["spec"]["sweep"].update(precisions=["fp32"], repeats=1, breakdown="off")
+    document["spec"]["training"] |= {"seqLen": 32, "microBatchSize": 2}  # how processes start is under test
+    document["spec"]["data"]["maxDocuments"] = 12
     document["spec"]["sweep"]["strategies"] = [s for s in document["spec"]["sweep"]["strategies"]
                                                if s["name"] not in ("single", "fsdp")]
     for key in ("maxRepeats", "minEffect", "budget"):

@@ -36,6 +36,8 @@ def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path):
     for key in ("maxRepeats", "minEffect", "budget"):  # one round, none added until decided
         document["spec"]["sweep"].pop(key, None)
     document["spec"]["sweep"]["scales"] = [{"nodes": 2, "processesPerNode": 1}]  # ddp: 2 torchrun "nodes"
+    document["spec"]["training"] |= {"seqLen": 32, "microBatchSize": 2}  # the launchers are under test
+    document["spec"]["data"]["maxDocuments"] = 12
     path = tmp_path / "tj-sweep.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     tmp = tmp_path / "tmp"
