@@ -30,8 +30,8 @@ from gpt2bench.protocol import FORKSERVER_ENV
 TINY_ARGS = ["--model", "tiny", "--seq-len", "32", "--max-documents", "12", "--steps", "6", "--warmup-steps", "2",
              "--micro-batch-size", "2", "--lr", "1e-3"]
 # fp16 and bf16 are emulated on CPUs without half-precision units (10-15x slower than fp32 on this machine, the LM
-# head's matmul most of it): tiny runs in them use 8-token sequences, a step in 0.38 s against 0.68 s with 16 and
-# 3x that with 32 (what they test does not depend on it).
+# head's matmul most of it, linear in tokens): tiny runs in them use 8-token sequences, a single bf16 step in 0.38 s
+# (16 tokens: 0.68 s; what they test does not depend on it).
 HALF_PRECISION_ARGS = ["--seq-len", "8", "--allow-emulated-precision"]
 
 
