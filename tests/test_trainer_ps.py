@@ -10,6 +10,7 @@ Stated tolerances for "sync ps trains like single at equal global batch and seed
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -235,17 +236,22 @@ def test_a_dead_or_hung_worker_ends_the_job(tmp_path, token_cache, fork_server, 
             "--timeout-seconds", str(timeout)]
     procs = _launch_job(tmp_path, args, 3, token_cache, fork_server=fork_server)
     victim = procs[2]  # job rank 2 = worker 1
+    trainer = None
     try:
         deadline = time.monotonic() + 240
         steps = output / "steps.jsonl"
         while not (steps.exists() and len(steps.read_text().splitlines()) >= 3):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no training started"
             time.sleep(0.5)
-        os.kill(program_pid(victim.pid), signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        trainer = program_pid(victim.pid)
+        os.kill(trainer, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         stopped_at = time.monotonic()
         codes = [p.wait(timeout=timeout + 60) for p in procs[:2]]
         took = time.monotonic() - stopped_at
     finally:
+        if trainer is not None:  # a stopped forked trainer outlives its relay when the server ends meanwhile
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(trainer, signal.SIGKILL)
         for p in procs:
             if p.poll() is None:
                 p.kill()
