@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import horovod_import_error
-from test_run_local import free_port
+from conftest import free_port, horovod_import_error
 
 from gpt2bench.report.steps import read_steps
 
