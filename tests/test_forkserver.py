@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import horovod_import_error
+from conftest import horovod_import_error, narrowed
 
 from gpt2bench.local import forkclient, forkserver
 from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
@@ -286,7 +286,8 @@ def test_which_differences_the_server_accepts():
                 "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x", "OMPI_COMM_WORLD_RANK": "1",
                 "PMIX_RANK": "1", "GPT2BENCH_OUTPUT_DIR": "/o", "PET_NNODES": "1", "TMPDIR": "/t",
                 "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": "/c",
-                "NCCL_SOCKET_IFNAME": "lo"}  # horovodrun sets it for its ranks
+                "NCCL_SOCKET_IFNAME": "lo",  # horovodrun sets it for its ranks
+                "JOB_COMPLETION_INDEX": "1"}  # a TrainJob's node pods have it (an indexed Job's)
     assert forkserver.env_difference(server, launched) is None
     for name, value in (("PATH", "/usr/bin"), ("PYTHONPATH", "/x"), ("LD_PRELOAD", "x.so"), ("MKL_NUM_THREADS", "1"),
                         ("TRANSFORMERS_VERBOSITY", "info"), ("HOME", None)):
@@ -402,7 +403,8 @@ def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
     from gpt2bench.local.replicas import free_port
     from gpt2bench.report.steps import read_steps
 
-    document = yaml.safe_load((Path(__file__).resolve().parents[1] / "manifests/examples/cpu-sweep.yaml").read_text())
+    document = narrowed(yaml.safe_load((Path(__file__).resolve().parents[1] / "manifests/examples/cpu-sweep.yaml")
+                                       .read_text()))
     document["spec"]["sweep"].update(precisions=["fp32"], repeats=1, breakdown="off")
     document["spec"]["training"] |= {"seqLen": 32, "microBatchSize": 2}  # how processes start is under test
     document["spec"]["data"]["maxDocuments"] = 12

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, horovod_import_error
+from conftest import free_port, horovod_import_error, narrowed
 
 from gpt2bench.report.steps import read_steps
 
@@ -25,7 +25,7 @@ EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
 
 @pytest.mark.slow
 def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path):
-    document = yaml.safe_load(EXAMPLE.read_text())
+    document = narrowed(yaml.safe_load(EXAMPLE.read_text()))
     document["metadata"]["name"] = "tj-sweep"
     document["spec"]["backend"] = "trainjob"
     document["spec"]["metrics"] = {"port": free_port()}
@@ -61,6 +61,9 @@ def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path):
     job = yaml.safe_load((out / ddp["runDir"] / "job.yaml").read_text())
     assert job["kind"] == "TrainJob" and job["spec"]["trainer"]["numNodes"] == 2
     assert (out / ddp["runDir"] / "node-1.log").exists()
+    # every process was forked: a node's JOB_COMPLETION_INDEX once sent them all to a fresh start (9 s each here)
+    log = (out / "forkserver.log").read_text()
+    assert "refused" not in log and "forked" in log, log
     if horovod_import_error() is None:
         assert horovod["phase"] == "Succeeded", horovod
         assert horovod["results"]["worldSize"] == 2

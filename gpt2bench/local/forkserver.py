@@ -88,10 +88,11 @@ PRELOAD = (
 # (the ranks, TORCHELASTIC_*, NCCL's error handling); mpi-operator's launcher role, mpirun's for its ranks (OMPI_*,
 # PMIX_*, OPAL_*, PRTE_*, and the Omni-Path libraries' *_NO_BACKTRACE, read when MPI loads them) and Horovod's
 # (horovodrun sets NCCL_SOCKET_IFNAME: NCCL_* are read by libnccl when a communicator is made, never on import);
+# the Job controller's JOB_COMPLETION_INDEX on an indexed Job's pods (a TrainJob's `node` pods, local ones too);
 # and what a shell keeps for itself.
 READ_AT_RUN_TIME = re.compile(
     r"(GPT2BENCH|PET|TORCHELASTIC|OMPI|PMIX|OPAL|PRTE|HOROVOD|NCCL)_\w+|MASTER_(ADDR|PORT)|(LOCAL_|GROUP_|ROLE_)?RANK"
-    r"|(LOCAL_|GROUP_|ROLE_)?WORLD_SIZE|ROLE_NAME|TORCH_NCCL_ASYNC_ERROR_HANDLING|K_MPI_JOB_ROLE"
+    r"|(LOCAL_|GROUP_|ROLE_)?WORLD_SIZE|ROLE_NAME|TORCH_NCCL_ASYNC_ERROR_HANDLING|K_MPI_JOB_ROLE|JOB_COMPLETION_INDEX"
     r"|(HFI|IPATH)_NO_BACKTRACE|PWD|OLDPWD|SHLVL|_")
 # Read by a fresh interpreter as it starts; the child applies them itself (`reapply`).
 REAPPLIED = ("TMPDIR", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
