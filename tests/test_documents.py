@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY_N_EMBD
 
 from gpt2bench.local import cli as run_cli
 from gpt2bench.render.cli import main as render_main
@@ -340,7 +341,8 @@ def test_run_takes_each_benchmark_in_turn_into_its_own_folder(tmp_path, monkeypa
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     path = tmp_path / "two.yaml"
-    path.write_bytes(several("first", "second", extra="  training: {steps: 3, warmupSteps: 1, seqLen: 32}\n"))
+    path.write_bytes(several("first", "second", extra="  training: {steps: 3, warmupSteps: 1, seqLen: 32}\n"
+                                                  f"  model: {{nEmbd: {TINY_N_EMBD}}}\n"))
     assert run_cli.main([str(path), "--output", str(tmp_path / "out")]) == 0
     for name in ("first", "second"):
         results = json.loads((tmp_path / "out" / name / "results.json").read_text())

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from conftest import narrowed
 from fault_figures import FIGURES
 
 from gpt2bench.local.replicas import free_port
@@ -37,7 +38,7 @@ STEPS = "20"  # long enough to be caught training: the first records come at ste
 
 
 def sweep_file(tmp_path: Path, strategies: list[str]) -> Path:
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = narrowed(yaml.safe_load(EXAMPLE.read_text()))
     doc["spec"]["sweep"].update(strategies=[{"name": s} for s in strategies], precisions=["fp32"], repeats=1)
     for key in ("maxRepeats", "minEffect", "budget"):  # one round, none added until decided
         doc["spec"]["sweep"].pop(key, None)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import narrowed
 
 from gpt2bench.files import FolderBusy, held, holding
 from gpt2bench.local.replicas import free_port
@@ -183,7 +184,7 @@ def test_a_folder_has_one_writer_and_is_free_once_it_is_gone(tmp_path):
 
 
 def benchmark(tmp_path: Path, steps: int = 12, strategies=("single", "ddp", "fsdp")):
-    doc = json.loads(json.dumps(EXAMPLE))
+    doc = narrowed(json.loads(json.dumps(EXAMPLE)))
     doc["spec"]["training"]["steps"] = steps
     doc["spec"]["sweep"].update(strategies=[{"name": s} for s in strategies], precisions=["fp32"], repeats=1)
     for key in ("maxRepeats", "minEffect", "budget"):  # one round, none added until decided

@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 import yaml
-from conftest import horovod_import_error
+from conftest import horovod_import_error, narrowed
 
 from gpt2bench.local import cli as run_local
 from gpt2bench.local import sweep as local_sweep
@@ -42,7 +42,7 @@ PNGS = ("throughput.png", "peak_memory.png", "train_time.png", "grad_norm.png", 
 def example(tmp_path) -> Path:
     """The default example, with a metrics port nobody else on this machine uses, each configuration once (the
     runner is under test here; the repeats and their noise rules have their own tests)."""
-    document = yaml.safe_load(EXAMPLE.read_text())
+    document = narrowed(yaml.safe_load(EXAMPLE.read_text()))
     document["spec"].setdefault("metrics", {})["port"] = free_port()
     document["spec"]["sweep"]["repeats"] = 1
     for key in ("maxRepeats", "minEffect", "budget"):  # one round, none added until decided

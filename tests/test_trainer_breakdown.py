@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import gpt2bench_executable
+from conftest import TINY_N_EMBD, gpt2bench_executable
 
 from gpt2bench.trainer.breakdown import (
     PHASES,
@@ -154,8 +154,8 @@ def assert_parts_add_up(run):
 
 
 def padded_param_bytes(summary) -> int:
-    """fp32 bytes of every distinct parameter, the vocabulary's padding rows included (tiny: n_embd 128)."""
-    return 4 * (summary["n_params"] + (summary["padded_vocab_size"] - 50257) * 128)
+    """fp32 bytes of every distinct parameter, the vocabulary's padding rows included (TINY_ARGS' width)."""
+    return 4 * (summary["n_params"] + (summary["padded_vocab_size"] - 50257) * TINY_N_EMBD)
 
 
 def mean(values):
