@@ -357,19 +357,20 @@ def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path
     """`gpt2bench train --metrics-port` (tiny model, one process, forked as the local runner's are) scraped by a
     real Prometheus."""
     pytest.importorskip("gpt2bench.trainer.train", reason="the trainer is not installed")
-    from conftest import gpt2bench_executable, trainer_environment
+    from conftest import TINY_N_EMBD, gpt2bench_executable, trainer_environment
 
     port = free_port()
     scrape = [{"job_name": "gpt2bench-trainer", "static_configs": [
         {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ml", "pod": "tiny-master-0"}}]}]
     env = {**trainer_environment(fork_server), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
-           "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log")}
-    # Long enough to be scraped several times at 1 s: 20 tiny steps lasted ~1-2 s, a window two scrapes could miss.
+           "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log"), "GPT2BENCH_POD_CPUS": "1"}
+    # Long enough to be scraped several times at 1 s: 20 tiny steps lasted ~1-2 s, a window two scrapes could miss;
+    # 80 steps of the conftest's 32-wide tiny model on one core last ~7 s here (7 s of CPU; 22 s at 128 wide on two).
     steps = 80
     with PrometheusServer(tmp_path, scrape) as prom:
         proc = subprocess.run(
             [gpt2bench_executable(), "train", "--strategy", "single", "--precision", "fp32",
-             "--model", "tiny", "--steps", str(steps), "--warmup-steps", "2", "--micro-batch-size", "2",
+             "--model", "tiny", "--n-embd", str(TINY_N_EMBD), "--steps", str(steps), "--warmup-steps", "2", "--micro-batch-size", "2",
              "--seq-len", "32", "--max-documents", "12", "--metrics-port", str(port), "--benchmark", "tiny-bench",
              "--run", "tiny-run", "--output", str(tmp_path / "out")],
             env=env, check=False, capture_output=True, text=True, timeout=300)
