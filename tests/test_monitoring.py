@@ -364,13 +364,16 @@ def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path
         {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ml", "pod": "tiny-master-0"}}]}]
     env = {**trainer_environment(fork_server), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
            "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log"), "GPT2BENCH_POD_CPUS": "1"}
-    # Long enough to be scraped several times at 1 s: 20 tiny steps lasted ~1-2 s, a window two scrapes could miss;
-    # 80 steps of the conftest's 32-wide tiny model on one core last ~7 s here (7 s of CPU; 22 s at 128 wide on two).
-    steps = 80
+    # Long enough to be scraped several times at 1 s: 20 tiny steps lasted ~1-2 s, a window two scrapes could miss.
+    # 60 steps of the conftest's 32-wide tiny model with a 0.1 s pause in each (the --slow-worker-seconds hook) last
+    # over 6 s at ~4 s of CPU: 80 unpaused steps at 128 wide took 22 s of CPU, and at 32 wide (~7 s alone) were
+    # scraped once in a loaded full run.
+    steps = 60
     with PrometheusServer(tmp_path, scrape) as prom:
         proc = subprocess.run(
             [gpt2bench_executable(), "train", "--strategy", "single", "--precision", "fp32",
-             "--model", "tiny", "--n-embd", str(TINY_N_EMBD), "--steps", str(steps), "--warmup-steps", "2", "--micro-batch-size", "2",
+             "--model", "tiny", "--n-embd", str(TINY_N_EMBD), "--steps", str(steps), "--slow-worker-seconds", "0.1",
+             "--warmup-steps", "2", "--micro-batch-size", "2",
              "--seq-len", "32", "--max-documents", "12", "--metrics-port", str(port), "--benchmark", "tiny-bench",
              "--run", "tiny-run", "--output", str(tmp_path / "out")],
             env=env, check=False, capture_output=True, text=True, timeout=300)
