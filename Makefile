@@ -19,9 +19,10 @@ install-test:
 demo: install
 	$(VENV)/bin/gpt2bench run manifests/examples/cpu-sweep.yaml --output results/cpu-sweep
 
-# Two pytest-xdist workers (the suite's target machine has 2 cores); whole files per worker, so that a module's
-# emulator, operator and order-dependent checks stay together (docs/ci.md, Suite time).
-WORKERS ?= 2
+# Three pytest-xdist workers on the suite's 2-core target machine: a third keeps both cores busy while a test waits
+# (a timeout, a probe, a restart); whole files per worker, so that a module's emulator, operator and
+# order-dependent checks stay together (docs/ci.md, Suite time).
+WORKERS ?= 3
 # A worker that crashes (a native abort) fails the run at once: restarted workers under loadfile re-ran the
 # crashed test or waited for ever.
 PYTEST = $(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile --max-worker-restart=0
