@@ -38,6 +38,14 @@ TINY_ARGS = ["--model", "tiny", "--n-embd", str(TINY_N_EMBD), "--seq-len", "32",
 HALF_PRECISION_ARGS = ["--seq-len", "8", "--allow-emulated-precision"]
 
 
+def held_params(summary: dict[str, Any], width: int = TINY_N_EMBD) -> int:
+    """Elements a rank's full replica holds: every distinct parameter (summary's n_params) plus the vocabulary's
+    zero padding rows, which n_params leaves out (`width` wide: the model's n_embd)."""
+    from gpt2bench.trainer.model import VOCAB_SIZE
+
+    return summary["n_params"] + (summary["padded_vocab_size"] - VOCAB_SIZE) * width
+
+
 def narrowed(document: dict[str, Any]) -> dict[str, Any]:
     """A GPT2Benchmark document whose tiny model is TINY_N_EMBD wide, as TINY_ARGS' runs: for the local sweeps
     whose subject is not the model's size."""

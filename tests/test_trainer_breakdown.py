@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import TINY_N_EMBD, gpt2bench_executable
+from conftest import gpt2bench_executable, held_params
 
 from gpt2bench.trainer.breakdown import (
     PHASES,
@@ -155,7 +155,7 @@ def assert_parts_add_up(run):
 
 def padded_param_bytes(summary) -> int:
     """fp32 bytes of every distinct parameter, the vocabulary's padding rows included (TINY_ARGS' width)."""
-    return 4 * (summary["n_params"] + (summary["padded_vocab_size"] - 50257) * TINY_N_EMBD)
+    return 4 * held_params(summary)
 
 
 def mean(values):

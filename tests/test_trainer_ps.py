@@ -20,7 +20,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import TINY_N_EMBD, free_port, gpt2bench_executable, torchrun_script, trainer_environment
+from conftest import free_port, gpt2bench_executable, held_params, torchrun_script, trainer_environment
 
 from gpt2bench.trainer.parallel.ps import server_ranks, shard_ranges
 
@@ -94,7 +94,7 @@ def test_sync_ps_and_ps_sharded_train_like_single(run_trainer, single_reference)
         # the optimizer lives on the servers: each holds its shard's params, grads and 2 AdamW moments
         # (4 floats per element); a worker holds a replica and its gradient only (2 per element)
         per_rank = summary["state_bytes_per_rank"]
-        n = summary["n_params"] + (summary["padded_vocab_size"] - 50257) * TINY_N_EMBD  # elements held: padding rows too
+        n = held_params(summary)  # elements held: padding rows too
         assert per_rank[servers:] == [2 * 4 * n] * 2
         assert sum(per_rank[:servers]) == pytest.approx(4 * 4 * n, abs=64)  # + AdamW's step counters
     assert ps.line_summary["ps_servers"] == 1  # the compact line on job rank 0 (a server) has it too

@@ -74,7 +74,10 @@ def test_fsdp_holds_half_the_state_of_ddp(run_trainer):
     """Parameter-heavy config (n_embd 512: 32.6 M params, 90% of the memory is model state). fp32: every
     precision keeps fp32 master weights, gradients and AdamW moments (docs/strategies.md), so the state
     is the same in bf16, which this CPU only emulates (15x slower)."""
-    heavy = ["--n-embd", "512", "--n-head", "8", "--micro-batch-size", "1", "--steps", "4"]
+    from conftest import held_params
+
+    width = 512
+    heavy = ["--n-embd", str(width), "--n-head", "8", "--micro-batch-size", "1", "--steps", "4"]
     ddp = run_trainer(["--strategy", "ddp", *heavy], nproc=2)
     fsdp = run_trainer(["--strategy", "fsdp", *heavy, "--no-reshard-after-forward"], nproc=2)
     check_common(ddp, strategy="ddp", precision="fp32", devices=2)
@@ -84,7 +87,7 @@ def test_fsdp_holds_half_the_state_of_ddp(run_trainer):
     ddp_state, fsdp_state = ddp.summary["state_bytes_per_rank"], fsdp.summary["state_bytes_per_rank"]
     assert ddp_state[0] == ddp_state[1]
     # fp32 param, grad, 2 AdamW moments per element held, the vocabulary's 47 zero padding rows included
-    held = ddp.summary["n_params"] + (ddp.summary["padded_vocab_size"] - 50257) * 512
+    held = held_params(ddp.summary, width=width)
     assert ddp_state[0] == pytest.approx(held * 4 * 4, rel=1e-5)
     assert max(fsdp_state) == pytest.approx(ddp_state[0] / 2, rel=0.01)
     # and the process's peak RSS is lower too (the full model exists once, at construction)
