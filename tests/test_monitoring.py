@@ -353,37 +353,29 @@ def test_recording_rules_evaluate_in_real_prometheus(prometheus) -> None:
 # ------------------------------------------------------------------------------ real trainer
 @needs_prometheus
 @pytest.mark.slow
-def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path, fork_server: str | None) -> None:
-    """`gpt2bench train --metrics-port` (tiny model, one process, forked as the local runner's are) scraped by a
-    real Prometheus."""
+def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, start_trainer) -> None:
+    """`gpt2bench train --metrics-port` (the conftest's tiny run, one process on one core, forked as the local
+    runner's are) scraped by a real Prometheus."""
     pytest.importorskip("gpt2bench.trainer.train", reason="the trainer is not installed")
-    from conftest import TINY_N_EMBD, gpt2bench_executable, trainer_environment
 
     port = free_port()
     scrape = [{"job_name": "gpt2bench-trainer", "static_configs": [
         {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ml", "pod": "tiny-master-0"}}]}]
-    env = {**trainer_environment(fork_server), "TMPDIR": str(tmp_path), "GPT2BENCH_CACHE_DIR": str(token_cache),
-           "GPT2BENCH_TERMINATION_LOG": str(tmp_path / "termination-log"), "GPT2BENCH_POD_CPUS": "1"}
     # Long enough to be scraped several times at 1 s: 20 tiny steps lasted ~1-2 s, a window two scrapes could miss.
     # 60 steps of the conftest's 32-wide tiny model with a 0.1 s pause in each (the --slow-worker-seconds hook) last
     # over 6 s at ~4 s of CPU: 80 unpaused steps at 128 wide took 22 s of CPU, and at 32 wide (~7 s alone) were
     # scraped once in a loaded full run.
     steps = 60
     with PrometheusServer(tmp_path, scrape) as prom:
-        proc = subprocess.run(
-            [gpt2bench_executable(), "train", "--strategy", "single", "--precision", "fp32",
-             "--model", "tiny", "--n-embd", str(TINY_N_EMBD), "--steps", str(steps), "--slow-worker-seconds", "0.1",
-             "--warmup-steps", "2", "--micro-batch-size", "2",
-             "--seq-len", "32", "--max-documents", "12", "--metrics-port", str(port), "--benchmark", "tiny-bench",
-             "--run", "tiny-run", "--output", str(tmp_path / "out")],
-            env=env, check=False, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run = start_trainer(["--strategy", "single", "--precision", "fp32", "--steps", str(steps),
+                             "--slow-worker-seconds", "0.1", "--metrics-port", str(port), "--benchmark", "tiny-bench",
+                             "--run", "tiny-run"]).wait(300)  # asserts exit code 0
         time.sleep(1.5)  # let the last scrape land
         want = {"namespace": "ml", "pod": "tiny-master-0", "job": "gpt2bench-trainer", "benchmark": "tiny-bench",
                 "run": "tiny-run", "strategy": "single", "precision": "fp32", "rank": "0"}
         # MFU is absent where the device's peak FLOP/s is unknown (CPU); `single` has no communication
         absent = {CONFIG.trainer.mfu, CONFIG.trainer.comm_bytes, CONFIG.trainer.comm_bus_bandwidth}
-        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        summary = run.summary
         energy = {CONFIG.trainer.step_energy_joules, CONFIG.trainer.energy_joules}
         for field, name in vars(CONFIG.trainer).items():
             result = prom.query(f"last_over_time({name}[5m])")
@@ -400,7 +392,7 @@ def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, token_cache: Path
             assert len(result) == 1, f"{field}: {name} did not reach Prometheus"
             labels = {k: v for k, v in result[0]["metric"].items() if k not in ("instance", "__name__")}
             assert labels == want, f"{name}: {labels}"
-        records = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+        records = run.steps
         loss_samples = prom.api("query", query=f"{CONFIG.trainer.loss}[5m]")["result"][0]["values"]
         scraped_losses = [float(value) for _, value in loss_samples]
         assert len(scraped_losses) >= 2, "the run was scraped at least twice while training"
