@@ -93,7 +93,7 @@ def test_horovodrun_bf16_trains_like_single_bf16_and_broadcasts_each_tensor_once
     assert run.summary["horovod_broadcast_tensors"] == tiny_tensors
 
 
-def test_compiled_horovod_trains_what_eager_horovod_trains(run_trainer):
+def test_compiled_horovod_trains_what_eager_horovod_trains(run_trainer, warm_compile_cache):
     eager = run_trainer(["--strategy", "horovod"], launcher=horovodrun())
     compiled = run_trainer(["--strategy", "horovod", "--compile"], launcher=horovodrun())
     assert_trained_in_lockstep(compiled, "fp32")

@@ -327,7 +327,7 @@ def test_servers_on_other_nodes_get_the_payload_in_messages(tmp_path, token_cach
 
 
 @pytest.mark.slow
-def test_compiled_ps_workers_train_what_eager_ones_train(run_trainer):
+def test_compiled_ps_workers_train_what_eager_ones_train(run_trainer, warm_compile_cache):
     eager = run_trainer(["--strategy", "ps"], nproc=3)
     compiled = run_trainer(["--strategy", "ps", "--compile"], nproc=3)
     assert compiled.summary["compiled"] is True and compiled.summary["compile_seconds"] > 0
