@@ -29,10 +29,10 @@ Added here, as a real API server does it:
 from __future__ import annotations
 
 import asyncio
-import copy
 import datetime
 import inspect
 import json
+import pickle
 import random
 import re
 import string
@@ -61,6 +61,14 @@ BUILTINS = {
     ),
 }
 VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+
+
+def clone(obj: Any) -> Any:
+    """A copy of a stored object or request body: JSON data, which a pickle round trip copies exactly and about
+    five times faster than copy.deepcopy (every list, watch event and write copies whole objects)."""
+    return pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
+
+
 # The least OpenAPI v3 that makes kubectl validate on the server (`?fieldValidation=Strict`) instead of
 # downloading schemas: kubectl looks for a PATCH operation with that query parameter; for CRDs it checks
 # the CRD endpoint, and for custom resources the Namespace one (k8s.io/kubectl QueryParamVerifierV3).
@@ -210,10 +218,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _current(self, key: tuple) -> dict:
         if key not in self.objects or self.objects[key].deleted:
             raise ApiError(404, "NotFound", f'{key[0].plural} "{key[2]}" not found')
-        return copy.deepcopy(self.objects[key].raw)
+        return clone(self.objects[key].raw)
 
     async def _emit(self, resource: kmock.resource, kind: str, obj: dict) -> None:
-        event = {"type": kind, "object": copy.deepcopy(obj)}
+        event = {"type": kind, "object": clone(obj)}
         history = self._history.setdefault(resource, [])
         history.append((self._rv, event))
         del history[:-HISTORY_LIMIT]
@@ -244,7 +252,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj = request.data if isinstance(request.data, dict) else None
         if obj is None:
             raise ApiError(415, "UnsupportedMediaType", "only JSON bodies are understood (no protobuf)")
-        obj = copy.deepcopy(obj)
+        obj = clone(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
@@ -302,7 +310,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict", "the object has been modified; please apply your changes "
                                "to the latest version and try again")
-            return await self._write(request, key, old, copy.deepcopy(request.data))
+            return await self._write(request, key, old, clone(request.data))
 
     async def _write(self, request: kmock.Request, key: tuple, old: dict, new: dict) -> dict:
         info = self._info(request.resource)
@@ -370,7 +378,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if not orphan:  # background garbage collection of dependents
                 await self._delete(other_key)
             else:  # orphaned: the dependent stays, without its reference to the owner
-                kept = copy.deepcopy(other.raw)
+                kept = clone(other.raw)
                 kept["metadata"]["ownerReferences"] = [ref for ref in refs if ref.get("uid") != uid]
                 if not kept["metadata"]["ownerReferences"]:
                     del kept["metadata"]["ownerReferences"]
@@ -392,7 +400,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def _items(self, request: kmock.Request) -> list[dict]:
         return [
-            copy.deepcopy(obj.raw)
+            clone(obj.raw)
             for (resource, _, _), obj in self.objects.items()
             if resource == request.resource and not obj.deleted and self._select(request, obj.raw)
         ]
