@@ -9,7 +9,6 @@ and a termination-log file; it checks the exit code and returns a `TrainerRun`.
 from __future__ import annotations
 
 import fcntl
-import functools
 import getpass
 import json
 import os
@@ -61,13 +60,21 @@ def gpt2bench_executable() -> str:
     return found
 
 
-@functools.cache
-def horovod_import_error() -> str | None:
-    """Why `import horovod.torch` fails here, or None; asked once per test worker (each asking costs a torch import).
+@pytest.fixture(scope="session")
+def horovod_import_error(tmp_path_factory) -> str | None:
+    """Why `import horovod.torch` fails here, or None; asked once per session (each asking costs a torch import):
+    the first worker to ask probes, under a lock the others wait at, and keeps the answer where they read it.
     Imported in a child: a broken build must not kill pytest."""
-    probe = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True,
-                           check=False)
-    return f"horovod.torch does not import: {probe.stderr.strip().splitlines()[-1:]}" if probe.returncode else None
+    answer = shared_dir(tmp_path_factory, "probes") / "horovod.json"
+    with open(answer.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not answer.exists():
+            probe = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True,
+                                   check=False)
+            error = f"horovod.torch does not import: {probe.stderr.strip().splitlines()[-1:]}" \
+                if probe.returncode else None
+            answer.write_text(json.dumps(error))
+        return json.loads(answer.read_text())
 
 
 def torchrun_prefix(nproc: int, port: int | None = None, forked: bool = False, nodes: int = 1,

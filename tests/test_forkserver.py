@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import horovod_import_error, narrowed
+from conftest import narrowed
 
 from gpt2bench.local import forkclient, forkserver
 from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
@@ -396,7 +396,7 @@ def test_start_up_per_run_is_the_job_time_less_worker_0s_training():
 # ---------------------------------------------------------------- real sweeps
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
+def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path, horovod_import_error):
     """Each way the CPU example starts processes (fp32, 4 steps) through `gpt2bench run`, with the fork server (the
     default) and without it (GPT2BENCH_FORKSERVER=off): torchrun, its workers, `gpt2bench launch` and mpirun's ranks
     and ps's servers are all forked, none refused, and every run's loss curve is the fresh run's, to the last bit.
@@ -438,7 +438,7 @@ def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path):
     assert forks.count(("gpt2bench", "launch")) == 1  # the MPIJob's
     trainers = {"single": 1, "dataparallel": 1, "ddp": 2, "fsdp": 2, "horovod": 2, "ps": 3}  # at 1x2, ps's server
     assert forks.count(("gpt2bench", "train")) == sum(trainers[name] for name in strategies)
-    horovod = horovod_import_error() is None
+    horovod = horovod_import_error is None
     for on, off in zip(docs["on"]["runs"], docs["off"]["runs"], strict=True):
         assert on["name"] == off["name"]
         if on["strategy"] == "horovod" and not horovod:

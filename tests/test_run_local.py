@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 import yaml
-from conftest import horovod_import_error, narrowed
+from conftest import narrowed
 
 from gpt2bench.local import cli as run_local
 from gpt2bench.local import sweep as local_sweep
@@ -308,7 +308,8 @@ def test_two_scale_sweep_recommends_per_scale_and_checks_the_papers(tmp_path, ex
 
 
 @pytest.mark.slow
-def test_every_strategy_runs_through_the_cli_with_its_share_of_the_cpus_and_is_reported(tmp_path, example):
+def test_every_strategy_runs_through_the_cli_with_its_share_of_the_cpus_and_is_reported(tmp_path, example,
+                                                                                        horovod_import_error):
     """`gpt2bench run` of every strategy at 1×2 (one sweep for what two tests checked apart, each sweep's start-up
     being the suite's cost): torchrun with 1 and 2 processes, the MPIJob launcher's mpirun, DataParallel's one
     process, ps's servers. Each run's results and steps, the table printed and written, the plots, and `gpt2bench
@@ -335,7 +336,7 @@ def test_every_strategy_runs_through_the_cli_with_its_share_of_the_cpus_and_is_r
     assert [r["name"] for r in doc["runs"]] == expected and [r["strategy"] for r in doc["runs"]] == list(STRATEGIES)
     runs = {r["strategy"]: r for r in doc["runs"]}
     assert runs["horovod"]["jobKind"] == "MPIJob" and runs["ddp"]["jobKind"] == "PyTorchJob"
-    if horovod_import_error():
+    if horovod_import_error:
         horovod = runs.pop("horovod")
         assert horovod["phase"] == "Failed"
         assert re.search(r"horovod", horovod["reason"], re.IGNORECASE), horovod["reason"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, horovod_import_error, narrowed
+from conftest import free_port, narrowed
 
 from gpt2bench.report.steps import read_steps
 
@@ -24,7 +24,7 @@ EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
 
 
 @pytest.mark.slow
-def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path):
+def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path, horovod_import_error):
     document = narrowed(yaml.safe_load(EXAMPLE.read_text()))
     document["metadata"]["name"] = "tj-sweep"
     document["spec"]["backend"] = "trainjob"
@@ -64,7 +64,7 @@ def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path):
     # every process was forked: a node's JOB_COMPLETION_INDEX once sent them all to a fresh start (9 s each here)
     log = (out / "forkserver.log").read_text()
     assert "refused" not in log and "forked" in log, log
-    if horovod_import_error() is None:
+    if horovod_import_error is None:
         assert horovod["phase"] == "Succeeded", horovod
         assert horovod["results"]["worldSize"] == 2
         assert (out / horovod["runDir"] / "hostfile").read_text() == "localhost slots=2\n"

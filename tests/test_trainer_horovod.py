@@ -12,24 +12,19 @@ import shutil
 import time
 
 import pytest
-from conftest import gpt2bench_executable, horovod_import_error
+from conftest import gpt2bench_executable
 from fault_figures import FIGURES
 
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
 
-def horovod_missing() -> str | None:
-    """Why Horovod cannot run here, or None."""
-    if shutil.which("horovodrun") is None:
-        return "horovodrun is not on PATH (scripts/install.sh builds Horovod 0.28.1)"
-    return horovod_import_error()
-
-
 @pytest.fixture(autouse=True)
-def needs_horovod():
-    reason = horovod_missing()
-    if reason:
-        pytest.skip(reason)
+def needs_horovod(horovod_import_error):
+    """Skips a test where Horovod cannot run."""
+    if shutil.which("horovodrun") is None:
+        pytest.skip("horovodrun is not on PATH (scripts/install.sh builds Horovod 0.28.1)")
+    if horovod_import_error:
+        pytest.skip(horovod_import_error)
 
 
 def horovodrun(np: int = 2) -> list[str]:
