@@ -9,6 +9,7 @@ on, nothing left behind when the stand-in or the runner is killed outright).
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import mmap
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from conftest import narrowed
@@ -68,7 +70,9 @@ if mode == "print":
     print("line one", flush=False)
     sys.stdout.write("no newline, never flushed by hand")
     sys.exit(0)
-if mode in ("term", "sleep"):
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode in ("term", "sleep", "stubborn"):
     sleeper = __import__("subprocess").Popen(["sleep", "300"])
     with open(out + ".pids", "w") as f:
         json.dump([os.getpid(), sleeper.pid], f)
@@ -270,6 +274,29 @@ with forkserver.serving(env, __import__("pathlib").Path({str(tmp_path / 'log')!r
     while any(map(alive, (server, child, sleeper, client))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(alive, (server, child, sleeper, client)))  # the stand-in too: its relay is gone
+
+
+def test_a_relay_told_twice_to_stop_still_stops_its_child(server, probe, tmp_path):
+    """A relay SIGTERMed (its server gone: the parent-death signal) stops its child's tree, SIGKILL after the grace
+    for a child that ignores SIGTERM. A second SIGTERM while it waits (whoever stops the server's tree or group sends
+    one too: a sweep's end, or the server that forked a sweep's server) must not cut that short: the child would
+    outlive everything, and its stand-in would never learn how it ended."""
+    env, _ = server
+    out = tmp_path / "seen.json"
+    process = launch(probe, "stubborn", out, job_env(env, tmp_path / "tmp"), forked=True)
+    wait_file(tmp_path / "seen.json.pids")
+    child, sleeper = json.loads((tmp_path / "seen.json.pids").read_text())
+    try:
+        relay = psutil.Process(child).ppid()
+        os.kill(relay, signal.SIGTERM)
+        time.sleep(0.5)  # within the relay's grace (STOP_GRACE_SECONDS) for its child
+        os.kill(relay, signal.SIGTERM)
+        assert process.wait(timeout=60) == -signal.SIGKILL  # the child's end, as it ended (not 1: a relay cut short)
+        assert not alive(child) and not alive(sleeper)
+    finally:  # what a relay cut short leaves (it holds the stand-in's pipes)
+        for pid in (child, sleeper):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- when it refuses

@@ -165,7 +165,8 @@ def end_like(ended: dict[str, Any]) -> NoReturn:
             pass
     if ended.get("signal"):
         signum = int(ended["signal"])
-        signal.signal(signum, signal.SIG_DFL)
+        if signum != signal.SIGKILL:  # whose disposition cannot be set (OSError), nor needs to be
+            signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)  # a signal whose default is not to end a process

@@ -318,6 +318,9 @@ def relay(conn: socket.socket, child: int, fds: list[int], arm: Callable[[], Non
     pidfd = os.pidfd_open(child)
 
     def abandon(_signum: int, _frame: Any) -> None:
+        # once: a second SIGTERM (the parent-death signal and whoever stops the server's tree or group both send
+        # one) would cut the stop below short and leave the child running
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _Abandoned
 
     try:
