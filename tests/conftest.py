@@ -198,13 +198,38 @@ def warm_compile_cache(tmp_path_factory, token_cache, inductor_cache, fork_serve
             built.touch()
 
 
+TRAINER_VARIABLES = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def trainer_environment(fork_server: str | None = None) -> dict[str, str]:
     """What every trainer a test starts inherits, less its own folders: one thread per process, and none of pytest's
     per-test variables (PYTEST_CURRENT_TEST changes with every test; the fork server would refuse it); with the
     address of `fork_server` where one serves (the `fork_server` fixture), so that its programs ask it."""
-    return {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+    return {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, **TRAINER_VARIABLES,
             **({FORKSERVER_ENV: fork_server} if fork_server else {})}
+
+
+def runner_environment(fork_server: str | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What a sweep a test runs (`gpt2bench run`, `run_sweep`) inherits: `environ` (default: this process's) as the
+    trainers have it (`trainer_environment`) but for OMP_NUM_THREADS, which stays the test's. The sweep's own fork
+    server is then this worker's forked child (`forkserver.server_command`) instead of a fresh process importing
+    torch and transformers once more; the sweep still has a server of its own."""
+    environ = os.environ if environ is None else environ
+    return {**{k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"},
+            **{k: v for k, v in TRAINER_VARIABLES.items() if k != "OMP_NUM_THREADS"},
+            **({FORKSERVER_ENV: fork_server} if fork_server else {})}
+
+
+@pytest.fixture
+def sweeps_forked(fork_server, monkeypatch) -> None:
+    """Sweeps this test runs in its own process (`run_sweep`, the CLI's `main`) start their fork server as this
+    worker's forked child (`runner_environment`): the runner's environment (`sweep.child_env`) as a sweep started
+    with `runner_environment` has it. pytest's PYTEST_CURRENT_TEST, which changes with every test and which the
+    server would refuse, is left out of it."""
+    from gpt2bench.local import sweep
+
+    environment = sweep.child_env
+    monkeypatch.setattr(sweep, "child_env", lambda: runner_environment(fork_server, environment()))
 
 
 @pytest.fixture(scope="session")

@@ -337,7 +337,7 @@ def test_every_document_is_checked_before_anything_runs(tmp_path, capsys):
 
 @pytest.mark.timeout(300)
 @pytest.mark.slow  # real trainer processes (make test-fast skips the multi-process tests)
-def test_run_takes_each_benchmark_in_turn_into_its_own_folder(tmp_path, monkeypatch):
+def test_run_takes_each_benchmark_in_turn_into_its_own_folder(tmp_path, monkeypatch, sweeps_forked):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     path = tmp_path / "two.yaml"

@@ -289,7 +289,7 @@ def _trainer_command(job: dict[str, Any]) -> list[str]:
     (120, 4, "Timed out waiting 4000ms"),
 ])
 def test_a_hanging_rank_ends_its_local_run_at_the_deadline_or_the_process_group_timeout(
-        tmp_path, deadline, timeout, expected):
+        tmp_path, deadline, timeout, expected, sweeps_forked):
     document = yaml.safe_load((REPO / "manifests" / "examples" / "cpu-sweep.yaml").read_text())
     document["spec"].setdefault("metrics", {})["port"] = free_port()
     document["spec"]["sweep"]["repeats"] = 1

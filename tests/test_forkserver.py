@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import narrowed
+from conftest import narrowed, runner_environment
 
 from gpt2bench.local import forkclient, forkserver
 from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
@@ -245,15 +245,22 @@ def test_a_stand_in_killed_outright_takes_the_child_and_its_tree_along(server, p
     assert gone((child, sleeper), 20)  # SIGTERM, then SIGKILL after the relay's grace
 
 
-def test_the_server_and_its_children_go_when_the_runner_is_killed(tmp_path, probe):
+@pytest.mark.parametrize("under", ["fresh", "under-another-server"])
+def test_the_server_and_its_children_go_when_the_runner_is_killed(tmp_path, probe, server, under):
     """A runner killed outright (SIGKILL): its server gets the parent-death signal, each relay the server's, and
-    each child its relay's: nothing of the sweep keeps running."""
+    each child its relay's: nothing of the sweep keeps running. A runner that itself runs under another server (the
+    test suite's) has its server forked from that one, which imports nothing again; it goes all the same, and the
+    server it came from stays."""
+    upstream_env, upstream_log = server
+    if under == "fresh":
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    else:  # the environment the upstream server was started with, and its address
+        env = {k: v for k, v in upstream_env.items() if k != forkserver.RUNNER_PID_ENV}
     runner = tmp_path / "runner.py"
     runner.write_text(f"""
 import json, os, subprocess, sys, time
 from gpt2bench.local import forkserver
-env = {{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}}
-with forkserver.serving(env, __import__("pathlib").Path({str(tmp_path / 'log')!r})) as env:
+with forkserver.serving(json.loads(sys.argv[1]), __import__("pathlib").Path({str(tmp_path / 'log')!r})) as env:
     read, write = os.pipe()
     os.write(write, b"x")
     client = subprocess.Popen([sys.executable, "-m", "gpt2bench.local.forkclient", {str(probe)!r}, "sleep",
@@ -261,19 +268,28 @@ with forkserver.serving(env, __import__("pathlib").Path({str(tmp_path / 'log')!r
     print(json.dumps([os.getpid(), client.pid]), flush=True)
     time.sleep(300)
 """)
-    process = subprocess.Popen([sys.executable, str(runner)], stdout=subprocess.PIPE, text=True)
+    servers_forked_before = upstream_log.read_text().count("forkserver-main.py")
+    process = subprocess.Popen([sys.executable, str(runner), json.dumps(env)], stdout=subprocess.PIPE, text=True,
+                               env=env)
     try:
         _, client = json.loads(process.stdout.readline())
         wait_file(tmp_path / "seen.json.pids")
         child, sleeper = json.loads((tmp_path / "seen.json.pids").read_text())
-        server = [int(p) for p in re.findall(r"forkserver\[(\d+)\] forked", (tmp_path / "log").read_text())][0]
+        server_pid = [int(p) for p in re.findall(r"forkserver\[(\d+)\] forked", (tmp_path / "log").read_text())][0]
+        servers_forked = upstream_log.read_text().count("forkserver-main.py") - servers_forked_before
     finally:
         process.kill()
         process.wait()
+    assert servers_forked == (under != "fresh"), upstream_log.read_text()[-2000:]
     deadline = time.monotonic() + 20
-    while any(map(alive, (server, child, sleeper, client))) and time.monotonic() < deadline:
+    while any(map(alive, (server_pid, child, sleeper, client))) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(map(alive, (server, child, sleeper, client)))  # the stand-in too: its relay is gone
+    left = {n: psutil.Process(p).as_dict(["status", "ppid", "name", "cmdline"]) for n, p in
+            zip(("server", "child", "sleeper", "client"), (server_pid, child, sleeper, client)) if alive(p)}
+    assert not left, (left, (tmp_path / "log").read_text())  # the stand-in too: its relay is gone
+    if under != "fresh":
+        upstream = re.findall(r"forkserver\[(\d+)\] forked \['\S*forkserver-main", upstream_log.read_text())
+        assert alive(int(upstream[-1]))
 
 
 def test_a_relay_told_twice_to_stop_still_stops_its_child(server, probe, tmp_path):
@@ -423,7 +439,8 @@ def test_start_up_per_run_is_the_job_time_less_worker_0s_training():
 # ---------------------------------------------------------------- real sweeps
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path, horovod_import_error):
+def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path, tmp_path_factory, horovod_import_error,
+                                                        fork_server):
     """Each way the CPU example starts processes (fp32, 4 steps) through `gpt2bench run`, with the fork server (the
     default) and without it (GPT2BENCH_FORKSERVER=off): torchrun, its workers, `gpt2bench launch` and mpirun's ranks
     and ps's servers are all forked, none refused, and every run's loss curve is the fresh run's, to the last bit.
@@ -447,15 +464,23 @@ def test_forked_runs_train_exactly_what_fresh_runs_train(tmp_path, horovod_impor
     example = tmp_path / "sweep.yaml"
     example.write_text(yaml.safe_dump(document))
     (tmp_path / "tmp").mkdir()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "TMPDIR": str(tmp_path / "tmp")}
-    docs = {}
+    # under this worker's server, as every test's sweep: the sweep's own is its forked child; with the server off,
+    # the sweep's processes start fresh all the same
+    env = {**runner_environment(fork_server), "TMPDIR": str(tmp_path / "tmp")}
+    worker_log = tmp_path_factory.getbasetemp() / "forkserver.log"  # the conftest's `fork_server`
+    docs, worker_forks = {}, {}
     for mode in ("on", "off"):
         out = tmp_path / mode
+        before = worker_log.read_text() if worker_log.exists() else ""
         done = subprocess.run([sys.executable, "-m", "gpt2bench", "run", str(example), "--steps", "4", "--output",
                                str(out)], env={**env, FORKSERVER_SWITCH_ENV: mode}, capture_output=True, text=True,
                               timeout=900, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         docs[mode] = json.loads((out / "results.json").read_text())
+        worker_forks[mode] = re.findall(r"forked \['[^']*/([\w.-]+)'", worker_log.read_text()[len(before):]) \
+            if fork_server else None
+    if fork_server:
+        assert worker_forks == {"on": ["forkserver-main.py"], "off": []}, worker_forks
     log = (tmp_path / "on" / "forkserver.log").read_text()
     assert not (tmp_path / "off" / "forkserver.log").exists()
     assert "refused" not in log and "not serving" not in log, log

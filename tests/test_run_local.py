@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 import yaml
-from conftest import narrowed
+from conftest import narrowed, runner_environment
 
 from gpt2bench.local import cli as run_local
 from gpt2bench.local import sweep as local_sweep
@@ -54,13 +54,14 @@ def example(tmp_path) -> Path:
 
 
 @pytest.fixture
-def child_env(tmp_path, monkeypatch) -> dict[str, str]:
+def child_env(tmp_path, monkeypatch, fork_server, sweeps_forked) -> dict[str, str]:
+    """The environment of a sweep run here or by the CLI, whose fork server this worker's forks (conftest)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     # torchrun and torch.compile leave folders in TMPDIR; one thread per process on 2 shared cores
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    return {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    return runner_environment(fork_server)
 
 
 def gpt2bench(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
@@ -309,7 +310,8 @@ def test_two_scale_sweep_recommends_per_scale_and_checks_the_papers(tmp_path, ex
 
 @pytest.mark.slow
 def test_every_strategy_runs_through_the_cli_with_its_share_of_the_cpus_and_is_reported(tmp_path, example,
-                                                                                        horovod_import_error):
+                                                                                        horovod_import_error,
+                                                                                        fork_server):
     """`gpt2bench run` of every strategy at 1×2 (one sweep for what two tests checked apart, each sweep's start-up
     being the suite's cost): torchrun with 1 and 2 processes, the MPIJob launcher's mpirun, DataParallel's one
     process, ps's servers. Each run's results and steps, the table printed and written, the plots, and `gpt2bench
@@ -318,7 +320,7 @@ def test_every_strategy_runs_through_the_cli_with_its_share_of_the_cpus_and_is_r
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     # the budget, not the environment, sets the threads
-    env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "TMPDIR": str(tmp)}
+    env = {**{k: v for k, v in runner_environment(fork_server).items() if k != "OMP_NUM_THREADS"}, "TMPDIR": str(tmp)}
     document = yaml.safe_load(example.read_text())
     document["spec"]["training"] |= {"warmupSteps": 1, "seqLen": 32}
     document["spec"]["data"]["maxDocuments"] = 12

@@ -7,7 +7,6 @@ Budget (2 shared cores): three runs of the tiny model for 3 steps, about a minut
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, narrowed
+from conftest import free_port, narrowed, runner_environment
 
 from gpt2bench.report.steps import read_steps
 
@@ -24,7 +23,7 @@ EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
 
 
 @pytest.mark.slow
-def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path, horovod_import_error):
+def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path, horovod_import_error, fork_server):
     document = narrowed(yaml.safe_load(EXAMPLE.read_text()))
     document["metadata"]["name"] = "tj-sweep"
     document["spec"]["backend"] = "trainjob"
@@ -41,7 +40,7 @@ def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path, 
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    env = {**runner_environment(fork_server), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "results"
     done = subprocess.run([sys.executable, "-m", "gpt2bench", "run", str(path), "--steps", "3", "--output", str(out)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)

@@ -108,26 +108,30 @@ STOP_GRACE_SECONDS = 5.0  # as the executor's (executor.KILL_GRACE_SECONDS)
 @contextlib.contextmanager
 def serving(env: dict[str, str], log: Path, wanted: bool = True) -> Iterator[dict[str, str]]:
     """A fork server for the processes of the jobs run meanwhile: yields `env` with its socket's address (what
-    the replicas inherit), or `env` unchanged when it is off (GPT2BENCH_FORKSERVER=off, or not `wanted`) or
-    could not start (`log` says why). It ends with the block."""
+    the replicas inherit), or `env` without any server's address when it is off (GPT2BENCH_FORKSERVER=off, or not
+    `wanted`) or could not start (`log` says why): its processes then start fresh, whatever server the runner
+    itself runs under. It ends with the block. Under another server (`env` has its address), this one is that
+    server's forked child (`server_command`)."""
+    unserved = {key: value for key, value in env.items() if key != FORKSERVER_ENV}
     if not wanted or env.get(FORKSERVER_SWITCH_ENV, "on").lower() in ("off", "0", "false", "no"):
-        yield env
+        yield unserved
         return
     folder = private_tmpdir(env)  # removed below; one a killed runner left goes with the next job's (processes.py)
     # A socket in Linux's abstract namespace: no file (a path under a long TMPDIR outgrows sun_path's 108 bytes),
     # gone with the server; the server serves its own user only (SO_PEERCRED, `admissible`).
     served = {**env, FORKSERVER_ENV: f"@gpt2bench-forkserver-{os.getpid()}-{os.path.basename(folder)}"}
+    upstream = env.get(FORKSERVER_ENV)  # its stand-in asks that server (the new one's address is on its command line)
     process = None
     try:
         with open(log, "ab") as out:
             process = subprocess.Popen(  # the runner's pid in its environment, as every replica's: it is the sweep's
-                [sys.executable, "-c", BOOTSTRAP, served[FORKSERVER_ENV]],
-                env={**served, RUNNER_PID_ENV: str(os.getpid())}, cwd=folder,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=out, start_new_session=True,
+                server_command(folder, served[FORKSERVER_ENV], upstream),
+                env={**served, RUNNER_PID_ENV: str(os.getpid()), **({FORKSERVER_ENV: upstream} if upstream else {})},
+                cwd=folder, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=out, start_new_session=True,
                 preexec_fn=die_with_parent())
         if not _wait_ready(process, START_SECONDS):  # its reason is in the log; every process runs fresh
             kill_tree(process, grace=1.0)
-            yield env
+            yield unserved
             return
         yield served
     finally:
@@ -140,6 +144,20 @@ def serving(env: dict[str, str], log: Path, wanted: bool = True) -> Iterator[dic
 # `python -c`: the module search path without the working directory, as a script's has it without the script's
 # folder (`admissible` compares the rest).
 BOOTSTRAP = "import sys; del sys.path[0]; from gpt2bench.local.forkserver import main; sys.exit(main(sys.argv[1]))"
+
+
+def server_command(folder: str, address: str, upstream: str | None) -> list[str]:
+    """The command that starts a server listening at `address`: a fresh interpreter, or, where the runner itself
+    runs under a fork server (`upstream`: the test suite's, a sweep started by another sweep's program), a
+    program that server forks like any other (forkclient), so that the new server imports nothing again. It is
+    then that server's child, admitted as a fresh process would be (`admissible`), and refused, hence started
+    fresh, wherever it could differ from one."""
+    if not upstream:
+        return [sys.executable, "-c", BOOTSTRAP, address]
+    script = os.path.join(folder, "forkserver-main.py")  # forkclient hands over scripts only (`python_script`)
+    with open(script, "w", encoding="utf-8") as f:
+        f.write(f"#!{sys.executable}\n{BOOTSTRAP}\n")
+    return [sys.executable, "-m", forkclient.__name__, script, address]
 
 
 def _wait_ready(process: subprocess.Popen, seconds: float) -> bool:
