@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import math
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -229,3 +230,18 @@ def test_the_example_benchmark_reads_wall_time_start_up_share_and_decisions_from
     lines = bench.report(figures, wall)
     assert "| 8 min 01 s | 4 (3) | 4 | 0 | decided | 30 % | 2.00 s |" in lines
     assert lines[-1] == "wall time <= 8 min: MISSED; scales decided: 1 of 3 (at least 1: ok)"
+
+
+def test_the_operator_import_benchmark_loads_the_two_api_classes_in_its_before_case_only():
+    """bench_operator_imports compares the operator's modules alone with the same plus CoreV1Api and
+    NetworkingV1Api; the operator itself (controller/kube.py) reaches pods, events, ConfigMaps and NetworkPolicies
+    by path and names neither class."""
+    bench = load("bench_operator_imports")
+    probe = "; import sys; print(sorted(m for m in sys.modules if m.endswith(('core_v1_api', 'networking_v1_api'))))"
+    loaded = {case: subprocess.run([sys.executable, "-c", code + probe], capture_output=True, text=True,
+                                   check=True).stdout.strip() for case, code in (("now", bench.OPERATOR),
+                                                                                 ("before", bench.BEFORE))}
+    assert loaded == {"now": "[]", "before": "['kubernetes.client.api.core_v1_api', "
+                                             "'kubernetes.client.api.networking_v1_api']"}
+    sources = " ".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "operator").rglob("*.py"))
+    assert "CoreV1Api(" not in sources and "NetworkingV1Api(" not in sources  # neither class is instantiated

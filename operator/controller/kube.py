@@ -30,6 +30,10 @@ _client: kubernetes.client.ApiClient | None = None
 # operator's credentials (e.g. a token being rotated), not the job.
 TRANSIENT_STATUS = {0, 401, 408, 429, 500, 502, 503, 504}
 TRANSIENT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+PODS = "/api/v1/namespaces/{namespace}/pods"
+EVENTS = "/api/v1/namespaces/{namespace}/events"
+CONFIG_MAPS = "/api/v1/namespaces/{namespace}/configmaps"
+NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
 
 
 def configure(pool_size: int = 16, timeouts: apiclient.Timeouts | None = None) -> None:
@@ -60,12 +64,21 @@ def _custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(_api())
 
 
-def _core() -> kubernetes.client.CoreV1Api:
-    return kubernetes.client.CoreV1Api(_api())
-
-
-def _networking() -> kubernetes.client.NetworkingV1Api:
-    return kubernetes.client.NetworkingV1Api(_api())
+def _request(method: str, path: str, path_params: dict[str, str], query: dict[str, Any] | None = None,
+             body: Any = None) -> Any:
+    """A core or networking API request by its path, as CoreV1Api and NetworkingV1Api make it (the same client:
+    credentials, timeouts, Retry-After); the answer, read (`.data`). A non-2xx answer raises ApiException as
+    theirs do. Those two classes are not imported: loading their methods (each a pydantic `validate_call`) took
+    about 1.2 s of CPU at every operator start, for the handful of calls below."""
+    client = _api()
+    headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if body is not None else {})}
+    request = client.param_serialize(method, path, path_params=path_params, header_params=headers, body=body,
+                                     query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                                     auth_settings=["BearerToken"])
+    response = client.call_api(*request)
+    if not 200 <= response.status <= 299:
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    return response
 
 
 def leases() -> kubernetes.client.CoordinationV1Api:
@@ -247,12 +260,12 @@ def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Crea
     Refused with the reason, so that no job starts without its policy. Transient errors raise."""
     namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     try:
-        _networking().create_namespaced_network_policy(namespace, policy)
+        _request("POST", NETWORK_POLICIES, {"namespace": namespace}, body=policy)
     except ApiException as exc:
         if transient(exc):
             raise
         if exc.status == 409:
-            response = _networking().read_namespaced_network_policy(name, namespace, _preload_content=False)
+            response = _request("GET", NETWORK_POLICIES + "/{name}", {"namespace": namespace, "name": name})
             existing = json.loads(response.data)
             if owner_uid is None or reconcile.controller_uid(existing) == owner_uid:
                 return Created(new=False)
@@ -340,15 +353,15 @@ def conflict(exc: BaseException) -> bool:
 def result_pod(job: dict[str, Any]) -> dict[str, Any] | None:
     """The job's result pod (PyTorchJob master, MPIJob launcher, ...), found by the labels its controller
     sets and chosen as the shared table says (the newest attempt)."""
-    response = _core().list_namespaced_pod(job["metadata"]["namespace"], label_selector=kinds.result_pod_selector(job),
-                                           _preload_content=False)
+    response = _request("GET", PODS, {"namespace": job["metadata"]["namespace"]},
+                        {"labelSelector": kinds.result_pod_selector(job)})
     return kinds.result_pod(job, json.loads(response.data).get("items", []))
 
 
 def job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pod of a job, all replicas (workers too), as the API returns them."""
-    response = _core().list_namespaced_pod(job["metadata"]["namespace"], label_selector=kinds.job_pod_selector(job),
-                                           _preload_content=False)
+    response = _request("GET", PODS, {"namespace": job["metadata"]["namespace"]},
+                        {"labelSelector": kinds.job_pod_selector(job)})
     return json.loads(response.data).get("items", [])
 
 
@@ -359,9 +372,8 @@ def pod_events(pod: dict[str, Any]) -> list[dict[str, Any]]:
     if not metadata.get("uid"):
         return []
     try:
-        response = _core().list_namespaced_event(metadata["namespace"],
-                                                 field_selector=f"involvedObject.uid={metadata['uid']}",
-                                                 _preload_content=False)
+        response = _request("GET", EVENTS, {"namespace": metadata["namespace"]},
+                            {"fieldSelector": f"involvedObject.uid={metadata['uid']}"})
     except ApiException as exc:
         if exc.status == 403:  # an older Role without events list: the pods' own states still tell most waits
             return []
@@ -385,9 +397,9 @@ def pod_log_tail(namespace: str, pod: str, container: str, lines: int, limit_byt
     """The last `lines` lines of a container's log (at most `limit_bytes`; `previous`: of the container before its
     last restart), or None when it cannot be read."""
     try:
-        response = _core().read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines,
-                                                   limit_bytes=limit_bytes, previous=previous or None,
-                                                   _preload_content=False)
+        response = _request("GET", PODS + "/{name}/log", {"namespace": namespace, "name": pod},
+                            {"container": container, "tailLines": lines, "limitBytes": limit_bytes,
+                             "previous": previous or None})
     except ApiException:
         return None
     return response.data.decode("utf-8", errors="replace")
@@ -409,8 +421,7 @@ def termination_message(pod: dict[str, Any] | None, container: str | None = None
 
 def benchmark_events(namespace: str, uid: str | None) -> list[dict[str, Any]]:
     """The Events about the benchmark of `uid` (involvedObject.uid), as the API returns them."""
-    response = _core().list_namespaced_event(namespace, field_selector=f"involvedObject.uid={uid}",
-                                             _preload_content=False)
+    response = _request("GET", EVENTS, {"namespace": namespace}, {"fieldSelector": f"involvedObject.uid={uid}"})
     return json.loads(response.data).get("items", [])
 
 
@@ -422,10 +433,10 @@ def save_configmap(config_map: dict[str, Any], owner_uid: str | None) -> bool:
     (False)."""
     namespace, name = config_map["metadata"]["namespace"], config_map["metadata"]["name"]
     try:
-        _core().create_namespaced_config_map(namespace, config_map)
+        _request("POST", CONFIG_MAPS, {"namespace": namespace}, body=config_map)
     except ApiException as exc:
         if exc.status != 409:
             raise
-        response = _core().read_namespaced_config_map(name, namespace, _preload_content=False)
+        response = _request("GET", CONFIG_MAPS + "/{name}", {"namespace": namespace, "name": name})
         return reconcile.controller_uid(json.loads(response.data)) == owner_uid
     return True
