@@ -198,6 +198,19 @@ def warm_compile_cache(tmp_path_factory, token_cache, inductor_cache, fork_serve
             built.touch()
 
 
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """Each test leaves this worker's os.environ as it found it. A trainer run in this process sets variables for
+    its own process (`apply_cpu_budget`: TORCHINDUCTOR_COMPILE_THREADS); left behind, every later trainer's
+    environment differed from this worker's fork server's, which then refused them all: they started fresh, and
+    one full run's test_trainer_ps took 610 s instead of 153 s."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 TRAINER_VARIABLES = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
