@@ -211,25 +211,22 @@ def restore_environment():
         os.environ.update(saved)
 
 
-TRAINER_VARIABLES = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
 def trainer_environment(fork_server: str | None = None) -> dict[str, str]:
-    """What every trainer a test starts inherits, less its own folders: one thread per process, and none of pytest's
-    per-test variables (PYTEST_CURRENT_TEST changes with every test; the fork server would refuse it); with the
-    address of `fork_server` where one serves (the `fork_server` fixture), so that its programs ask it."""
-    return {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, **TRAINER_VARIABLES,
-            **({FORKSERVER_ENV: fork_server} if fork_server else {})}
+    """What every trainer a test starts inherits, less its own folders: a sweep's environment
+    (`runner_environment`: none of pytest's per-test variables, this worker's fork server) with one thread per
+    process."""
+    return {**runner_environment(fork_server), "OMP_NUM_THREADS": "1"}
 
 
 def runner_environment(fork_server: str | None, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """What a sweep a test runs (`gpt2bench run`, `run_sweep`) inherits: `environ` (default: this process's) as the
-    trainers have it (`trainer_environment`) but for OMP_NUM_THREADS, which stays the test's. The sweep's own fork
-    server is then this worker's forked child (`forkserver.server_command`) instead of a fresh process importing
-    torch and transformers once more; the sweep still has a server of its own."""
+    """What a sweep a test runs (`gpt2bench run`, `run_sweep`) inherits: `environ` (default: this process's) less
+    pytest's per-test variables (PYTEST_CURRENT_TEST changes with every test; the fork server would refuse it),
+    unbuffered and without tokenizer threads, with the address of `fork_server` where one serves (the `fork_server`
+    fixture). Its programs ask that server, and the sweep's own server is its forked child
+    (`forkserver.server_command`) instead of a fresh process importing torch and transformers once more."""
     environ = os.environ if environ is None else environ
     return {**{k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"},
-            **{k: v for k, v in TRAINER_VARIABLES.items() if k != "OMP_NUM_THREADS"},
+            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
             **({FORKSERVER_ENV: fork_server} if fork_server else {})}
 
 
