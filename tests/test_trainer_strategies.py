@@ -90,8 +90,9 @@ def test_fsdp_holds_half_the_state_of_ddp(run_trainer):
     held = held_params(ddp.summary, width=width)
     assert ddp_state[0] == pytest.approx(held * 4 * 4, rel=1e-5)
     assert max(fsdp_state) == pytest.approx(ddp_state[0] / 2, rel=0.01)
-    # and the process's peak RSS is lower too (the full model exists once, at construction)
-    assert fsdp.summary["peak_memory_bytes"] < ddp.summary["peak_memory_bytes"]
+    # Not compared: the step's peak RSS. On CPU it is a process-wide high-water mark; the gathered root (the
+    # embedding) and the full-size gradients before the reduce-scatter take back most of what sharding saves,
+    # and the rest is within the run-to-run spread (docs/strategies.md; a CI run had fsdp 0.6 MB above ddp).
     assert fsdp.losses == pytest.approx(ddp.losses, rel=LOSS_RTOL)
 
 
