@@ -315,6 +315,43 @@ def test_a_relay_told_twice_to_stop_still_stops_its_child(server, probe, tmp_pat
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_sweeps_end_leaves_no_child_its_relay_was_still_stopping(probe, tmp_path):
+    """Two stand-ins killed outright: each relay SIGTERMs its child and waits out the grace, one child ignoring SIGTERM,
+    the other stopped (a debugger's, a shell's ^Z: it cannot even take it). The sweep ends meanwhile and stops its
+    server's tree, relays included. The children, each in a session of its own below a relay in the server's group,
+    go with it all the same, and no relay dies of the second SIGTERM (the log has no traceback). A fresh server, as a
+    user's sweep has."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    log = tmp_path / "log"
+    children: list[int] = []
+    with forkserver.serving(env, log) as served:
+        assert FORKSERVER_ENV in served, log.read_text()
+        try:
+            for name in ("ignoring", "stopped"):
+                out = tmp_path / name / "seen.json"
+                out.parent.mkdir()
+                process = launch(probe, "stubborn", out, job_env(served, out.parent / "tmp"), forked=True)
+                wait_file(Path(f"{out}.pids"))
+                child, sleeper = json.loads(Path(f"{out}.pids").read_text())
+                children += [child, sleeper]
+                if name == "stopped":
+                    os.kill(child, signal.SIGSTOP)
+                process.kill()
+                process.wait()
+        except BaseException:
+            for pid in children:
+                os.kill(pid, signal.SIGKILL)
+            raise
+    try:
+        assert gone(tuple(children), 10), {p: psutil.Process(p).as_dict(["status", "ppid"]) for p in children
+                                           if alive(p)}
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
 # ---------------------------------------------------------------- when it refuses
 def test_a_variable_read_on_import_sends_the_program_to_a_fresh_process(server, probe, tmp_path):
     env, log = server

@@ -349,6 +349,7 @@ def relay(conn: socket.socket, child: int, fds: list[int], arm: Callable[[], Non
             if not conn.recv(1024):
                 raise _Abandoned
     except (_Abandoned, OSError):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # abandoned by its stand-in too: a SIGTERM now would end the stop
         stop_tree(child, lambda: bool(select.select([pidfd], [], [], 0)[0]), STOP_GRACE_SECONDS)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     ended = _ended(os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT))  # not reaped: its group id stays its own

@@ -70,7 +70,7 @@ def process_tree(pid: int) -> list[int]:
         children.setdefault(int(ppid), []).append(int(entry))
         if int(pgrp) == pid and int(entry) != pid:
             group.append(int(entry))
-    found, todo = set(group), [pid]
+    found, todo = set(group), [pid, *group]  # below the group's members too (a relay's child is below nothing else)
     while todo:
         for child in children.get(todo.pop(), []):
             if child not in found:
@@ -107,11 +107,26 @@ def stop_tree(pid: int, ended: Callable[[], bool], grace: float = 5.0) -> bool:
     _signal(tree, pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if ended() and not process_tree(pid):
+        # the first tree too: a process whose parent ended meanwhile is no longer below `pid` (a fork server's
+        # child whose relay went first), and would be left running
+        if ended() and not process_tree(pid) and not _running(tree):
             return False
         time.sleep(0.1)
     _signal(tree + process_tree(pid), pid, signal.SIGKILL)
     return True
+
+
+def _running(pids: list[int]) -> list[int]:
+    """Those of `pids` that have not ended (a zombie has)."""
+    running = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    running.append(pid)
+        except (OSError, IndexError):
+            pass
+    return running
 
 
 _TMPDIR_PREFIX = "gpt2bench-job-"  # + the runner's pid: a runner killed outright cannot remove its folder
