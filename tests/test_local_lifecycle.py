@@ -145,6 +145,7 @@ def test_metrics_bind_where_they_are_told_and_the_prometheus_folder_goes(tmp_pat
     assert seen["address"] == expected
     assert seen["existed"] and not seen["left"] and Path(seen["folder"]).parent == tmp_path
     assert seen["served"] == [200, True]
+    assert "GET /metrics" not in done.stderr  # a scrape every 15 s is not worth a log line
 
 
 def test_the_local_runner_tells_every_replica_its_pid_and_loopback(tmp_path):

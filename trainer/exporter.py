@@ -148,19 +148,15 @@ SHUTDOWN_POLL_SECONDS = 0.05
 def serve(registry: Any, address: str, port: int) -> Any:
     """prometheus_client's start_http_server, whose serving loop notices a shutdown within 50 ms: the library's
     polls every 0.5 s, and each run's end waited for it (start-up per run, docs/local.md)."""
-    from wsgiref.simple_server import WSGIRequestHandler, make_server
+    from wsgiref.simple_server import make_server
 
     from prometheus_client import make_wsgi_app
-    from prometheus_client.exposition import ThreadingWSGIServer
+    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler  # a scrape is not worth a log line
 
     class Server(ThreadingWSGIServer):
         address_family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
 
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, *_args: Any) -> None:  # a scrape is not worth a log line
-            pass
-
-    server = make_server(address, port, make_wsgi_app(registry), Server, handler_class=Quiet)
+    server = make_server(address, port, make_wsgi_app(registry), Server, handler_class=_SilentHandler)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS}, daemon=True,
                      name="metrics").start()
     return server
