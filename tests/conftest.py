@@ -65,16 +65,23 @@ def horovod_import_error(tmp_path_factory) -> str | None:
     """Why `import horovod.torch` fails here, or None; asked once per session (each asking costs a torch import):
     the first worker to ask probes, under a lock the others wait at, and keeps the answer where they read it.
     Imported in a child: a broken build must not kill pytest."""
-    answer = shared_dir(tmp_path_factory, "probes") / "horovod.json"
+    def probe() -> str:
+        imported = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True,
+                                  check=False)
+        return json.dumps(f"horovod.torch does not import: {imported.stderr.strip().splitlines()[-1:]}"
+                          if imported.returncode else None)
+
+    return json.loads(once_per_session(shared_dir(tmp_path_factory, "probes") / "horovod.json", probe))
+
+
+def once_per_session(answer: Path, make: Callable[[], str]) -> str:
+    """What `make()` returns, made by the first worker to ask and kept in `answer` for the others, who wait at a lock
+    meanwhile (a probe or a build each worker would otherwise repeat)."""
     with open(answer.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not answer.exists():
-            probe = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True,
-                                   check=False)
-            error = f"horovod.torch does not import: {probe.stderr.strip().splitlines()[-1:]}" \
-                if probe.returncode else None
-            answer.write_text(json.dumps(error))
-        return json.loads(answer.read_text())
+            answer.write_text(make())
+        return answer.read_text()
 
 
 def torchrun_prefix(nproc: int, port: int | None = None, forked: bool = False, nodes: int = 1,
@@ -189,13 +196,12 @@ def warm_compile_cache(tmp_path_factory, token_cache, inductor_cache, fork_serve
     strategy's compiled blocks at micro-batch 2 are the same kernels (DDP's, FSDP's, ps's, Horovod's found them all
     in the cache, 3.5-6 s of compiling instead of 30). Without it, each rank of the first compiled multi-process job
     compiled them all itself, at once (a kernel is cached only once built), and so did another worker's."""
-    with open(inductor_cache.parent / "inductor-cache.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait here for the first one's compile
-        built = inductor_cache / "tiny-compiled"
-        if not built.exists():
-            start = trainer_starter(tmp_path_factory.mktemp("warm-compile"), token_cache, inductor_cache, fork_server)
-            assert start(["--strategy", "single", "--compile"]).wait(600).summary["compiled"] is True
-            built.touch()
+    def compile_tiny() -> str:
+        start = trainer_starter(tmp_path_factory.mktemp("warm-compile"), token_cache, inductor_cache, fork_server)
+        assert start(["--strategy", "single", "--compile"]).wait(600).summary["compiled"] is True
+        return "compiled"
+
+    once_per_session(inductor_cache / "tiny-compiled", compile_tiny)
 
 
 @pytest.fixture(autouse=True)
