@@ -60,13 +60,10 @@ def process_tree(pid: int) -> list[int]:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
+        fields = _stat(entry)
+        if fields is None or fields[0] == "Z":
             continue
-        if state == "Z":
-            continue
+        ppid, pgrp = fields[1:3]
         children.setdefault(int(ppid), []).append(int(entry))
         if int(pgrp) == pid and int(entry) != pid:
             group.append(int(entry))
@@ -116,17 +113,19 @@ def stop_tree(pid: int, ended: Callable[[], bool], grace: float = 5.0) -> bool:
     return True
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, pgrp, ...); None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields if len(fields) >= 3 else None
+
+
 def _running(pids: list[int]) -> list[int]:
     """Those of `pids` that have not ended (a zombie has)."""
-    running = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    running.append(pid)
-        except (OSError, IndexError):
-            pass
-    return running
+    return [pid for pid in pids if (fields := _stat(pid)) is not None and fields[0] != "Z"]
 
 
 _TMPDIR_PREFIX = "gpt2bench-job-"  # + the runner's pid: a runner killed outright cannot remove its folder
