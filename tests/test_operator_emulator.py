@@ -4,12 +4,13 @@ through the real `kubernetes` client and the real kubectl, as a cluster would an
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import threading
 
 import kubernetes
 import pytest
-from kube.fixtures import GROUP, PLURAL, VERSION, api_client, benchmark
+from kube.fixtures import GROUP, PLURAL, VERSION, api_client, benchmark, kopf_operator
 from kube.tools import kubectl
 
 pytestmark = pytest.mark.timeout(120)
@@ -141,3 +142,14 @@ def test_kubectl_get_wait_and_namespaces(cluster, api):
     assert "default" in cluster.kubectl("get", "namespaces").stdout
     header, row = (line.split() for line in cluster.kubectl("get", "g2b", "waited").stdout.splitlines())
     assert header[:2] == ["NAME", "PHASE"] and row[:2] == ["waited", "Succeeded"]
+
+
+def test_the_operator_under_test_logs_to_its_file_and_leaves_the_workers_logging_as_it_was(cluster):
+    """`kopf run --verbose` in this process sets the root logger to DEBUG and logs to the stderr of its start: left
+    so, every later record of the pytest worker was made and printed, some of it on the terminal between tests."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    with kopf_operator(cluster, poll_seconds=0.3):
+        assert root.level == logging.DEBUG
+    assert (root.level, root.handlers) == (level, handlers)
+    assert "Starting Kopf" in (cluster.workdir / "operator.log").read_text()
