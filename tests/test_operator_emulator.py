@@ -10,7 +10,7 @@ import threading
 
 import kubernetes
 import pytest
-from kube.fixtures import GROUP, PLURAL, VERSION, api_client, benchmark, kopf_operator
+from kube.fixtures import GROUP, PLURAL, VERSION, api_client, benchmark, kopf_operator, wait_for
 from kube.tools import kubectl
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,12 +144,13 @@ def test_kubectl_get_wait_and_namespaces(cluster, api):
     assert header[:2] == ["NAME", "PHASE"] and row[:2] == ["waited", "Succeeded"]
 
 
-def test_the_operator_under_test_logs_to_its_file_and_leaves_the_workers_logging_as_it_was(cluster):
+def test_the_operator_under_test_logs_to_its_file_and_leaves_the_workers_logging_as_it_was(cluster, capfd):
     """`kopf run --verbose` in this process sets the root logger to DEBUG and logs to the stderr of its start: left
     so, every later record of the pytest worker was made and printed, some of it on the terminal between tests."""
-    root = logging.getLogger()
+    root, log = logging.getLogger(), cluster.workdir / "operator.log"
     level, handlers = root.level, list(root.handlers)
     with kopf_operator(cluster, poll_seconds=0.3):
+        wait_for(lambda: log.exists() and "Starting Kopf" in log.read_text(), 20, what="kopf's first line in its file")
         assert root.level == logging.DEBUG
     assert (root.level, root.handlers) == (level, handlers)
-    assert "Starting Kopf" in (cluster.workdir / "operator.log").read_text()
+    assert "Starting Kopf" not in capfd.readouterr().err

@@ -57,27 +57,27 @@ def kopf_operator(cluster: EmulatedCluster, poll_seconds: float = 0.3, timeout: 
     from kopf.testing import KopfRunner
 
     args = ["run", "--standalone", "--all-namespaces", "-m", "gpt2bench.controller.handlers"]
-    # `kopf run` puts its handler on the root logger, writing to the stderr of the moment (pytest swaps it around
-    # each test: between tests, the terminal), and `--verbose` sets the root logger to DEBUG. Its lines go to
-    # the cluster's operator.log instead, and both are undone at the end: left, every later record of this
-    # worker (the clients' DEBUG lines, the emulator's access log) was made, formatted and printed.
+    # `kopf run` puts a handler of its own on the root logger, on the stderr of the moment (pytest's and Click's
+    # swap it around: between tests, the terminal), and `--verbose` sets the root logger to DEBUG. Its handler
+    # writes to the cluster's operator.log instead, and both are undone at the end: left, every later record of
+    # this worker (the clients' DEBUG lines, the emulator's access log) was made, formatted and printed.
     root, log = logging.getLogger(), cluster.workdir / "operator.log"
     level = root.level
     with mock.patch.dict(os.environ, operator_env(cluster, poll_seconds=poll_seconds)), open(log, "a") as stream:
+
+        class ToLog(logging.StreamHandler):  # what kopf's configure() instantiates, and removes again by its class
+            def __init__(self) -> None:
+                super().__init__(stream)
+
         try:
-            with KopfRunner(args + (["--verbose"] if verbose else []), timeout=timeout) as runner:
-                for handler in _kopf_handlers(root):
-                    handler.setStream(stream)
+            with mock.patch("kopf._core.actions.loggers._KopfStreamHandler", ToLog), \
+                    KopfRunner(args + (["--verbose"] if verbose else []), timeout=timeout) as runner:
                 yield runner
         finally:  # before the file closes: the emulator's threads still log
-            root.handlers[:] = [h for h in root.handlers if h not in _kopf_handlers(root)]
+            root.handlers[:] = [h for h in root.handlers if not isinstance(h, ToLog)]
             root.setLevel(level)
     assert runner.exception is None, (runner.output + log.read_text())[-3000:]
     assert runner.exit_code == 0
-
-
-def _kopf_handlers(root: logging.Logger) -> list[logging.Handler]:
-    return [h for h in root.handlers if type(h).__name__ == "_KopfStreamHandler"]  # kopf's own, by its name
 
 
 def wait_for(check: Callable[[], T], timeout: float = 30, interval: float = 0.1, what: str = "") -> T:
