@@ -74,6 +74,15 @@ def horovod_import_error(tmp_path_factory) -> str | None:
     return json.loads(once_per_session(shared_dir(tmp_path_factory, "probes") / "horovod.json", probe))
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` is still running (not ended: a zombie, or dead, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def once_per_session(answer: Path, make: Callable[[], str]) -> str:
     """What `make()` returns, made by the first worker to ask and kept in `answer` for the others, who wait at a lock
     meanwhile (a probe or a build each worker would otherwise repeat)."""

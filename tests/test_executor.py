@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import alive
 
 from gpt2bench.local.executor import assign_gpus, execute_job, job_replicas
 from gpt2bench.local.replicas import JobSpecError, Replica, expand, share_machine
@@ -156,14 +157,6 @@ def _grandchild_script(pid_file: Path) -> str:
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_deadline_kills_the_whole_process_tree(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     job = pytorchjob(container([sys.executable, "-c", _grandchild_script(pid_file)]), deadline=2)
@@ -172,7 +165,7 @@ def test_deadline_kills_the_whole_process_tree(tmp_path):
     assert "DeadlineExceeded" in outcome.reason and "activeDeadlineSeconds=2" in outcome.reason
     grandchild = int(pid_file.read_text())
     time.sleep(0.3)
-    assert not _alive(grandchild)
+    assert not alive(grandchild)
 
 
 def test_interrupt_kills_replicas_and_propagates(tmp_path):
@@ -186,7 +179,7 @@ def test_interrupt_kills_replicas_and_propagates(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         execute_job(job, tmp_path / "run", gpus=[], on_tick=interrupt, grace_seconds=2)
     time.sleep(0.3)
-    assert not _alive(int(pid_file.read_text()))
+    assert not alive(int(pid_file.read_text()))
 
 
 def test_missing_tool_fails_with_a_clear_reason(tmp_path):

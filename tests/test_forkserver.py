@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import narrowed, runner_environment
+from conftest import alive, narrowed, runner_environment
 
 from gpt2bench.local import forkclient, forkserver
 from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
@@ -142,14 +142,6 @@ def wait_file(path: Path, timeout: float = 120) -> None:
     while not path.exists() or not path.stat().st_size:
         assert time.monotonic() < deadline, f"{path} never written"
         time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------- what the child starts with

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import narrowed
+from conftest import alive, narrowed
 
 from gpt2bench.files import FolderBusy, held, holding
 from gpt2bench.local.replicas import free_port
@@ -39,14 +39,6 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.05)
     raise AssertionError(f"not within {timeout} s: {what}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 # ------------------------------------------------------------------ children die with their parent

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import alive
 
 from gpt2bench.local.processes import process_tree, stop_tree
 
@@ -39,13 +40,6 @@ open(sys.argv[1] + "/pids.tmp", "w").write(json.dumps([os.getppid(), os.getpid()
 os.rename(sys.argv[1] + "/pids.tmp", sys.argv[1] + "/pids.json")
 time.sleep(300)
 """
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def start_tree(tmp_path: Path, bottom_takes_sigterm: str) -> tuple[subprocess.Popen, int, int]:
@@ -89,4 +83,4 @@ def test_a_process_orphaned_while_the_tree_stops_is_killed_at_the_grace(tree, st
         os.kill(bottom, signal.SIGSTOP)
     assert stop_tree(leader.pid, lambda: leader.poll() is not None, grace=1.0) is True
     time.sleep(0.2)  # SIGKILL is delivered asynchronously
-    assert not running(middle) and not running(bottom)
+    assert not alive(middle) and not alive(bottom)
