@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import alive
 
-from gpt2bench.local.executor import assign_gpus, execute_job, job_replicas
+from gpt2bench.local.executor import execute_job, job_replicas, unschedulable
 from gpt2bench.local.replicas import JobSpecError, Replica, expand, share_machine
 
 # Writes its env and argv to $(GPT2BENCH_OUTPUT_DIR)/seen.json.
@@ -228,7 +228,7 @@ def test_termination_message_falls_back_to_the_log_tail_on_error(tmp_path):
 def test_gpus_are_split_between_replicas_or_the_job_is_unschedulable(tmp_path):
     job = pytorchjob(container([sys.executable, "-c", "pass"], gpus=2), workers=1)
     replicas = job_replicas(job, tmp_path)
-    assert assign_gpus(replicas, ["0", "1", "2", "3"]) is None
+    assert unschedulable(replicas, ["0", "1", "2", "3"], "t-job") is None
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in replicas] == ["0,1", "2,3"]
     outcome = execute_job(job, tmp_path / "small", gpus=["0", "1", "2"])
     assert outcome.phase == "Failed"

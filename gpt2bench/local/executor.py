@@ -226,12 +226,6 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
 
 
-def assign_gpus(replicas: list[Replica], available: list[str]) -> str | None:
-    """Give each replica its own GPUs; return why the job cannot start (like an unschedulable pod)."""
-    blocked = unschedulable(replicas, available, "")
-    return blocked.describe() if blocked else None
-
-
 # What kube-scheduler says of a pod that a one-node cluster (this machine) can never take: too few GPUs in all,
 # not busy ones, so preemption cannot help (NodeResourcesFit's UnschedulableAndUnresolvable, kubernetes#131345).
 # The operator reads these words as a start that will not come (gpt2bench.startwait), as the local runner does.
