@@ -1,0 +1,112 @@
+"""One cause, one stop (issues 47.1, 50.4): the pure rule both drivers call (`gpt2bench.diagnosis.holds`), on data.
+
+The drivers' own tests: `tests/test_shared_cause_operator.py` (the real kopf operator against the emulator) and
+`tests/test_shared_cause_local.py` (`gpt2bench run`'s sweep)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt2bench.diagnosis import holds
+from gpt2bench.status import FAILED, PENDING, RUNNING, SUCCEEDED, RunStatus
+
+SOCKETS = ("pod b-ddp-2x8g-worker-0 (container pytorch) exited with code 1: NCCL reached the other nodes over sockets "
+           "(NET/Socket) on 16 of 16 ranks, not over the cluster's fabric: stopped after the first step instead of "
+           "measuring the wrong network (spec.fabric.require auto; `none` runs a socket baseline on purpose). "
+           "docs/clusters.md says what each cluster's fabric needs")
+MEMLOCK = ("spec.fabric.require rdma, but this process may lock only RLIMIT_MEMLOCK 8 MiB, CAP_IPC_LOCK not effective "
+           "(RDMA registers the buffers it sends from; at least 16 GiB or unlimited is needed): raise the container "
+           "runtime's memlock limit")
+DRIVER = ("pod b-single-1x1g-master-0 (container pytorch) exited with code 1: --device cuda: no CUDA device is visible "
+          "to this process (the pod got no nvidia.com/gpu, or the node's driver is older than the image's CUDA)")
+PODSECURITY = ('pod b-ddp-2x8g-worker-0 not created: FailedCreatePod: Error creating: pods "b-ddp-2x8g-worker-0" is '
+               'forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false (container '
+               '"init-pytorch" must set securityContext.allowPrivilegeEscalation=false)')
+TAINT = ("not started within runPolicy.startupSeconds (600 s): pod b-ddp-1x8g-master-0 Unschedulable: 0/3 nodes are "
+         "available: 3 node(s) had untolerated taint {sku: gpu}. preemption: 0/3 nodes are available: 3 Preemption is "
+         "not helpful for scheduling.")
+RBAC = ('the API server refused PyTorchJob b-ddp-1x2: 403 Forbidden: pytorchjobs.kubeflow.org is forbidden: User '
+        '"system:serviceaccount:gpt2bench:gpt2bench-operator" cannot create resource "pytorchjobs" in API group '
+        '"kubeflow.org" in the namespace "team-a"')
+QUOTA = ('the API server refused PyTorchJob x: 403 Forbidden: pytorchjobs.kubeflow.org "x" is forbidden: exceeded '
+         'quota: compute, requested: requests.cpu=64, used: requests.cpu=0, limited: requests.cpu=8')
+
+
+def entry(name: str, nodes: int = 1, gpus: int = 0, phase: str = PENDING, reason: str | None = None,
+          kind: str = "PyTorchJob") -> RunStatus:
+    return RunStatus(name=name, strategy="ddp", precision="fp32", nodes=nodes, devices_per_node=gpus,
+                     processes_per_node=max(gpus, 1), job_kind=kind, job_name=name, phase=phase, reason=reason)
+
+
+def sweep() -> list[RunStatus]:
+    return [entry("one-cpu"), entry("one-gpu", gpus=8), entry("two-gpu", nodes=2, gpus=8),
+            entry("four-gpu", nodes=4, gpus=8), entry("two-mpi", nodes=2, gpus=8, kind="MPIJob"),
+            entry("two-cpu", nodes=2)]
+
+
+@pytest.mark.parametrize(("reason", "kind", "held_runs"), [
+    (SOCKETS, holds.FABRIC, {"two-gpu", "four-gpu", "two-mpi", "two-cpu"}),
+    (MEMLOCK, holds.RDMA, {"one-cpu", "one-gpu", "two-gpu", "four-gpu", "two-mpi", "two-cpu"}),
+    (DRIVER, holds.DRIVER, {"one-gpu", "two-gpu", "four-gpu", "two-mpi"}),
+    (PODSECURITY, holds.ADMISSION, {"two-gpu", "four-gpu", "two-cpu"}),
+    (TAINT, holds.TAINT, {"one-gpu", "two-gpu", "four-gpu", "two-mpi"}),
+])
+def test_an_environment_failure_holds_exactly_the_pending_runs_that_share_it(reason, kind, held_runs):
+    failed = entry("met", nodes=2, gpus=8, phase=FAILED, reason=reason)
+    cause = holds.environment_cause(failed)
+    assert cause is not None and cause.kind == kind
+    before = [failed.model_copy(update={"phase": RUNNING, "reason": None}), *sweep()]
+    after, new = holds.apply(before, [failed, *sweep()], "resume: do X")
+    assert {e.name for e in after if holds.held(e)} == held_runs
+    assert len(new) == 1 and new[0].startswith(f"held ({kind}): met failed for a cause ") and "(resume: do X)" in new[0]
+    assert after[0] == failed  # the run that met it keeps its Failed record
+    assert all(len(e.reason or "") < 512 for e in after)
+
+
+@pytest.mark.parametrize("reason", [
+    "loss is NaN at step 3",
+    "pod x-master-0 (container pytorch) OOMKilled (exit code 137): torch.OutOfMemoryError: CUDA out of memory.",
+    "not started within runPolicy.startupSeconds (600 s): pod x-master-0 ImagePullBackOff: Back-off pulling image",
+    QUOTA,
+])
+def test_a_failure_of_the_runs_own_holds_nothing(reason):
+    failed = entry("met", nodes=2, gpus=8, phase=FAILED, reason=reason)
+    assert holds.environment_cause(failed) is None
+    after, new = holds.apply([], [failed, *sweep()], "resume")
+    assert new == [] and not any(holds.held(e) for e in after)
+
+
+def test_a_run_failed_before_holds_nothing_again_and_a_released_run_stays_released():
+    failed = entry("met", nodes=2, gpus=8, phase=FAILED, reason=SOCKETS)
+    after, _ = holds.apply([], [failed, *sweep()], "resume")
+    released = holds.release(after)
+    assert not any(holds.held(e) for e in released)
+    again, new = holds.apply(released, released, "resume")  # the same Failed run, seen by a later step
+    assert new == [] and again == released
+
+
+def test_only_a_403_of_authorization_is_a_shared_refusal():
+    cause = holds.refusal_cause(RBAC)
+    assert cause is not None and cause.kind == holds.FORBIDDEN and cause.scope == holds.Scope(job_kind="PyTorchJob")
+    assert holds.refusal_cause(QUOTA) is None
+    assert holds.refusal_cause(RBAC.replace("403 Forbidden", "422 Invalid")) is None
+    policy = RBAC.replace("PyTorchJob", "NetworkPolicy", 1) + " (spec.networkPolicy.enabled: false runs without it)"
+    assert holds.refusal_cause(policy).scope == holds.Scope()
+    entries = holds.hold(sweep(), cause, "two-gpu", "tried again at every step")
+    assert {e.name for e in entries if holds.held(e)} == {"one-cpu", "one-gpu", "two-gpu", "four-gpu", "two-cpu"}
+    assert holds.retry_candidate(entries).name == "one-cpu"
+    assert holds.summary(entries).startswith("5 runs held (forbidden): two-gpu was refused for a cause every "
+                                             "PyTorchJob run shares (tried again at every step): the API server")
+
+
+def test_release_by_cause_and_a_finished_run_is_never_held():
+    entries = [entry("done", nodes=2, gpus=8, phase=SUCCEEDED), *sweep()]
+    entries = holds.hold(entries, holds.refusal_cause(RBAC), "one-cpu", "r")
+    entries = holds.hold(entries, holds.Cause(holds.FABRIC, holds.Scope(min_nodes=2), "w"), "x", "r")
+    assert holds.held(entries[0]) is None and entries[0].reason is None
+    # a run held already keeps its first cause; the MPIJob run (not covered by the PyTorchJob refusal) by fabric
+    assert [holds.held(e) for e in entries[1:]] == [holds.FORBIDDEN] * 4 + [holds.FABRIC, holds.FORBIDDEN]
+    released = holds.release(entries, [holds.FORBIDDEN])
+    assert [holds.held(e) for e in released[1:]] == [None, None, None, None, holds.FABRIC, None]
+    assert holds.release(entries, reason=entries[5].reason)[5].reason is None
+    assert holds.summary(holds.release(released)) is None
