@@ -17,17 +17,22 @@ from gpt2bench.status import RunStatus
 
 QUIET, NOISY = 0.03, 0.08  # noise of one run (sd of ln tokens/s): a quiet configuration, a noisy one
 DRIFT = 0.05  # sd of the shared effect of a round
+SLOW = 0.7  # an unstable configuration's slow speed: 30 % below its full speed
 
 
 @dataclass(frozen=True)
 class Scenario:
     """`ratios`: each configuration's true tokens/s relative to the others (1.1: 10 % faster); `noise`: each one's
-    sd of ln tokens/s; `drift`: the sd of a round's shared effect."""
+    sd of ln tokens/s; `drift`: the sd of a round's shared effect; `slow_share`: per configuration, the chance that
+    a run falls to the slow speed, `slow` times its full speed (two speeds: 0.7 is 30 % slower). A configuration's
+    ratio is its full speed."""
 
     name: str
     ratios: tuple[float, ...]
     noise: tuple[float, ...]
     drift: float = DRIFT
+    slow_share: tuple[float, ...] | None = None
+    slow: float = SLOW
 
     @property
     def entrants(self) -> int:
@@ -44,7 +49,16 @@ class Scenario:
         rng = np.random.default_rng(seed)
         drift = rng.normal(0.0, self.drift, (draws, rounds, 1))
         noise = rng.standard_normal((draws, rounds, self.entrants)) * np.array(self.noise)
-        return np.log(1000.0 * np.array(self.ratios)) + drift + noise
+        values = np.log(1000.0 * np.array(self.ratios)) + drift + noise
+        if self.slow_share is not None:
+            values += np.where(rng.random((draws, rounds, self.entrants)) < np.array(self.slow_share),
+                               math.log(self.slow), 0.0)
+        return values
+
+    def mean_speed(self) -> np.ndarray:
+        """Each configuration's mean ln speed (an unstable one's over both speeds)."""
+        share = np.array(self.slow_share) if self.slow_share is not None else 0.0
+        return np.log(np.array(self.ratios)) + share * math.log(self.slow)
 
 
 def mixed(entrants: int) -> tuple[float, ...]:
@@ -62,6 +76,18 @@ def one_ahead(entrants: int, lead: float, noisy: bool = False) -> Scenario:
     ratios = tuple(1 + lead if i == index else 1.0 for i in range(entrants))
     kind = "noisy" if noisy else "quiet"
     return Scenario(f"{entrants}, a {kind} one {lead:.0%} faster", ratios, mixed(entrants))
+
+
+def two_speeds(entrants: int, tie: str = "mean") -> Scenario:
+    """Configuration 0 runs at full speed or 30 % slower, half the time each, 3 % noise inside a speed; the others
+    are stable (alternately 3 % and 8 % noise) and tied with its mean speed (`tie="mean"`) or with its full speed
+    (`tie="fast"`)."""
+    level = math.sqrt(SLOW) if tie == "mean" else 1.0  # geometric mean of 1 and 0.7
+    ratios = (1.0, *(level for _ in range(entrants - 1)))
+    noise = (QUIET, *mixed(entrants)[1:])
+    share = (0.5, *(0.0 for _ in range(entrants - 1)))
+    return Scenario(f"{entrants}, one in two speeds, the rest tied with its {tie} speed", ratios, noise,
+                    slow_share=share)
 
 
 def run_races(scenario: Scenario, cap: int, draws: int, seed: int, min_effect: float | None = None,

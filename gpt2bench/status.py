@@ -261,7 +261,8 @@ SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 SPEC_UNREADABLE = "SpecUnreadable"  # the operator running cannot read the spec a sweep was pinned with
 
 Objective = Literal["fastest", "leanest", "cheapest", "scalable", "efficient"]
-Decision = Literal["clear", "equivalent", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable"]
+Decision = Literal["clear", "equivalent", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable",
+                   "unstable"]
 Verdict = Literal["holds", "does-not-hold", "inconclusive", "needs-repeats", "not-measurable"]
 
 
@@ -280,6 +281,16 @@ class DroppedConfiguration(StatusModel):
     low: float = Field(description="The least that ratio can be at the race's level (above 1: beaten).")
 
 
+class UnstableConfiguration(StatusModel):
+    """A configuration whose runs fell into two speeds: set aside by its race, unranked (docs/analysis.md)."""
+
+    configuration: ConfigurationName
+    fast_runs: int = Field(ge=0, description="Its runs at the fast speed.")
+    fast: float = Field(description="Their geometric mean, in the recommendation's unit.")
+    slow_runs: int = Field(ge=0, description="Its runs at the slow speed.")
+    slow: float = Field(description="Their geometric mean, in the recommendation's unit.")
+
+
 class Recommendation(StatusModel):
     """The best configuration for one objective at one scale, and how sure that is (docs/analysis.md)."""
 
@@ -287,9 +298,10 @@ class Recommendation(StatusModel):
     scale: str | None = Field(None, description="Nodes x devices per node (e.g. 2x4 GPU); absent: all scales.")
     decision: Decision = Field(description="clear (a winner), equivalent (fastest or within sweep.minEffect of it), "
                                            "no-clear-winner (the best is among `candidates`), needs-repeats (too few "
-                                           "rounds to decide), only-candidate, not-measurable.")
+                                           "rounds to decide), only-candidate, not-measurable, unstable (the "
+                                           "configurations left to rank fell into two speeds: nothing ranked).")
     verdict: str | None = Field(None, description="The decision in one line, e.g. `horovod bf16 is the fastest "
-                                                  "(95 %)`.")
+                                                  "(error rate ≤ 5 %)`.")
     winner: str | None = Field(None, description="The recommended configuration; set only when the decision is clear "
                                                  "or only-candidate.")
     run: str | None = Field(None, description="The top-ranked configuration (its run name without -r<k>): the winner, "
@@ -308,6 +320,9 @@ class Recommendation(StatusModel):
                                                    "the runner-up (within rounds; positive: better).")
     margin_low: float | None = Field(None, description="Lower end of the margin's interval at `confidence`.")
     margin_high: float | None = Field(None, description="Upper end of the margin's interval at `confidence`.")
+    interval_coverage: float | None = Field(
+        None, description="fastest: the margin interval's coverage, at the race's bar (1 − 2 × its comparisons' "
+                          "level), valid at whichever round the race stopped.")
     confidence: float | None = Field(None, description="The chance that this decision is right: 0.95 for every "
                                                         "race and every family of decisions (docs/analysis.md).")
     paired: bool | None = Field(None, description="The margin compares within rounds (each round's shared drift "
@@ -320,6 +335,8 @@ class Recommendation(StatusModel):
     dropped: list[DroppedConfiguration] | None = Field(
         None, description="fastest: the configurations the race dropped, in the order it dropped them.")
     decided_in: int | None = Field(None, ge=1, description="The round after which the race decided.")
+    unstable: list[UnstableConfiguration] | None = Field(
+        None, description="fastest: configurations set aside unranked, their runs in two speeds.")
     behind_at_most: float | None = Field(
         None, description="equivalent: how far behind the fastest the pick can be at most (0.03: 3 %).")
     excluded: list[RunName] | None = Field(

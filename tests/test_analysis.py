@@ -239,13 +239,13 @@ def test_a_rival_within_the_smallest_difference_that_matters_makes_the_decision_
     runs = [*repeats("q-ddp-fp32-1x2", "ddp", "fp32", [100.0, 101.0, 100.5], devices=2),
             *repeats("q-fsdp-fp32-1x2", "fsdp", "fp32", [100.5, 100.4, 100.6], devices=2),
             *repeats("q-ps-fp32-1x2", "ps", "fp32", [50.0, 50.5, 50.2], devices=2)]
-    plain = by(analyze(runs).recommendations, "fastest", "1×2 CPU")
+    plain = by(analyze(runs, {"sweep": {"repeats": 3, "minEffect": 0}}).recommendations, "fastest", "1×2 CPU")
     assert plain.decision == "no-clear-winner" and plain.candidates == ["q-fsdp-fp32-1x2", "q-ddp-fp32-1x2"]
     assert [d.configuration for d in plain.dropped] == ["q-ps-fp32-1x2"]  # 50 % behind: beaten by both
     within = by(analyze(runs, {"sweep": {"repeats": 3, "minEffect": 0.05}}).recommendations, "fastest", "1×2 CPU")
     assert within.decision == "equivalent" and set(within.candidates) == {"q-fsdp-fp32-1x2", "q-ddp-fp32-1x2"}
     assert within.winner is None and 0 <= within.behind_at_most < 0.05  # no more than 5 % behind the fastest
-    assert within.verdict.endswith("is the fastest or within 5 % of it (95 %)")
+    assert within.verdict.endswith("is the fastest or within 5 % of it (error rate ≤ 5 %)")
 
 
 def test_bonferroni_splits_the_error_over_a_claims_comparisons():
@@ -294,7 +294,7 @@ def test_runs_without_rounds_are_compared_unpaired_and_a_margin_beyond_the_noise
     assert (rec.decision, rec.winner, rec.run, rec.candidates) == ("clear", "b-ddp-fp32-1x2", "b-ddp-fp32-1x2", None)
     assert rec.margin == pytest.approx(estimate - 1) and rec.noise_df == pytest.approx(df)
     assert rec.margin_low == pytest.approx(low - 1, rel=1e-6) and rec.margin_high == pytest.approx(high - 1, rel=1e-6)
-    assert rec.confidence == 0.95 and rec.verdict == "ddp fp32 is the fastest (95 %)"
+    assert rec.confidence == 0.95 and rec.verdict == "ddp fp32 is the fastest (error rate ≤ 5 %)"
 
 
 def test_a_winner_must_beat_every_rival_not_only_the_runner_up():
@@ -304,7 +304,7 @@ def test_a_winner_must_beat_every_rival_not_only_the_runner_up():
     rec = by(analyze(runs).recommendations, "fastest", "1×2 CPU")
     assert rec.runner_up == "c-fsdp-fp32-1x2" and rec.margin_low > 0  # beyond the noise over the runner-up
     assert rec.decision == "no-clear-winner" and rec.candidates == ["c-ddp-fp32-1x2", "c-ps-fp32-1x2"]
-    assert rec.verdict == "not separated yet: the fastest is among ddp fp32, ps fp32 (95 %)"
+    assert rec.verdict == "not separated yet: the fastest is among ddp fp32, ps fp32 (error rate ≤ 5 %)"
 
 
 def test_the_race_drops_the_beaten_and_names_the_fastest_with_its_round():
@@ -321,7 +321,7 @@ def test_the_race_drops_the_beaten_and_names_the_fastest_with_its_round():
     z = [math.log(a / b) for a, b in zip([110.0, 112.0, 109.0, 111.0], [100.0, 101.0, 99.5, 100.5])]
     assert rec.margin == pytest.approx(math.exp(sum(z) / 4) - 1) and rec.noise_df == 3
     assert rec.value == pytest.approx((110.0 * 112.0 * 109.0 * 111.0) ** 0.25)  # the geometric mean everywhere
-    assert rec.verdict == "ddp fp32 is the fastest (95 %)" and analysis.racing is None
+    assert rec.verdict == "ddp fp32 is the fastest (error rate ≤ 5 %)" and analysis.racing is None
     assert analysis.recommended is rec or analysis.recommended == rec
 
 

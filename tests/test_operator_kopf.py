@@ -129,7 +129,7 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
     recommended = analysis["recommended"]
     assert recommended | {"excluded": None} == {
         "objective": "fastest", "scale": "1×2 CPU", "decision": "clear", "winner": "scales-ddp-fp32-1x2",
-        "verdict": "ddp fp32 is the fastest (95 %)",
+        "verdict": "ddp fp32 is the fastest (error rate ≤ 5 %)",
         "run": "scales-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32", "value": pytest.approx(top),
         "unit": "tokens/s", "measurements": 3, "spread": pytest.approx(statistics.stdev(map(math.log, DRIFT.values()))),
         "runnerUp": "scales-fsdp-fp32-1x2", "runnerUpValue": pytest.approx(runner),
@@ -160,7 +160,7 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
     assert table[:9] == ["NAME", "PHASE", "DONE", "RUNS", "RACING", "RECOMMENDED", "DECISION", "AGE", "WAITING"]
     assert table[9:16] == ["scales", "Succeeded", "12", "12", "0", "scales-ddp-fp32-1x2", "clear"]
     (wide,) = kubectl_table(cluster.kubectl("get", "gpt2benchmark", "scales", "-o", "wide").stdout)
-    assert (wide["BACKEND"], wide["BEST"], wide["VERDICT"]) == ("pytorchjob", "ddp", "ddp fp32 is the fastest (95 %)")
+    assert (wide["BACKEND"], wide["BEST"], wide["VERDICT"]) == ("pytorchjob", "ddp", "ddp fp32 is the fastest (error rate ≤ 5 %)")
     assert float(wide["TOKENS/S"]) == pytest.approx(1990 * gm, rel=1e-3)  # the same geometric mean
 
     from gpt2bench.controller.metrics import REGISTRY
@@ -177,7 +177,7 @@ def test_a_two_scale_sweep_puts_recommendation_scaling_and_findings_in_status(cl
 
     assert report_cli.main(["--cluster", "scales", "-n", "default", "--output", str(tmp_path), "--quiet"]) == 0
     markdown = (tmp_path / "results.md").read_text()
-    assert "**At the largest scale measured (1×2 CPU): ddp fp32 is the fastest (95 %)**" in markdown
+    assert "**At the largest scale measured (1×2 CPU): ddp fp32 is the fastest (error rate ≤ 5 %)**" in markdown
     assert "| ddp | fp32 | 1×2 CPU | 2 | 995 | " in markdown  # 0.995, its interval as narrow: a shared drift
     ddp_row = next(r for r in analysis["scaling"] if r["strategy"] == "ddp" and r["scale"] == "1×2 CPU")
     assert ddp_row["low"] == pytest.approx(0.995) and ddp_row["high"] == pytest.approx(0.995)

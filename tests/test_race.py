@@ -83,13 +83,26 @@ def test_two_equal_configurations_use_the_whole_error_rate_and_no_more():
     assert 0.035 <= (state.outcome == race.CLEAR).mean() <= 0.065
 
 
-def test_the_fastest_is_dropped_at_most_half_alpha_even_when_it_is_barely_ahead():
+def test_the_fastest_is_dropped_at_most_alpha_even_when_it_is_barely_ahead():
     """Six configurations, the fastest 1 % ahead (as good as tied): dropping it is a wrong claim ("it is not the
-    fastest"); the race's bound for it is α / 2 (docs/analysis.md)."""
+    fastest"); its five rivals each drop it wrongly at most α / 5 (docs/analysis.md, The guarantee)."""
     draws = 3000
     scenario = scenarios.one_ahead(6, 0.01, noisy=True)
     state = scenarios.run_races(scenario, 20, draws, seed=11)
-    assert at_most((state.dropped_in[:, scenario.fastest] > 0).mean(), ALPHA / 2, draws)
+    assert at_most((state.dropped_in[:, scenario.fastest] > 0).mean(), ALPHA, draws)
+
+
+def test_two_tied_at_the_top_of_three_are_called_strictly_fastest_at_most_alpha():
+    """The worst case of a strict claim at k ≥ 3: two exactly as fast, the third 10 % behind. Each comparison is
+    tested at α / 2 (not α / 4 as before), so a strict "X is the fastest" must still stay within α."""
+    draws = 3000
+    scenario = scenarios.Scenario("tie", (1.1, 1.1, 1.0), scenarios.mixed(3))
+    state = scenarios.run_races(scenario, 10, draws, seed=13, min_effect=0.05)
+    assert at_most((state.outcome == race.CLEAR).mean(), ALPHA, draws)
+
+
+def test_each_comparison_is_tested_at_alpha_over_k_minus_one_and_never_above_alpha_over_two():
+    assert [race.Design(k, 10).level for k in (2, 3, 6)] == pytest.approx([ALPHA / 2, ALPHA / 2, ALPHA / 5])
 
 
 def test_within_min_effect_is_claimed_wrongly_at_most_alpha():
@@ -113,16 +126,18 @@ def test_equivalent_configurations_stop_the_race_with_min_effect():
 
 # ------------------------------------------------------------------ what it finds, and what it saves
 @pytest.mark.parametrize(("entrants", "noisy", "cap", "found"), [
-    (2, False, 10, 0.80), (4, False, 20, 0.90), (6, False, 20, 0.80), (6, True, 20, 0.55)])
-def test_a_ten_percent_faster_configuration_is_named_and_the_beaten_stop_running(entrants, noisy, cap, found):
-    """One configuration 10 % faster, unequal noise and drift: named the fastest in at least `found` of the
-    sweeps (benchmarks/bench_race.py measures these at scale), never dropped, and the sweeps run fewer runs than
-    every configuration every round."""
+    (2, False, 10, 0.95), (4, False, 20, 0.95), (6, False, 10, 0.88), (6, False, 20, 0.95), (6, True, 20, 0.95)])
+def test_a_ten_percent_faster_configuration_is_selected_and_the_beaten_stop_running(entrants, noisy, cap, found):
+    """One configuration 10 % faster, unequal noise and drift, sweep.minEffect at its default (5 %): selected (named
+    the fastest, or picked as the fastest or within 5 % of it: the others are 10 % behind, so only it can be) in
+    at least `found` of the sweeps (benchmarks/bench_race.py measures these at scale: 6 configurations, a quiet
+    leader, cap 10 is the review's target of 90 %), never dropped, and the sweeps run fewer runs than every
+    configuration every round."""
     draws = 1500
     scenario = scenarios.one_ahead(entrants, 0.10, noisy)
-    state = scenarios.run_races(scenario, cap, draws, seed=entrants + cap)
-    named = ((state.outcome == race.CLEAR) & (state.pick == scenario.fastest)).mean()
-    assert named >= found
+    state = scenarios.run_races(scenario, cap, draws, seed=entrants + cap, min_effect=race.DEFAULT_MIN_EFFECT)
+    decided = (state.outcome == race.CLEAR) | (state.outcome == race.EQUIVALENT)
+    assert (decided & (state.pick == scenario.fastest)).mean() >= found
     assert (state.dropped_in[:, scenario.fastest] > 0).mean() <= 0.01
     assert scenarios.runs_used(state, cap).mean() < 0.9 * entrants * cap
 
@@ -134,8 +149,8 @@ def test_the_report_and_the_rule_replay_the_race_the_core_runs():
     scenario = scenarios.one_ahead(4, 0.10, noisy=True)
     cap, draws = 8, 40
     values = scenario.values(cap, draws, seed=21)
-    state = race.race(values, race.Design(4, cap), list(range(1, cap + 1)))
-    sweep = {"sweep": {"repeats": 2, "maxRepeats": cap}}
+    state = race.race(values, race.Design(4, cap, min_effect=race.DEFAULT_MIN_EFFECT), list(range(1, cap + 1)))
+    sweep = {"sweep": {"repeats": 2, "maxRepeats": cap}}  # minEffect: its default
     for d in range(draws):
         ran = values[d].copy()  # what a sweep runs: nothing after a configuration's drop or its race's decision
         for c in range(4):
@@ -143,7 +158,8 @@ def test_the_report_and_the_rule_replay_the_race_the_core_runs():
             ran[last:, c] = np.nan
         analysis = analyze(scenarios.runs(scenario, ran), sweep)
         fastest = next(r for r in analysis.recommendations if r.objective == "fastest")
-        expected = {race.CLEAR: "clear", race.EQUIVALENT: "equivalent"}.get(int(state.outcome[d]), "no-clear-winner")
+        expected = {race.CLEAR: "clear", race.EQUIVALENT: "equivalent", race.UNSTABLE: "unstable"}.get(
+            int(state.outcome[d]), "no-clear-winner")
         assert fastest.decision == expected
         assert sorted((x.configuration, x.round) for x in fastest.dropped or []) == sorted(
             (f"sim-c{c}-fp32-1x2", int(state.dropped_in[d, c])) for c in range(4) if state.dropped_in[d, c])
@@ -151,17 +167,36 @@ def test_the_report_and_the_rule_replay_the_race_the_core_runs():
             assert fastest.winner == f"sim-c{int(state.pick[d])}-fp32-1x2" and fastest.decided_in == state.decided_in[d]
 
 
+def test_a_race_counts_only_the_configurations_that_produced_a_figure():
+    """Three configurations ran; four more of the scale never produced a figure (failed, or skipped: bf16 on a CPU
+    without bf16 units). The race is one of k = 3: each comparison at α / 2, its margin interval 95 %, not the
+    99.6 % of k = 7; the four are listed as excluded, not ranked."""
+    scenario = scenarios.Scenario("three", (1.0, 1.02, 0.99), (0.03, 0.03, 0.03))
+    values = scenario.values(6, 1, seed=4)[0]
+    runs = scenarios.runs(scenario, values)
+    runs += [run.model_copy(update={"name": f"sim-x{c}-bf16-1x2-r{k}", "strategy": f"x{c}", "precision": "bf16",
+                                    "phase": "Failed", "results": None, "job_name": f"x{c}-r{k}"})
+             for c in range(4) for k, run in enumerate(runs[:6], start=1)]
+    analysis = analyze(runs, {"sweep": {"repeats": 3, "maxRepeats": 6}})
+    fastest = next(r for r in analysis.recommendations if r.objective == "fastest")
+    assert fastest.interval_coverage == pytest.approx(1 - ALPHA)
+    assert {e.split(" ")[0][:len("sim-x0")] for e in fastest.excluded} == {f"sim-x{c}" for c in range(4)}
+    assert not any("sim-x" in c for c in fastest.candidates or [])
+
+
 def test_the_rule_adds_rounds_for_the_configurations_still_racing_only():
+    """With minEffect off, two equal configurations race on; the third, 40 % behind, is dropped at a look (the
+    boundary spends little at the first looks, so not before round 4) and runs no more."""
     scenario = scenarios.Scenario("one far behind", (1.0, 1.0, 0.6), (0.03, 0.03, 0.03))
-    values = scenario.values(3, 1, seed=2)[0]
-    spec = {"sweep": {"repeats": 2, "maxRepeats": 6}}
+    values = scenario.values(5, 1, seed=2)[0]
+    spec = {"sweep": {"repeats": 2, "maxRepeats": 8, "minEffect": 0}}
     now = datetime(2026, 11, 1, 1, tzinfo=timezone.utc)
-    early = next_round(scenarios.runs(scenario, values[:2]), spec, "2026-11-01T00:00:00Z", now)
-    assert early.add and len(early.racing) == 3  # no look before 3 rounds
+    early = next_round(scenarios.runs(scenario, values[:3]), spec, "2026-11-01T00:00:00Z", now)
+    assert early.add and len(early.racing) == 3  # the look after round 3 asks for more than these 3 rounds show
     step = next_round(scenarios.runs(scenario, values), spec, "2026-11-01T00:00:00Z", now)
     assert step.add and sorted(step.racing) == ["sim-c0-fp32-1x2", "sim-c1-fp32-1x2"]
-    assert [(d.configuration, d.round) for d in step.dropped] == [("sim-c2-fp32-1x2", 3)]
-    assert step.reason.startswith("round 4 added for the 2 configurations still racing at 1×2 CPU (c")
+    assert [d.configuration for d in step.dropped] == ["sim-c2-fp32-1x2"] and step.dropped[0].round in (4, 5)
+    assert step.reason.startswith("round 6 added for the 2 configurations still racing at 1×2 CPU (c")
     assert "c0 fp32" in step.reason and "c1 fp32" in step.reason and "c2" not in step.reason
 
 
@@ -192,8 +227,8 @@ def test_the_rounds_a_race_is_told_it_needs_decide_it_about_as_often_as_printed(
         decided += ahead.outcome[0] != race.RACING
     assert printed >= 15
     assert decided / printed >= 0.7
-    null = race.replay({f"c{c}": {k: 1000 * math.exp(0.03 * ((k * (c + 3)) % 5 - 2)) for k in range(1, 7)}
-                        for c in range(3)}, design, list(range(1, 7)))
+    null = race.replay({f"c{c}": {k: 1000 * math.exp(0.03 * ((k + c) % 3 - 1)) for k in range(1, 7)}
+                        for c in range(3)}, design, list(range(1, 7)))  # equal means, noisy differences
     if null.decision == "open":
         assert race.rounds_needed(null, design, cap) is None or race.rounds_needed(null, design, cap) > 20
 

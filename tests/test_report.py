@@ -408,7 +408,7 @@ def test_results_md_says_the_fastest_is_among_the_candidates_and_how_many_rounds
     z = [math.log(b / a) for a, b in zip((95.0, 105.0, 100.0), (99.0, 104.0, 106.0))]  # within rounds
     assert rec.margin == pytest.approx(math.exp(sum(z) / 3) - 1)
     assert rec.round_seconds == 120.0  # one more round: both configurations' runs, 60 s each in this document
-    verdict = "not separated after 3 rounds: the fastest is among fsdp bf16, ddp bf16 (95 %); "
+    verdict = "not separated after 3 rounds: the fastest is among fsdp bf16, ddp bf16 (error rate ≤ 5 %); "
     assert rec.verdict.startswith(verdict)
     if rec.rounds_needed is None:
         assert "no number of rounds up to 50 would likely decide it" in rec.verdict
@@ -417,7 +417,8 @@ def test_results_md_says_the_fastest_is_among_the_candidates_and_how_many_rounds
         assert f"about {more} more round" in rec.verdict and f"sweep.maxRepeats {rec.rounds_needed}" in rec.verdict
     assert f"**At the largest scale measured (1×2 GPU): {rec.verdict}**" in markdown
     assert "| tokensPerSecond | 1×2 GPU | ±" in markdown  # the noise section, per scale
-    assert "Every answer below holds with probability at least 95%" in markdown  # the level, explained once
+    assert '"(error rate ≤ 5 %)": each scale\'s race names' in markdown  # the error rate, explained once
+    assert "assuming each configuration's runs vary normally around one speed" in markdown  # and what it assumes
 
 
 def test_compare_applies_the_noise_rule():

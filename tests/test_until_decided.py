@@ -57,7 +57,7 @@ def _rounds(values: dict[str, list[float]], start: datetime | None = None, secon
 
 
 def test_the_rule_adds_a_round_while_undecided_and_stops_saying_why():
-    spec = {"sweep": {"repeats": 2, "maxRepeats": 4}}
+    spec = {"sweep": {"repeats": 2, "maxRepeats": 4, "minEffect": 0}}  # the strict race: a tie races on
     start = "2026-11-01T00:00:00Z"
     now = datetime(2026, 11, 1, 0, 10, tzinfo=timezone.utc)
     close = {"ddp": [100.0, 103.0], "fsdp": [101.0, 99.0]}  # no look before 3 rounds
@@ -66,7 +66,7 @@ def test_the_rule_adds_a_round_while_undecided_and_stops_saying_why():
     assert step.reason.startswith("round 3 added for the 2 configurations still racing at 1×2 CPU (")
     far = {"ddp": [200.0, 203.0, 201.0], "fsdp": [100.0, 99.0, 101.0]}
     step = next_round(_rounds(far), spec, start, now)
-    assert not step.add and step.reason == "decided after 3 rounds (1×2 CPU: ddp fp32 is the fastest (95 %))"
+    assert not step.add and step.reason == "decided after 3 rounds (1×2 CPU: ddp fp32 is the fastest (error rate ≤ 5 %))"
     assert [(d.configuration, d.round, d.behind) for d in step.dropped] == [("u-fsdp-fp32-1x2", 3, "u-ddp-fp32-1x2")]
     step = next_round(_rounds({"ddp": [100.0, 103.0, 98.0, 101.0], "fsdp": [101.0, 99.0, 100.0, 102.0]}), spec, start,
                       now)
@@ -78,7 +78,7 @@ def test_the_rule_adds_a_round_while_undecided_and_stops_saying_why():
                                                    "about 60 s")
     within = {"sweep": {**spec["sweep"], "minEffect": 0.1}}  # 10 %: the rival shown within it
     step = next_round(_rounds({"ddp": [100.0, 101.0, 100.5], "fsdp": [100.5, 100.4, 100.6]}), within, start, now)
-    assert not step.add and "is the fastest or within 10 % of it (95 %)" in step.reason
+    assert not step.add and "is the fastest or within 10 % of it (error rate ≤ 5 %)" in step.reason
 
 
 def test_the_next_round_runs_only_the_configurations_still_racing_and_costs_only_theirs():
@@ -96,7 +96,7 @@ def test_looking_after_every_round_keeps_the_false_winner_rate():
     stop at the first decision: a false winner in at most 5 % of seeded sweeps (the race's boundary counts every
     look; tests/test_race.py measures it at scale)."""
     rng = random.Random(5)
-    spec = {"sweep": {"repeats": 2, "maxRepeats": 8}}
+    spec = {"sweep": {"repeats": 2, "maxRepeats": 8, "minEffect": 0}}  # strict claims only: equal is never fastest
     start, now = "2026-11-01T00:00:00Z", datetime(2026, 11, 1, 5, tzinfo=timezone.utc)
     trials, false = 200, 0
     for _ in range(trials):
@@ -139,7 +139,7 @@ def no_fork_server(monkeypatch):
 def test_the_local_runner_adds_rounds_of_the_configurations_still_racing_and_says_why_it_stopped(
         tmp_path, tps, per_round, reason, no_fork_server):
     bench = benchmark({"strategies": [{"name": "ddp"}, {"name": "fsdp"}, {"name": "ps"}], "repeats": 2,
-                       "maxRepeats": 4, "breakdown": "off", "scales": [{"processesPerNode": 2}]})
+                       "maxRepeats": 4, "minEffect": 0, "breakdown": "off", "scales": [{"processesPerNode": 2}]})
     runs = plan_runs(bench)
     assert [r.repeat for r in runs] == [1, 1, 1, 2, 2, 2]
     doc = local_sweep.run_sweep(bench, runs, tmp_path / "out", live=False, render=_fake(tps)).doc
@@ -158,7 +158,7 @@ def test_a_resumed_sweep_keeps_the_rounds_it_added_and_continues_the_same_rule(t
     """A sweep that added rounds 3 and 4, then was killed during round 4's last run: --resume keeps rounds 3 and 4
     (not only the spec's 2), runs the interrupted run again, and the rule ends it as before (max rounds)."""
     bench = benchmark({"strategies": [{"name": "ddp"}, {"name": "fsdp"}], "repeats": 2, "maxRepeats": 4,
-                       "breakdown": "off", "scales": [{"processesPerNode": 2}]})
+                       "minEffect": 0, "breakdown": "off", "scales": [{"processesPerNode": 2}]})
     render = _fake({"ddp": 100.0, "fsdp": 100.0})
     out = tmp_path / "out"
     first = local_sweep.run_sweep(bench, plan_runs(bench), out, live=False, render=render).doc

@@ -43,6 +43,7 @@ from gpt2bench.status import (
     Recommendation,
     RunStatus,
     ScalingEfficiency,
+    UnstableConfiguration,
 )
 
 # Step records (steps.jsonl) by run name, where a local run kept them; the operator has none.
@@ -185,14 +186,21 @@ def _by_metric(objective: Objective, configs: list[Configuration], metric: Metri
 
 
 # ------------------------------------------------------------------ fastest: the selection race
+def min_effect(sweep: dict[str, Any]) -> float | None:
+    """sweep.minEffect: 5 % where the spec does not say; 0 turns it off (None)."""
+    effect = sweep.get("minEffect", race.DEFAULT_MIN_EFFECT)
+    return float(effect) if effect else None
+
+
 def design(sweep: dict[str, Any], entrants: int, rounds: list[int]) -> race.Design:
-    """The race a sweep runs: looking after every round from max(3, repeats) to sweep.maxRepeats, or, with fixed
-    rounds (no maxRepeats), once at the end (its last round: sweep.repeats, or the rounds the runs hold where the
-    spec does not say)."""
+    """The race a sweep runs: looking after every round from the third to sweep.maxRepeats (rounds planned
+    before the first look are looked at as they would have been: none of the boundary's error rate is left
+    unspent), or, with fixed rounds (no maxRepeats), once at the end (its last round: sweep.repeats, or the
+    rounds the runs hold where the spec does not say)."""
     repeats = int(sweep.get("repeats") or 1)
-    effect = sweep.get("minEffect")
+    effect = min_effect(sweep)
     if sweep.get("maxRepeats"):
-        return race.Design(entrants, int(sweep["maxRepeats"]), max(race.FIRST_LOOK, repeats), False, ALPHA, effect)
+        return race.Design(entrants, int(sweep["maxRepeats"]), race.FIRST_LOOK, False, ALPHA, effect)
     last = max(repeats, rounds[-1] if rounds else 1)
     return race.Design(entrants, last, last, True, ALPHA, effect)
 
@@ -222,15 +230,20 @@ Raced = tuple[Race, int, list[list[Configuration]]]
 
 def races(configs: list[Configuration], sweep: dict[str, Any], rounds: list[int]) -> list[Raced]:
     """Every group's race: per scale, per resource group (the largest first), with the group's index among its
-    scale's groups and those groups."""
+    scale's groups and those groups. The entrants are the configurations with a figure in the finished rounds:
+    one that never produced one (skipped, or every run failed) neither counts in the race's k nor joins a group
+    by resources it never showed; it stays listed among the scale's excluded runs."""
     found = []
     for scale in scales(configs):
-        groups = resource_groups([c for c in configs if c.scale == scale])
+        at_scale = [c for c in configs if c.scale == scale]
+        samples = {c.name: _by_round(c, rounds) for c in at_scale}
+        groups = resource_groups([c for c in at_scale if samples[c.name]]) if any(samples.values()) else [at_scale]
         for index, group in enumerate(groups):
-            samples = {c.name: _by_round(c, rounds) for c in group}
-            plan = design(sweep, len(group), rounds)
-            entered = {name: found_ for name, found_ in samples.items() if found_}
+            entered = {c.name: samples[c.name] for c in group if samples[c.name]}
+            plan = design(sweep, len(entered), rounds)
             outcome = race.replay(entered, plan, rounds) if entered else race.Outcome("not-measurable", [])
+            if index == 0:  # the scale's configurations without a figure are shown (excluded) with its main group
+                group = [*group, *(c for c in at_scale if not samples[c.name] and c not in group)]
             found.append((Race(scale, group, plan, outcome, rounds), index, groups))
     return found
 
@@ -250,8 +263,16 @@ def fastest_by_race(entry: Race, index: int, groups: list[list[Configuration]], 
     extra, apart = _group_extra(groups, index, scale)
     common: dict[str, Any] = {"objective": FASTEST.name, "scale": scale, "excluded": _excluded(group) or None,
                               "note": apart, "confidence": CONFIDENCE, **extra}
-    ranked = sorted((c for c in group if c.sample(tokens_per_second).n),
+    set_aside = {u.name for u in outcome.unstable}
+    if set_aside:
+        common["unstable"] = [UnstableConfiguration(configuration=u.name, fast_runs=u.fast_runs, fast=u.fast,
+                                                    slow_runs=u.slow_runs, slow=u.slow) for u in outcome.unstable]
+        common["unit"] = FASTEST.unit
+    ranked = sorted((c for c in group if c.sample(tokens_per_second).n and c.name not in set_aside),
                     key=lambda c: -c.sample(tokens_per_second).log_mean)
+    if outcome.decision == "unstable" or (set_aside and not ranked):
+        return Recommendation(decision="unstable", candidates=list(outcome.survivors) or None,
+                              decided_in=outcome.decided_in, **common)
     if not ranked:
         result = Recommendation(decision="not-measurable", **{**common, "note": apart or
                                                               "no succeeded run has this figure"})
@@ -270,7 +291,8 @@ def fastest_by_race(entry: Race, index: int, groups: list[list[Configuration]], 
         estimate, low, high, n = versus
         common |= {"margin": estimate - 1, "margin_low": low - 1 if n >= race.FIRST_LOOK else None,
                    "margin_high": high - 1 if n >= race.FIRST_LOOK else None, "paired": True,
-                   "noise_df": n - 1 if n >= race.FIRST_LOOK else 0}
+                   "noise_df": n - 1 if n >= race.FIRST_LOOK else 0,
+                   "interval_coverage": 1 - 2 * outcome.level if n >= race.FIRST_LOOK else None}
     dropped = [DroppedConfiguration(configuration=d.name, round=d.round, behind=d.behind, ratio=d.ratio, low=d.low)
                for d in outcome.dropped] or None
     decision = {"clear": "clear", "equivalent": "equivalent", "needs-rounds": "needs-repeats"}.get(
@@ -456,7 +478,7 @@ def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: C
     claims = findings.check_all(configs, effs, spec or {}, curves)
     labels = {c.name: f"{c.strategy} {c.precision}" for c in configs}
     for rec in recs:
-        rec.verdict = verdicts.verdict(rec, labels, len(finished_rounds(runs)), sweep.get("minEffect"))
+        rec.verdict = verdicts.verdict(rec, labels, len(finished_rounds(runs)), min_effect(sweep))
     verdicts_ = conclude_family(claims.findings)
     checks = conclude_family(claims.checks)
     return Analysis(recommended=headline(recs, configs), alpha=ALPHA, racing=racing(raced) or None,

@@ -29,7 +29,7 @@ import numpy as np
 from scipy.special import stdtr, stdtrit  # Student t cdf and quantile (fast ufuncs)
 
 FIRST_LOOK = 3  # rounds: a paired comparison's first look has 2 degrees of freedom
-SHAPE = 2.0  # the nominal level at look n grows as (n - 2)^SHAPE (chosen by benchmarks/bench_race.py)
+SHAPE = 4.0  # the nominal level at look n grows as (n - 2)^SHAPE: spent late (chosen by benchmarks/bench_race.py)
 MAX_CAP = 50  # the latest round a table entry covers (sweep.maxRepeats is at most this)
 LEVELS = tuple(float(x) for x in np.geomspace(1e-4, 0.05, 28))  # per-comparison levels tabulated
 SIMULATED_PATHS = 2_000_000

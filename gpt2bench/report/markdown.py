@@ -60,12 +60,16 @@ def level_text(confidence: float) -> str:
 
 
 def margin_text(rec: Recommendation) -> str:
-    """`+7.2 % [+1.1 %, +13.6 %] (95 %)`: the top-ranked's margin over the runner-up and its interval."""
+    """`+7.2 % [+1.1 %, +13.6 %] (99 %, valid at any stop)`: the top-ranked's margin over the runner-up and its
+    interval, labelled with its own coverage (a race's: at its bar, whichever round it stopped; the point margin
+    after an early stop is biased away from zero, the interval is not)."""
     if rec.margin is None:
         return NO_VALUE
     if rec.margin_low is None or rec.margin_high is None:
         return f"{rec.margin:+.1%}"
-    return f"{rec.margin:+.1%} [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] ({level_text(rec.confidence)})"
+    label = (f"{level_text(rec.interval_coverage)}, valid at any stop" if rec.interval_coverage is not None
+             else level_text(rec.confidence))
+    return f"{rec.margin:+.1%} [{rec.margin_low:+.1%}, {rec.margin_high:+.1%}] ({label})"
 
 
 def decision_text(rec: Recommendation) -> str:

@@ -12,10 +12,14 @@ After each look (a round from `Design.first_look` on, or the last round only for
 - one survivor left: it **is the fastest** (`clear`);
 - with sweep.minEffect δ: a survivor X whose every surviving rival is shown less than δ ahead of it is **the
   fastest or within δ of it** (`equivalent`; Hsu's multiple comparisons with the best);
+- a configuration whose runs fall into two speeds (`modes.py`) is **set aside as unstable**: it is not ranked,
+  named or picked, the drops it made are undone, and it runs no more; a race left with one configuration or none
+  that beat nobody ends **unstable**;
 - otherwise the race goes on; when the rounds or the budget run out, **the fastest is among** the survivors.
 
-Each ordered comparison is tested at level α / (2 (k − 1)) for a group of k: the fastest configuration is dropped,
-or a configuration wrongly called fastest or within δ, with probability at most α (docs/analysis.md).
+A group's k entrants are the configurations with a figure. Each ordered comparison is tested at level
+α / max(k − 1, 2): under normal noise, a fastest configuration is dropped, or a configuration wrongly called
+the fastest or within δ of it, with probability at most α (docs/analysis.md, The guarantee).
 
 The core (`race`) runs many races at once (numpy arrays over independent draws): the same code replays one sweep
 for its report, simulates the rounds a decision still needs (`rounds_needed`), and drives the calibration tests.
@@ -31,10 +35,12 @@ from functools import lru_cache
 
 import numpy as np
 
+from gpt2bench.report import modes
 from gpt2bench.report.boundary import FIRST_LOOK, MAX_CAP, critical_t
 
 ALPHA = 0.05  # the chance that a group's answer is wrong (docs/analysis.md, The selection race)
-RACING, CLEAR, EQUIVALENT = 0, 1, 2
+RACING, CLEAR, EQUIVALENT, UNSTABLE = 0, 1, 2, 3
+DEFAULT_MIN_EFFECT = 0.05  # sweep.minEffect when the spec does not say (0 turns it off)
 PROBABILITY = 0.8  # "rounds needed": the chance at which that many rounds would decide
 DRAWS = 400  # simulated continuations behind one "rounds needed"
 
@@ -54,8 +60,10 @@ class Design:
 
     @property
     def level(self) -> float:
-        """One ordered comparison's level: α / (2 (k − 1)) (docs/analysis.md says why 2)."""
-        return self.alpha / (2 * max(self.entrants - 1, 1))
+        """One ordered comparison's level: α / max(k − 1, 2). A fastest configuration has k − 1 rivals, each of
+        which drops it wrongly with at most this chance; with two entrants each direction gets α / 2, so that an
+        exact tie is wrongly called either way with at most α (docs/analysis.md, The guarantee)."""
+        return self.alpha / max(self.entrants - 1, 2)
 
     def criticals(self) -> np.ndarray:
         """The critical t by the number of rounds a comparison rests on, 0..cap (inf below FIRST_LOOK)."""
@@ -71,7 +79,8 @@ class Design:
 @dataclass
 class State:
     """Many races at once (axis 0: draws; then configurations i, j): the within-round log differences i − j
-    summed over the rounds both ran (`sums`, `squares`, `counts`), who is still racing, and what happened."""
+    summed over the rounds both ran (`sums`, `squares`, `counts`), who is still racing, and what happened; each
+    configuration's own figures by round (`history`, NaN: not run) and which were set aside as unstable."""
 
     sums: np.ndarray
     squares: np.ndarray
@@ -82,13 +91,16 @@ class State:
     outcome: np.ndarray  # RACING, CLEAR or EQUIVALENT
     decided_in: np.ndarray  # the round the race was decided in (0: not decided)
     pick: np.ndarray  # the winner, or the equivalent pick (-1: none)
+    history: np.ndarray  # draws × rounds so far × configurations: ln figures (NaN: not run)
+    unstable: np.ndarray  # set aside: its runs fall into two speeds
 
     @classmethod
     def start(cls, draws: int, entrants: int) -> State:
         pairs = (draws, entrants, entrants)
         return cls(np.zeros(pairs), np.zeros(pairs), np.zeros(pairs, dtype=int), np.ones((draws, entrants), bool),
                    np.zeros((draws, entrants), int), np.full((draws, entrants), -1), np.zeros(draws, int),
-                   np.zeros(draws, int), np.full(draws, -1))
+                   np.zeros(draws, int), np.full(draws, -1), np.full((draws, 0, entrants), np.nan),
+                   np.zeros((draws, entrants), bool))
 
     def copy(self, draws: int | None = None) -> State:
         """An independent copy; with `draws`, the first race repeated that many times (continuations of it)."""
@@ -130,8 +142,10 @@ def race(values: np.ndarray, design: Design, rounds: Sequence[int], state: State
         state.sums += np.where(both, difference, 0.0)
         state.squares += np.where(both, difference**2, 0.0)
         state.counts += both
+        state.history = np.concatenate([state.history, np.where(present, values[:, index], np.nan)[:, None]], axis=1)
         if not design.looks_at(round_, last):
             continue
+        _set_aside_unstable(state, open_)
         _, _, t = state.statistics()
         bar = critical[np.minimum(state.counts, design.cap)]
         alive_pair = state.alive[:, :, None] & state.alive[:, None, :] & others & (state.counts >= FIRST_LOOK)
@@ -142,13 +156,34 @@ def race(values: np.ndarray, design: Design, rounds: Sequence[int], state: State
             state.dropped_in = np.where(beaten, round_, state.dropped_in)
             state.dropped_by = np.where(beaten, strongest, state.dropped_by)
             state.alive &= ~beaten
-        one = open_ & (state.alive.sum(axis=1) == 1)
+        survivors, beat_one = state.alive.sum(axis=1), (state.dropped_in > 0).any(axis=1)
+        set_aside = state.unstable.any(axis=1)
+        one = open_ & (survivors == 1) & (beat_one | ~set_aside)
         state.outcome = np.where(one, CLEAR, state.outcome)
         state.pick = np.where(one, state.alive.argmax(axis=1), state.pick)
         state.decided_in = np.where(one, round_, state.decided_in)
+        nothing_ranked = open_ & set_aside & (survivors <= 1) & ~one  # the rest beat nobody: no ranking to give
+        state.outcome = np.where(nothing_ranked, UNSTABLE, state.outcome)
+        state.decided_in = np.where(nothing_ranked, round_, state.decided_in)
         if effect is not None:
-            _equivalent(state, critical, design.cap, effect, round_, open_ & ~one, others)
+            _equivalent(state, critical, design.cap, effect, round_, open_ & ~one & ~nothing_ranked, others)
     return state
+
+
+def _set_aside_unstable(state: State, open_: np.ndarray) -> None:
+    """Configurations still racing whose runs now fall into two speeds leave the race (not ranked, named or
+    picked); the configurations they dropped come back (they run again from the next round)."""
+    runs = (~np.isnan(state.history)).sum(axis=1)
+    newly = modes.unstable(state.history) & state.alive & open_[:, None] & (runs >= modes.MIN_RUNS)
+    if not newly.any():
+        return
+    state.unstable |= newly
+    state.alive &= ~newly
+    by = np.take_along_axis(newly, np.maximum(state.dropped_by, 0), axis=1) & (state.dropped_by >= 0)
+    back = by & (state.dropped_in > 0) & open_[:, None]
+    state.alive |= back
+    state.dropped_in = np.where(back, 0, state.dropped_in)
+    state.dropped_by = np.where(back, -1, state.dropped_by)
 
 
 def _equivalent(state: State, critical: np.ndarray, cap: int, effect: float, round_: int, open_: np.ndarray,
@@ -181,10 +216,22 @@ class Dropped:
     low: float
 
 
+@dataclass(frozen=True)
+class TwoSpeeds:
+    """An unstable configuration: its runs at the fast speed (how many, their geometric mean) and at the slow one."""
+
+    name: str
+    fast_runs: int
+    fast: float
+    slow_runs: int
+    slow: float
+
+
 @dataclass
 class Outcome:
     """One group's race: `decision` clear / equivalent / open (racing, or out of rounds) / needs-rounds (no
-    comparison has FIRST_LOOK rounds yet); `survivors` ranked by geometric mean; `pick`: the winner or the
+    comparison has FIRST_LOOK rounds yet) / unstable (the configurations set aside leave nothing ranked);
+    `unstable`: the configurations set aside; `survivors` ranked by geometric mean; `pick`: the winner or the
     equivalent pick; `behind_at_most`: how far the pick can be behind the fastest (equivalent); per survivor
     against the top-ranked, `versus`: (ratio, low, high, rounds) at the race's level."""
 
@@ -195,6 +242,7 @@ class Outcome:
     decided_in: int | None = None
     behind_at_most: float | None = None
     versus: dict[str, tuple[float, float, float, int]] = field(default_factory=dict)
+    unstable: list[TwoSpeeds] = field(default_factory=list)
     level: float = 0.0
     looks: int = 0
     state: State | None = field(default=None, repr=False)
@@ -239,11 +287,12 @@ def _outcome(state: State, names: list[str], samples: Mapping[str, Mapping[int, 
     means = geometric_means(samples)
     alive = [name for j, name in enumerate(names) if state.alive[0, j]]
     survivors = sorted(alive, key=lambda name: -means.get(name, 0.0))
-    outcome = {CLEAR: "clear", EQUIVALENT: "equivalent"}.get(int(state.outcome[0]), "open")
+    outcome = {CLEAR: "clear", EQUIVALENT: "equivalent", UNSTABLE: "unstable"}.get(int(state.outcome[0]), "open")
     looks = sum(design.looks_at(r, rounds[-1]) for r in rounds) if rounds else 0
     if outcome == "open" and not (state.counts[0] >= FIRST_LOOK).any() and len(names) > 1:
         outcome = "needs-rounds"
-    found = Outcome(outcome, survivors, level=design.level, looks=looks, state=state, order=names, design=design)
+    found = Outcome(outcome, survivors, level=design.level, looks=looks, state=state, order=names, design=design,
+                    unstable=[_two_speeds(state, j, name) for j, name in enumerate(names) if state.unstable[0, j]])
     for j, name in enumerate(names):
         if state.dropped_in[0, j]:
             by = names[int(state.dropped_by[0, j])]
@@ -264,6 +313,16 @@ def _outcome(state: State, names: list[str], samples: Mapping[str, Mapping[int, 
     if top in survivors:  # the pick (or the top-ranked) heads the list of survivors
         found.survivors = [top, *(name for name in survivors if name != top)]
     return found
+
+
+def _two_speeds(state: State, j: int, name: str) -> TwoSpeeds:
+    residual = modes.residuals(state.history[0])[:, j]
+    _, threshold = modes.split(residual)
+    if np.isnan(threshold):  # its rivals' later rounds moved the drift estimate: split at the middle instead
+        threshold = np.nanmedian(residual)
+    figures = state.history[0][:, j]
+    fast, slow = figures[residual > threshold], figures[residual <= threshold]
+    return TwoSpeeds(name, len(fast), _exp(float(fast.mean())), len(slow), _exp(float(slow.mean())))
 
 
 def _exp(x: float) -> float:

@@ -1,6 +1,6 @@
 """A decision in words a platform engineer reads in one pass: the same sentence in the terminal, results.md, the
 CR status (`recommendations[].verdict`) and `kubectl get`. Short labels (`horovod bf16`: the scale is the line's
-context), one level for everything (95 %, explained once where the report starts), no double negatives.
+context), one error rate for everything (5 %, explained once where the report starts), no double negatives.
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ def percent(share: float) -> str:
 
 
 def level(confidence: float | None) -> str:
-    return percent(confidence or 0.95)
+    """`error rate ≤ 5 %`: what a decision's 95 % means, said as the chance of being wrong."""
+    return f"error rate ≤ {percent(1 - (confidence or 0.95))}"
+
+
+def near(value: float) -> str:
+    """`1,300`, `790`: a figure to two significant digits, as "near" promises no more."""
+    return f"{float(f'{value:.2g}'):,.0f}"
 
 
 def duration(seconds: float) -> str:
@@ -54,14 +60,23 @@ def duration(seconds: float) -> str:
 
 def verdict(rec: Recommendation, labels: Mapping[str, str] | None = None, rounds: int | None = None,
             min_effect: float | None = None) -> str:
-    """The decision in one line: `horovod bf16 is the fastest (95 %)`."""
+    """The decision in one line: `horovod bf16 is the fastest (error rate ≤ 5 %)`; a race's unstable
+    configurations follow it."""
+    return _decision(rec, labels, rounds, min_effect) + unstable(rec, labels)
+
+
+def _decision(rec: Recommendation, labels: Mapping[str, str] | None, rounds: int | None,
+              min_effect: float | None) -> str:
     what = WHAT.get(rec.objective, rec.objective)
     name = short(rec.run, labels) if rec.run else None
+    of = " of the stable configurations" if rec.unstable else ""
     if rec.decision == "clear":
-        return f"{name} is {what} ({level(rec.confidence)})"
+        return f"{name} is {what}{of} ({level(rec.confidence)})"
     if rec.decision == "equivalent":
         within = f"within {percent(min_effect)} of it" if min_effect else "within the smallest difference that matters"
-        return f"{name} is {what} or {within} ({level(rec.confidence)})"
+        return f"{name} is {what}{of} or {within} ({level(rec.confidence)})"
+    if rec.decision == "unstable":
+        return f"no ranking: the runs of {_names(rec, labels)} fall into two speeds"
     if rec.decision == "only-candidate":
         return f"{name} is the only configuration measured"
     if rec.decision == "not-measurable":
@@ -70,10 +85,28 @@ def verdict(rec: Recommendation, labels: Mapping[str, str] | None = None, rounds
         return f"not decided: a comparison needs {NEEDS} rounds or more (has {rec.measurements or 0})"
     among = ", ".join(short(c, labels) for c in rec.candidates or [])
     after = f"after {rounds} round{'s' if rounds != 1 else ''}" if rounds else "yet"
-    text = f"not separated {after}: {what} is among {among} ({level(rec.confidence)})"
+    text = f"not separated {after}: {what}{of} is among {among} ({level(rec.confidence)})"
     if rec.objective == "fastest" and rounds:
         text += f"; {more_rounds(rec, rounds)}"
     return text
+
+
+def _names(rec: Recommendation, labels: Mapping[str, str] | None) -> str:
+    return " and ".join(short(u.configuration, labels) for u in rec.unstable or [])
+
+
+def unstable(rec: Recommendation, labels: Mapping[str, str] | None = None) -> str:
+    """`; unstable, not ranked: horovod fp32 (6 runs near 1,100 tokens/s, 4 near 790: ...)`, or nothing."""
+    if not rec.unstable:
+        return ""
+    each = "; ".join(f"{short(u.configuration, labels)} ({u.fast_runs} runs near {near(u.fast)} {rec.unit or ''}, "
+                     f"{u.slow_runs} near {near(u.slow)})".replace(" ,", ",") for u in rec.unstable)
+    return f"; unstable, not ranked: {each}; {WHERE_TO_LOOK}"
+
+
+# Where the cause of two speeds usually is (docs/analysis.md, Unstable configurations).
+WHERE_TO_LOOK = ("look at each run's step times and its ranks' CPU placement (results.md, Step breakdown; "
+                 "docs/analysis.md, Unstable configurations)")
 
 
 def more_rounds(rec: Recommendation, rounds: int) -> str:
@@ -97,9 +130,13 @@ def dropped(rec: Recommendation, labels: Mapping[str, str] | None = None) -> str
 
 
 def explained(alpha: float = 0.05) -> str:
-    """The level, said once: what 95 % means for every decision of a report."""
-    return (f"Every answer below holds with probability at least {1 - alpha:.0%}: a race names a configuration "
-            f"the fastest (or within sweep.minEffect of it) wrongly, or drops the fastest, in at most {alpha:.0%} "
-            "of sweeps, however many rounds it looks at and rivals it compares; the other decisions (leanest, "
-            "cheapest across scales, scaling, energy, the papers' findings) are each a family whose decisions are "
-            f"all right with probability at least {1 - alpha:.0%} (docs/analysis.md).")
+    """The error rate, said once: what "(error rate ≤ 5 %)" means for every decision of a report, and what it
+    assumes."""
+    return (f"\"(error rate ≤ {percent(alpha)})\": each scale's race names a configuration the fastest (or within "
+            f"sweep.minEffect of it) wrongly, or drops the fastest, in at most {percent(alpha)} of sweeps, however "
+            "many rounds it looks at and rivals it compares, assuming each configuration's runs vary normally "
+            "around one speed (a configuration whose runs fall into two speeds is flagged unstable and not ranked; "
+            "two scales are two races, each with its own error rate). The other decisions (leanest, cheapest "
+            "across scales, scaling, energy, the papers' findings) are each a family whose decisions are all right "
+            f"with probability at least {1 - alpha:.0%}. Intervals are labelled with their own coverage "
+            "(docs/analysis.md).")

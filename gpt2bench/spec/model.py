@@ -365,10 +365,10 @@ class SweepSpec(SpecModel):
         None, ge=2, le=20,
         description="Repeat until decided: after `repeats` rounds, add whole rounds while the fastest decision of "
                     "some scale is unresolved, up to this many and within `budget` (docs/analysis.md).")
-    min_effect: float | None = Field(
-        None, gt=0, lt=1,
-        description="The smallest difference that matters (0.05: 5 %): a rival within it of the top-ranked is "
-                    "equivalent, which resolves a decision; the report says how many rounds would resolve it.")
+    min_effect: float = Field(
+        0.05, ge=0, lt=1,
+        description="The smallest difference that matters (default 0.05: 5 %; 0 turns it off): a race also ends "
+                    "with a pick shown to be the fastest or within this of it (docs/analysis.md).")
     budget: BudgetSpec | None = Field(None, description="What added rounds may spend (with maxRepeats).")
     breakdown: Breakdown = Field(
         "separate",
