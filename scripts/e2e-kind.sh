@@ -20,7 +20,8 @@
 #   scripts/e2e-kind.sh up BACKEND        create the cluster, load images, install operators, namespace, chart;
 #                                         then prints what `env` prints
 #   scripts/e2e-kind.sh env [BACKEND]     `export KUBECONFIG=...` of that cluster and `NS=bench`, the namespace its
-#                                         operator watches: `eval "$(scripts/e2e-kind.sh env)"`, then the README's step 2
+#                                         operator watches: `eval "$(scripts/e2e-kind.sh env)"`, then step 2 of
+#                                         docs/quickstart.md
 #   scripts/e2e-kind.sh example           apply the example, wait until it Finished (and Complete), print the report
 #   scripts/e2e-kind.sh diagnostics       logs and `kubectl describe` of everything into $E2E_ARTIFACTS
 #   scripts/e2e-kind.sh down              delete the cluster (kept with E2E_KEEP=1)
@@ -65,7 +66,7 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 HELM=${HELM:-helm}
 
-# The Kubeflow operators, pinned (the README's prerequisites and operator/controller/jobkinds.py tell users the
+# The Kubeflow operators, pinned (docs/quickstart.md's step 0 and operator/controller/jobkinds.py tell users the
 # same; tests/test_versions.py keeps them equal). pytorchjob: the training operator v1.9.0 (PyTorchJob
 # kubeflow.org/v1) without its own MPIJob (manifests/kubeflow/training-operator), and the MPI operator v0.8.2
 # (MPIJob kubeflow.org/v2beta1). trainjob: Kubeflow Trainer v2.3.0 with JobSet, on Kubernetes 1.32 (Trainer v2
@@ -141,7 +142,7 @@ write_kustomization() {
   done <"$TRAINING_OPERATOR_KUSTOMIZATION/kustomization.yaml" >"$1/kustomization.yaml"
 }
 
-# As the README's prerequisites paste them (with $ROOT/ before the kustomization's path).
+# As docs/quickstart.md's step 0 pastes them (with $ROOT/ before the kustomization's path).
 install_pytorchjob() {
   local kustomization=$TRAINING_OPERATOR_KUSTOMIZATION
   if [ -n "$TRAINING_OPERATOR" ]; then
@@ -217,7 +218,7 @@ up() {
   "install_$backend"
   bench_namespace
   install_chart "$backend"
-  log "ready: the operator watches namespace $BENCH_NAMESPACE. Before the README's step 2:"
+  log "ready: the operator watches namespace $BENCH_NAMESPACE. Before docs/quickstart.md's step 2:"
   # shellcheck disable=SC2016 # the $( ) is for the user's shell
   printf 'eval "$(%s env %s)"\n' "$0" "$backend" >&2
 }
@@ -235,7 +236,8 @@ run's pods request 2, an MPIJob's 2.5, beside Kubernetes' own): give Docker more
 Resources)"
 }
 
-# The cluster's kubeconfig and the namespace its operator watches, as shell lines (README step 2 uses $NS).
+# The cluster's kubeconfig and the namespace its operator watches, as shell lines (step 2 of docs/quickstart.md
+# uses $NS).
 print_env() {
   printf 'export KUBECONFIG=%q\nNS=%s\n' "$KUBECONFIG" "$BENCH_NAMESPACE"
 }

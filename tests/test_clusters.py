@@ -1,6 +1,6 @@
 """docs/clusters.md's per-cluster spec fragments, each merged into the GPU example and rendered for both backends:
 valid jobs of every kind whose every training pod carries the fragment's fabric fields; and the GPU example's
-own promises (schedules without a GPU Operator label, the GPUs and GPU-hours the README quotes)."""
+own promises (schedules without a GPU Operator label, the GPUs and GPU-hours docs/quickstart.md quotes)."""
 
 from __future__ import annotations
 
@@ -99,9 +99,9 @@ def test_the_gpu_example_needs_no_gpu_operator_label_and_requests_its_gpus():
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
 
 
-def test_what_the_readme_says_the_gpu_example_holds():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## The GPU example: what it holds")[1].split("\n## ")[0]
+def test_what_the_quick_start_says_the_gpu_example_holds():
+    page = (REPO / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    section = page.split("## The GPU example: what it holds")[1].split("\n## ")[0]
     bench = load_benchmark(EXAMPLE)
     runs = plan_runs(bench)
     by_gpus = {gpus: sum(run.gpus_held == gpus for run in runs) for gpus in (1, 4, 8)}

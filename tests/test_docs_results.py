@@ -25,11 +25,25 @@ def figures(text: str) -> list[str]:
     return [f for f in NUMBER.findall(text) if len(re.sub(r"\D", "", f)) >= 2 or "." in f or "%" in f]
 
 
-def test_the_readme_quotes_the_default_sweep_from_committed_results():
-    readme = REPO / "README.md"
-    assert [m["folder"] for p, m in SECTIONS if p == readme] == ["docs/results/cpu-sweep"]
+def sections_of(name: str) -> list[tuple[str, str | None]]:
+    return [(m["folder"], m["kind"]) for p, m in SECTIONS if p == REPO / name]
+
+
+def test_the_readme_and_the_default_run_page_quote_the_default_sweep_from_committed_results():
+    """The README quotes the decisions (an excerpt); docs/default-run.md, which it links, the whole summary."""
+    assert sections_of("README.md") == [("docs/results/cpu-sweep", ":excerpt")]
+    assert sections_of("docs/default-run.md") == [("docs/results/cpu-sweep", None)]
+    assert "](docs/default-run.md)" in (REPO / "README.md").read_text(encoding="utf-8")
     folder = REPO / "docs" / "results" / "cpu-sweep"
     assert {"results.json", "results.md", "MACHINE.md"} <= {p.name for p in folder.iterdir()}
+
+
+def test_the_readmes_excerpt_says_what_the_summary_decided():
+    """The excerpt's headline and each scale's decision are the summary's own lines, word for word."""
+    (excerpt,) = [m["body"] for p, m in SECTIONS if p.name == "README.md"]
+    (summary,) = [m["body"] for p, m in SECTIONS if p.name == "default-run.md"]
+    decisions = [line for line in excerpt.splitlines() if line.startswith(("**", "- "))]
+    assert len(decisions) >= 2 and all(line in summary.splitlines() for line in decisions), decisions
 
 
 @pytest.mark.parametrize(("path", "match"), SECTIONS, ids=[f"{p.name}:{m['folder']}{m['kind'] or ''}"

@@ -283,15 +283,22 @@ def test_the_e2e_installs_the_chart_watching_the_namespace_its_example_goes_into
     assert "--all-namespaces" in args or f"--namespace={bench_namespace()}" in args, args
 
 
-# -------------------------------------------------------------------------- the README's quick start
+# ----------------------------------------------------------------------- the cluster quick start
 
-README = ROOT / "README.md"
+QUICK_START = ROOT / "docs" / "quickstart.md"  # the README links it
 RELEASE_CHART = "oci://ghcr.io/gpt2bench/charts/gpt2bench"  # no registry here: the checkout's chart stands in
+STEPS = ["0. The Kubeflow job operators", "1. Images and the operator", "2. A benchmark", "3. Grafana (optional)"]
 
 
 def quick_start() -> str:
-    text = README.read_text()
-    return re.search(r"^## Cluster quick start\n(.*?)(?=^## )", text, re.M | re.S).group(1)
+    """The page's steps, 0 to 3, with what it says around them: everything before the GPU example's section."""
+    text = QUICK_START.read_text()
+    assert re.findall(r"^## (\d\. .*)$", text, re.M) == STEPS, "the steps these tests follow"
+    return text.split("\n## The GPU example: what it holds\n")[0]
+
+
+def test_the_readme_links_the_quick_start() -> None:
+    assert "](docs/quickstart.md)" in (ROOT / "README.md").read_text()
 
 
 def shell_lines(block: str) -> list[str]:
@@ -321,7 +328,7 @@ def assigned(lines: list[str]) -> dict[str, str]:
 
 
 def expanded(line: str, variables: dict[str, str]) -> list[str]:
-    """shlex's words with $VAR and "$VAR" replaced, as bash would (the README's values have no spaces)."""
+    """shlex's words with $VAR and "$VAR" replaced, as bash would (the quick start's values have no spaces)."""
     return [re.sub(r"\$(\w+)", lambda m: variables[m.group(1)], word) for word in shlex.split(line)]
 
 
@@ -337,7 +344,7 @@ def helm_installs() -> list[tuple[dict[str, str], list[str]]]:
 
 
 def as_rendered(install: list[str]) -> list[str]:
-    """`helm template` arguments for a README install: the release's chart is the checkout's at its version;
+    """`helm template` arguments for a quick-start install: the release's chart is the checkout's at its version;
     a chart folder is the checkout's."""
     args = list(install)
     if args[1] == RELEASE_CHART:
@@ -355,7 +362,7 @@ def watched(objects: list[dict[str, Any]]) -> list[str]:
     return ["*"] if "--all-namespaces" in args else [a.split("=", 1)[1] for a in args if a.startswith("--namespace=")]
 
 
-def test_every_readme_helm_install_makes_an_operator_watching_the_namespace_step_2_applies_into() -> None:
+def test_every_quick_start_helm_install_makes_an_operator_watching_the_namespace_step_2_applies_into() -> None:
     """Each path of step 1 sets NS for step 2 and installs the chart: the operator it makes must watch NS.
     Today's bug: the kind shortcut's operator watched `bench` while step 2 applied into gpt2bench-system."""
     installs = helm_installs()
@@ -380,7 +387,7 @@ def chart_readme_blocks() -> list[list[str]]:
 
 def chart_readme_applies() -> list[str]:
     """The kubectl lines of the chart README's block that installs the chart and applies the example (the
-    release path's install, from the chart folder: run after the README's step 2)."""
+    release path's install, from the chart folder: run after the quick start's step 2)."""
     (lines,) = [lines for lines in chart_readme_blocks()
                 if lines[0].startswith("helm install") and any(line.startswith("kubectl apply") for line in lines)]
     assert lines[0] == "helm install gpt2bench ./helm/gpt2bench --namespace gpt2bench-system --create-namespace"
@@ -390,7 +397,7 @@ def chart_readme_applies() -> list[str]:
 def test_the_chart_readmes_installs_render_and_its_example_goes_where_the_operator_watches() -> None:
     """The chart's README: each `helm install` renders with real helm (its values files included), and the
     block that applies the example applies it into the namespace that install's operator watches (that block's
-    kubectl lines run in the README-then-NOTES walk below)."""
+    kubectl lines run in the quick-start-then-NOTES walk below)."""
     blocks = chart_readme_blocks()
     installs = [(lines, line) for lines in blocks for line in lines if line.startswith("helm install gpt2bench ")]
     assert len(installs) == 3, installs
@@ -402,7 +409,7 @@ def test_the_chart_readmes_installs_render_and_its_example_goes_where_the_operat
             assert watched(objects) in ([namespace], ["*"]), (line, apply)
 
 
-def test_every_readme_helm_upgrade_pastes_with_the_chart_step_1_set() -> None:
+def test_every_quick_start_helm_upgrade_pastes_with_the_chart_step_1_set() -> None:
     """`helm upgrade gpt2bench <chart> …` broke when pasted. Each upgrade the quick start shows (another
     watched namespace, the monitoring) renders with real helm from the release path's CHART, over its install."""
     (variables, install), *_ = helm_installs()
@@ -426,7 +433,7 @@ def seconds(timeout: str) -> float:
 
 def test_the_waits_end_either_way_and_their_timeouts_cover_the_examples_planned_runs(tmp_path: Path) -> None:
     """`kubectl wait --for=condition=Complete --timeout=1h` hung the full hour when the sweep failed, and the
-    example's runs take longer than an hour on a kind node. README and NOTES now wait for Finished, as long as the
+    example's runs take longer than an hour on a kind node. Quick start and NOTES now wait for Finished, as long as the
     example can take at the e2e's allowance a run: its planned runs (the breakdown round and the first rounds),
     then rounds only while they fit its budget (sweep.budget.wallSeconds; each a round of at most every
     configuration), or every round up to maxRepeats where it has no budget."""
@@ -520,10 +527,10 @@ def run_in_order(commands: list[str], env: dict[str, str], cwd: Path, log: Path)
     return outputs
 
 
-def test_the_readme_then_the_notes_take_a_user_from_helm_install_to_a_finished_benchmark(tmp_path: Path) -> None:
-    """The README's step 2, as pasted after its release path (NS, CHART as that block sets them; the files as
-    a checkout has them), the chart README's apply and follow, then every command the rendered NOTES print, in order, with the real kubectl, against
-    the operator that install makes. The README's apply starts the sweep; the NOTES' is the same object again,
+def test_the_quick_start_then_the_notes_take_a_user_from_helm_install_to_a_finished_benchmark(tmp_path: Path) -> None:
+    """The quick start's step 2, as pasted after its release path (NS, CHART as that block sets them; the files as
+    a checkout has them), the chart README's apply and follow, then every command the rendered NOTES print, in
+    order, with the real kubectl, against the operator that install makes. Step 2's apply starts the sweep; the NOTES' is the same object again,
     so their waits must come back too (one that applied elsewhere would wait for ever). Earlier bugs: the notes
     applied the example without `-n`, into a namespace the operator does not watch; both waited for
     Complete, which never comes for a failed sweep."""
@@ -533,7 +540,7 @@ def test_the_readme_then_the_notes_take_a_user_from_helm_install_to_a_finished_b
     commands = notes_commands(notes)
     assert any(c.startswith("kubectl apply") for c in commands) and any(" wait " in c for c in commands), notes
     step2 = step_2()
-    checkout = tmp_path / "checkout"  # the README's relative paths, without writing into this one
+    checkout = tmp_path / "checkout"  # the quick start's relative paths, without writing into this one
     checkout.mkdir()
     (checkout / "manifests").symlink_to(ROOT / "manifests")
     (checkout / ".venv").symlink_to(Path(sys.executable).parent.parent)
@@ -546,20 +553,20 @@ def test_the_readme_then_the_notes_take_a_user_from_helm_install_to_a_finished_b
         env = {"PATH": path_with_kubectl(), "HOME": str(tmp_path), "KUBECONFIG": str(cluster.kubeconfig), **variables}
         with chart_operator(cluster, objects, log), Controllers(cluster, "pytorchjob"):
             deployment_rolled_out(cluster, objects)
-            readme = run_in_order(step2, env, checkout, log)
+            pasted = run_in_order(step2, env, checkout, log)
             run_in_order(chart_readme_applies(), env, checkout, log)  # the chart README's: the same install
             outputs = run_in_order([local_copy(c) for c in commands], env, checkout, log)
         (benchmark,) = benchmarks_everywhere(cluster)
     assert condition(benchmark, "Finished") == condition(benchmark, "Complete") == "True"
     assert "job kinds served: MPIJob, PyTorchJob; spec.backend auto resolves to pytorchjob" in log.read_text(), \
         "the operator says at start what the cluster serves"
-    assert (checkout / "results" / "cpu-sweep-cluster" / "results.md").is_file(), "the README's cluster report"
-    waited = next(out for command, out in readme.items() if " wait " in command)
+    assert (checkout / "results" / "cpu-sweep-cluster" / "results.md").is_file(), "step 2's cluster report"
+    waited = next(out for command, out in pasted.items() if " wait " in command)
     assert "condition met" in waited
     rollout = next(out for command, out in outputs.items() if " rollout status " in command)
     assert "successfully rolled out" in rollout, rollout
     assert any(re.search(r"^pytorchjobs\s", out, re.M) for out in outputs.values()), "the served kinds are listed"
-    watched_rows = next(out for command, out in readme.items() if " -w" in f"{command} ")
+    watched_rows = next(out for command, out in pasted.items() if " -w" in f"{command} ")
     # the emulator prints a watch's later rows without the printer columns; the benchmark's row is what counts
     assert re.search(r"^NAME\s+PHASE\s+DONE\s+RUNS\s", watched_rows) and re.search(r"^cpu-sweep\s", watched_rows, re.M)
     as_yaml = next(out for command, out in outputs.items() if command.endswith("-o yaml"))
