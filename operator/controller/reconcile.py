@@ -14,6 +14,7 @@ from typing import Any
 
 from gpt2bench import collect
 from gpt2bench import jobkinds as kinds
+from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run, seed_for
 from gpt2bench.spec.model import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
@@ -271,14 +272,14 @@ def observe(runs: list[RunStatus], jobs: dict[str, dict]) -> Observation:
 
 def runs_to_start(runs: list[RunStatus], jobs: dict[str, dict], concurrency: int) -> list[str]:
     """Pending runs without a job, in plan order, while fewer than `concurrency` are active (a queued
-    run holds its place: its job exists)."""
+    run holds its place: its job exists). A held run waits (gpt2bench.diagnosis.holds)."""
     active = sum(1 for r in runs if r.phase not in TERMINAL_RUN_PHASES and r.job_name in jobs)
     active += sum(1 for r in runs if r.phase in (RUNNING, QUEUED) and r.job_name not in jobs)  # being re-read
     chosen = []
     for run in runs:
         if active + len(chosen) >= concurrency:
             break
-        if run.phase == PENDING and run.job_name not in jobs:
+        if run.phase == PENDING and run.job_name not in jobs and not holds.held(run):
             chosen.append(run.name)
     return chosen
 
@@ -356,6 +357,8 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
     if phase == RUNNING:
         message = f"{done}/{len(runs)} runs done" + (f"; running {', '.join(active)}" if active else "")
         message += f"; queued {', '.join(queued)} (job suspended)" if queued else ""
+        held = sum(1 for r in runs if holds.held(r))
+        message += f"; {held} held (condition {holds.RUNS_HELD})" if held else ""
     else:
         skipped = sum(r.phase == SKIPPED for r in runs)
         message = f"{succeeded}/{len(runs)} runs succeeded" + (f", {skipped} skipped" if skipped else "")
@@ -372,14 +375,30 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
         best=best_run(runs),
         waiting=waiting_message(runs),
         analysis=None if phase == RUNNING else _analyze(runs, spec),
-        conditions=sweep_conditions(status.conditions or [], phase, message, runs, generation, now),
+        conditions=held_condition(sweep_conditions(status.conditions or [], phase, message, runs, generation, now),
+                                  runs, generation, now),
         completion_time=now if phase != RUNNING and not status.completion_time else None,
     )
 
 
+def held_condition(conditions: list[Condition], runs: list[RunStatus], generation: int | None,
+                   now: str) -> list[Condition]:
+    """RunsHeld: True while runs are held by a cause they share (its message: how many, why, how to go on);
+    False once none is; absent from a sweep that never held one."""
+    held = holds.summary(runs)
+    if held is None and not any(c.type == holds.RUNS_HELD for c in conditions):
+        return conditions
+    why = "SharedCause" if held else "NoneHeld"
+    return set_condition(conditions, condition(holds.RUNS_HELD, "True" if held else "False", why,
+                                               held or "no run is held", now, generation))
+
+
 def waiting_message(runs: list[RunStatus]) -> str:
-    """What the active runs wait for, `run: what` each ("" when none waits: a merge patch then clears it)."""
-    text = "; ".join(f"{r.name}: {r.waiting}" for r in runs if r.waiting and r.phase in (RUNNING, QUEUED))
+    """What the active runs wait for, `run: what` each, after the held runs' cause ("" when none waits: a merge
+    patch then clears it): `kubectl get`'s Waiting column."""
+    held = holds.summary(runs)
+    text = "; ".join([*([held] if held else []),
+                      *(f"{r.name}: {r.waiting}" for r in runs if r.waiting and r.phase in (RUNNING, QUEUED))])
     return text if len(text) <= STATUS_REASON_LIMIT else text[: STATUS_REASON_LIMIT - 3] + "..."
 
 

@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__, collect
 from gpt2bench import jobkinds as kinds
+from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run, configuration_of, plan_runs, stopped_configurations
 from gpt2bench.protocol import (
     BENCHMARK_LABEL,
@@ -52,6 +53,8 @@ from . import reconcile as rc
 SWEEP_SPEC_ANNOTATION = f"{API_GROUP}/sweep-spec"
 # The operator version that pinned it: a version that cannot read a pinned spec names the one that can.
 SWEEP_SPEC_VERSION_ANNOTATION = f"{API_GROUP}/sweep-spec-version"
+# The user says a held cause is fixed (docs/operator.md, One cause, one stop): any value; the operator removes it.
+RESUME_ANNOTATION = f"{API_GROUP}/resume"
 # How often a sweep that could not start is tried again (handlers.py sets it from --poll-interval).
 RETRY_SECONDS = 30.0
 # Status writes are conditional on the resourceVersion read (kube.patch_status): a write that another writer
@@ -400,6 +403,10 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
             entries[entry.name] = pods.follow_start(by_name[entry.name], entry, jobs[entry.job_name], benchmark.spec,
                                                     now)
     current = [entries[entry.name] for entry in old_runs]
+    resumed = RESUME_ANNOTATION in (fresh["metadata"].get("annotations") or {})
+    if resumed:  # the user says the causes are fixed: the held runs go on (the annotation goes once written)
+        current = holds.release(current)
+    current, _ = holds.apply(old_runs, current, resume_words(benchmark))  # one cause, one stop
     current, runs, rounds, added = _add_round(benchmark, status, current, runs, now)
     if added:  # a new round's runs are recorded first; the next step creates their jobs (as the start does)
         _again(benchmark.namespace, benchmark.name)
@@ -422,6 +429,8 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
     changed = {key: value for key, value in summary.dump().items() if stored.get(key) != value}
     if changed:  # an idle step writes nothing (100 sweeps polling would otherwise patch every tick)
         kube.patch_status(benchmark.namespace, benchmark.name, changed, _version(fresh))
+    if resumed:  # after the write that released them: a resume is never lost, at worst applied twice
+        kube.annotate_benchmark(benchmark.namespace, benchmark.name, {RESUME_ANNOTATION: None})
     _post_drops(fresh, status.dropped, summary.dropped)
     if added:
         _event(fresh, "Normal", "RoundAdded", added)
@@ -461,8 +470,7 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
     current = {entry.name: entry for entry in entries}
     present = dict(jobs)  # jobs, plus the ones created here: they hold their concurrency slots
     tried: set[str] = set()
-    while chosen := [n for n in rc.runs_to_start(list(current.values()), present, benchmark.spec.concurrency)
-                     if n not in tried]:
+    while chosen := _to_start(current, present, benchmark.spec.concurrency, tried):
         if not tried and _deleted_since(owner):
             return entries
         for name in chosen:
@@ -477,6 +485,11 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
                 metrics.RECONCILE_ERRORS.labels(benchmark.namespace).inc()
                 logger.warning("creating %s %s failed, retrying at the next step: %s", run.job_kind, name, exc)
                 continue
+            if isinstance(outcome, kube.Refused) and (holds.held(entry) or holds.refusal_cause(outcome.reason)):
+                if not holds.held(entry):  # one cause: the runs it would refuse too wait with this one
+                    cause = holds.refusal_cause(outcome.reason)
+                    current = _by_name(holds.hold(list(current.values()), cause, name, RETRY_WORDS))
+                continue
             if isinstance(outcome, kube.Refused):
                 current[name] = rc.failed_entry(run, entry, outcome.reason, now)
                 if outcome.kind_missing:  # every run of that kind would meet the same answer
@@ -487,8 +500,36 @@ def _start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], en
             if outcome.new:
                 metrics.RUNS_STARTED.labels(benchmark.namespace).inc()
             present[entry.job_name] = job
+            if holds.held(entry):  # created again: the runs held by the same refusal go on
+                current = _by_name(holds.release(list(current.values()), reason=entry.reason))
+                entry = current[name]
             current[name] = rc.mark_running(entry, now)
     return [current[entry.name] for entry in entries]
+
+
+# How a run held by a refused creation goes on (gpt2bench.diagnosis.holds: FORBIDDEN)
+RETRY_WORDS = "its creation is tried again at every step; the others wait until it works"
+
+
+def resume_words(benchmark: Benchmark) -> str:
+    """How the user resumes runs held by a cause they share, once it is fixed."""
+    return (f"once fixed: kubectl annotate gpt2benchmark {benchmark.name} -n {benchmark.namespace} "
+            f"{RESUME_ANNOTATION}=1 --overwrite")
+
+
+def _by_name(entries: list[RunStatus]) -> dict[str, RunStatus]:
+    return {entry.name: entry for entry in entries}
+
+
+def _to_start(current: dict[str, RunStatus], present: dict[str, dict], concurrency: int, tried: set[str]) -> list[str]:
+    """The runs to create now: those that may start (plan order, concurrency), else, with a slot free, the first
+    run held by a refused creation, to try it again."""
+    chosen = [name for name in rc.runs_to_start(list(current.values()), present, concurrency) if name not in tried]
+    retry = holds.retry_candidate(current.values())
+    if chosen or retry is None or retry.name in tried:
+        return chosen
+    again = holds.release(list(current.values()), reason=retry.reason)
+    return [retry.name] if retry.name in rc.runs_to_start(again, present, concurrency) else []
 
 
 def _add_round(benchmark: Benchmark, status: BenchmarkStatus, current: list[RunStatus],
@@ -631,8 +672,23 @@ def _post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs:
                 continue  # said by the grouped Event
         for type_, reason, message in run_events(entry, before):
             _event(body, type_, reason, message)
+    for type_, reason, message in held_events(old_runs, new_runs):
+        _event(body, type_, reason, message)
     if summary.phase != rc.RUNNING and phase_before in (rc.RUNNING, rc.PENDING):
         _event(body, *sweep_event(summary))
+
+
+def held_events(old_runs: list[RunStatus], new_runs: list[RunStatus]) -> list[tuple[str, str, str]]:
+    """One Warning Event per cause that holds runs now and did not before, one Normal Event when held runs go on."""
+    before, after = holds.held_reasons(old_runs), holds.held_reasons(new_runs)
+    events = [("Warning", "RunsHeld", f"{len(names)} run{'s' * (len(names) > 1)} {reason}")
+              for reason, names in after.items() if reason not in before]
+    released = [name for names in before.values() for name in names
+                if name not in {n for names in after.values() for n in names}]
+    if released:
+        events.append(("Normal", "RunsResumed", f"{len(released)} held run{'s' * (len(released) > 1)} go on: "
+                                                f"{', '.join(released[:5])}{' ...' if len(released) > 5 else ''}"))
+    return events
 
 
 def run_events(entry: RunStatus, before: str | None) -> list[tuple[str, str, str]]:
