@@ -34,7 +34,7 @@ from gpt2bench.report.measures import (
     tokens_per_second,
     tokens_per_second_per_device,
 )
-from gpt2bench.report.noise import CONFIDENCE, Contrast, Pending, Sample, holm, ratio
+from gpt2bench.report.noise import ALPHA, CONFIDENCE, Contrast, Pending, Sample, holm, ratio
 from gpt2bench.status import (
     TERMINAL_RUN_PHASES,
     Analysis,
@@ -62,7 +62,6 @@ FASTEST = Objective("fastest", True, "tokens/s")
 LEANEST = Objective("leanest", False, "bytes")
 SCALABLE = Objective("scalable", True, "ratio")
 EFFICIENT = Objective("efficient", False, "J per 1M tokens")
-ALPHA = race.ALPHA  # 0.05: every race and every family of decisions
 
 
 @dataclass(frozen=True)

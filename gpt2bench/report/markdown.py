@@ -18,6 +18,7 @@ from gpt2bench.report.measures import (
     tokens_per_second,
     unsteady,
 )
+from gpt2bench.report.noise import ALPHA
 from gpt2bench.report.table import (
     MIB,
     NO_VALUE,
@@ -145,7 +146,7 @@ def recommendation_lines(analysis: Analysis) -> list[str]:
         lines.append(f"  {scale_text(rec)} {rec.objective}: {rec.verdict}{value}")
         if dropped := verdicts.dropped(rec):
             lines.append(f"    dropped: {dropped}")
-    lines.append(verdicts.explained(analysis.alpha or 0.05))
+    lines.append(verdicts.explained(analysis.alpha or ALPHA))
     return lines
 
 
@@ -203,7 +204,7 @@ def rounds_line(doc: ResultsDocument) -> str:
 
 def decisions_text(analysis: Analysis) -> str:
     """What the level of every decision means, said once."""
-    return verdicts.explained(analysis.alpha or 0.05) + "\n"
+    return verdicts.explained(analysis.alpha or ALPHA) + "\n"
 
 
 def steadiness_markdown(doc: ResultsDocument) -> str:

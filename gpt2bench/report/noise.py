@@ -28,7 +28,8 @@ from typing import Any
 
 from scipy.special import fdtrc, stdtr, stdtrit  # F survival, Student t cdf and quantile (fast ufuncs)
 
-CONFIDENCE = 0.95  # of every race and every family of decisions (docs/analysis.md)
+ALPHA = 0.05  # the error rate of every race and every family of decisions: the one place it is set (docs/analysis.md)
+CONFIDENCE = 1 - ALPHA
 FAR_NOISIER = 0.05  # one-sided level of the F test that lists a configuration as far noisier (descriptive only)
 MIN_ROUNDS = 3  # measurements a variance needs (2 degrees of freedom) before anything is decided on it
 
@@ -238,10 +239,6 @@ class Interval:
             return "below"
         return "across"
 
-    def as_change(self) -> str:
-        """`+7.2 % [+1.1 %, +13.6 %]`: the ratio as a relative change, with its interval."""
-        return f"{self.estimate - 1:+.1%} [{self.low - 1:+.1%}, {self.high - 1:+.1%}]"
-
 
 def t_quantile(confidence: float, df: float) -> float:
     """Two-sided Student t quantile: t(1 − α/2, df) for α = 1 − confidence."""
@@ -277,16 +274,6 @@ class Contrast:
         if self.se == 0:
             return 0.0 if distance > 0 else 1.0
         return float(2 * stdtr(self.df, -distance / self.se))
-
-    def p_within(self, margin: float) -> float:
-        """Two-sided p-value of "the ratio lies within 1 ± margin" (equivalence): the α at which the 1 − α
-        interval starts to fit inside (1/(1 + margin), 1 + margin) on the log scale (1: it never does)."""
-        room = math.log(1 + margin) - abs(self.center)
-        if room <= 0:
-            return 1.0
-        if self.se == 0:
-            return 0.0
-        return float(2 * stdtr(self.df, -room / self.se))
 
     def side(self, threshold: float = 1.0) -> int:
         """+1 when the estimate lies above the threshold, −1 below, 0 on it."""

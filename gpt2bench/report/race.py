@@ -37,8 +37,8 @@ import numpy as np
 
 from gpt2bench.report import modes
 from gpt2bench.report.boundary import FIRST_LOOK, MAX_CAP, critical_t
+from gpt2bench.report.noise import ALPHA
 
-ALPHA = 0.05  # the chance that a group's answer is wrong (docs/analysis.md, The selection race)
 RACING, CLEAR, EQUIVALENT, UNSTABLE = 0, 1, 2, 3
 DEFAULT_MIN_EFFECT = 0.05  # sweep.minEffect when the spec does not say (0 turns it off)
 PROBABILITY = 0.8  # "rounds needed": the chance at which that many rounds would decide

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from gpt2bench.report.noise import ALPHA, CONFIDENCE
 from gpt2bench.spec.model import PRECISIONS, STRATEGIES
 from gpt2bench.status import Recommendation
 
@@ -42,7 +43,7 @@ def percent(share: float) -> str:
 
 def level(confidence: float | None) -> str:
     """`error rate ≤ 5 %`: what a decision's 95 % means, said as the chance of being wrong."""
-    return f"error rate ≤ {percent(1 - (confidence or 0.95))}"
+    return f"error rate ≤ {percent(1 - (confidence or CONFIDENCE))}"
 
 
 def near(value: float) -> str:
@@ -129,7 +130,7 @@ def dropped(rec: Recommendation, labels: Mapping[str, str] | None = None) -> str
                      f"{d.ratio - 1:+.0%})" for d in rec.dropped)
 
 
-def explained(alpha: float = 0.05) -> str:
+def explained(alpha: float = ALPHA) -> str:
     """The error rate, said once: what "(error rate ≤ 5 %)" means for every decision of a report, and what it
     assumes."""
     return (f"\"(error rate ≤ {percent(alpha)})\": each scale's race names a configuration the fastest (or within "
