@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from gpt2bench import collect
+from gpt2bench.diagnosis import holds
 from gpt2bench.files import held, holding, write_atomic
 from gpt2bench.local import forkserver
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
@@ -313,6 +314,9 @@ def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None,
                 run, job = runs[index], jobs[index]
                 if run.name in sweep.kept:
                     display.end_run(sweep.doc.runs[index], kept=True)
+                elif holds.held(sweep.doc.runs[index]):  # one cause, one stop: a run that shares it is not started
+                    sweep.set_entry(index, sweep.doc.runs[index].model_copy(update={"phase": SKIPPED}))
+                    display.end_run(sweep.doc.runs[index])
                 else:
                     display.start_run(index, len(runs), run)
                     if reason := emulation_skip(benchmark, run):  # the trainer would skip it too, after start-up
@@ -321,6 +325,7 @@ def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None,
                         sweep.set_entry(index, local_entry(entry))
                     else:
                         execute_run(sweep, index, job, display, base_env)
+                        hold_sharing(sweep, index, display)
                     display.end_run(sweep.doc.runs[index])
                 index += 1
                 if index == len(runs):  # repeat until decided: one more round, or why not
@@ -328,6 +333,27 @@ def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None,
         except KeyboardInterrupt as exc:  # a run Running here was interrupted between the executor and its entry
             sweep.interrupted = True
             sweep.doc.runs = interrupt_runs(sweep.doc.runs, f"stopped by {stop_cause(exc)}")
+
+
+def hold_sharing(sweep: Sweep, index: int, display: Display) -> None:
+    """After run `index` ended: when its failure's cause is the environment's (gpt2bench.diagnosis.holds, the
+    operator's rule), the runs not started yet that share it are held, and skipped when their turn comes; `--resume`
+    runs them once the cause is fixed."""
+    before = [*sweep.doc.runs[:index], sweep.doc.runs[index].model_copy(update={"phase": RUNNING}),
+              *sweep.doc.runs[index + 1:]]
+    runs, new = holds.apply(before, list(sweep.doc.runs), resume_words(sweep))
+    if new:
+        sweep.doc.runs = runs
+        sweep.save()
+        for reason, names in holds.held_reasons(runs).items():
+            if reason in new:
+                display.note(f"{len(names)} run{'s' * (len(names) > 1)} {reason}")
+
+
+def resume_words(sweep: Sweep) -> str:
+    """How a user goes on with the runs a shared cause held, once it is fixed."""
+    return (f"once fixed: gpt2bench run FILE --resume --output {sweep.directory}, FILE GPT2Benchmark "
+            f"{sweep.benchmark.name}'s file")
 
 
 # ---------------------------------------------------------------- an existing results folder
