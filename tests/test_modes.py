@@ -120,3 +120,18 @@ def test_once_flagged_the_race_keeps_its_bounds():
     assert not (state.outcome[flagged] == race.CLEAR).any()
     assert not np.isin(state.pick[flagged], [0]).any()
     assert (state.dropped_in[flagged][:, 1:] > 0).mean() <= race.ALPHA
+
+
+def test_every_place_a_race_is_shown_flags_the_unstable_configuration(tmp_path):
+    """Beyond the verdict: results.md's configurations table (its race column) and results.csv's fastestAtScale."""
+    from gpt2bench.report import export
+    from gpt2bench.report.markdown import race_cells
+
+    ran = sweep_values()
+    ran[4:, 2] = np.nan
+    runs = scenarios.runs(scenarios.Scenario("s", (1.0,) * 3, (0.0,) * 3), ran)
+    analysis = analyze(runs, {"sweep": {"repeats": 3, "maxRepeats": 10, "minEffect": 0}})
+    assert race_cells(analysis)["sim-c0-fp32-1x2"] == "unstable, not ranked: 4 runs near 1,300, 3 near 1,000"
+    fastest = next(r for r in analysis.recommendations if r.objective == "fastest")
+    assert export.standing("sim-c0-fp32-1x2", fastest) == "unstable"
+    assert export.standing("sim-c1-fp32-1x2", fastest) == "among-fastest"

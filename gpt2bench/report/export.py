@@ -74,8 +74,10 @@ def _group_of(config: Configuration, recs: list[Recommendation]) -> Recommendati
 def standing(configuration: str, rec: Recommendation | None) -> str | None:
     """Where a configuration stands in its scale's fastest decision: winner (the race's, or named beyond the noise),
     pick (the fastest or within sweep.minEffect of it), among-fastest (still in an undecided race, or a rival
-    within minEffect of the pick), dropped-after-round-N (the race dropped it), not-decided (too few rounds), or
-    behind (beaten, where the runs have no rounds)."""
+    within minEffect of the pick), dropped-after-round-N (the race dropped it), not-decided (too few rounds),
+    unstable (its runs fell into two speeds: not ranked), or behind (beaten, where the runs have no rounds)."""
+    if rec is not None and any(u.configuration == configuration for u in rec.unstable or []):
+        return "unstable"
     if rec is None or rec.run is None:
         return None
     if rec.winner == configuration:

@@ -107,6 +107,10 @@ def race_cells(analysis: Analysis) -> dict[str, str]:
         elif rec.decision == "no-clear-winner":
             for name in rec.candidates or []:
                 cells[name] = "among the fastest"
+        for unstable in rec.unstable or []:
+            cells[unstable.configuration] = (f"unstable, not ranked: {unstable.fast_runs} runs near "
+                                             f"{verdicts.near(unstable.fast)}, {unstable.slow_runs} near "
+                                             f"{verdicts.near(unstable.slow)}")
     return cells
 
 
