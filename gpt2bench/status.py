@@ -260,7 +260,12 @@ FINISHED_CONDITION = "Finished"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 SPEC_UNREADABLE = "SpecUnreadable"  # the operator running cannot read the spec a sweep was pinned with
 
-Objective = Literal["fastest", "leanest", "cheapest", "scalable", "efficient"]
+# The objectives a report recommends for, in the order every report shows them, with the words its verdicts use:
+# the one table of them (a new objective is a row here and its decision in report/analysis.py).
+OBJECTIVES = {"fastest": "the fastest", "leanest": "the leanest (least peak memory)",
+              "cheapest": "the cheapest per token", "scalable": "the best scaling",
+              "efficient": "the most energy-efficient"}
+Objective = Literal[tuple(OBJECTIVES)]  # type: ignore[valid-type]  # the table's names, for the schema
 Decision = Literal["clear", "equivalent", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable",
                    "unstable"]
 Verdict = Literal["holds", "does-not-hold", "inconclusive", "needs-repeats", "not-measurable"]

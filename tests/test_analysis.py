@@ -32,7 +32,7 @@ from gpt2bench.report.noise import (
 )
 from gpt2bench.spec.model import Benchmark
 from gpt2bench.spec.validation import SpecError, validate_spec
-from gpt2bench.status import RunStatus
+from gpt2bench.status import Recommendation, RunStatus
 
 GIB = 2**30
 
@@ -708,3 +708,15 @@ def test_li_2020s_overlap_claim_holds_when_most_of_ddps_communication_is_hidden_
     assert finding(analyze(ddp([0.10, 0.12])), "ddp-overlap-hides-communication").verdict == "does-not-hold"
     assert finding(analyze(ddp([0.2, 0.8])), "ddp-overlap-hides-communication").verdict == "inconclusive"
     assert finding(analyze(ddp([0.8])), "ddp-overlap-hides-communication").verdict == "needs-repeats"
+
+
+def test_the_objectives_table_is_the_one_list_of_objectives():
+    """status.OBJECTIVES is where an objective is added (with its decision in analysis.py): the schema's enum, the
+    report's order and the verdicts' words all come from it."""
+    from gpt2bench.report import markdown, verdicts
+    from gpt2bench.status import OBJECTIVES
+
+    assert Recommendation.model_json_schema()["properties"]["objective"]["enum"] == list(OBJECTIVES)
+    assert markdown.OBJECTIVE_ORDER == tuple(OBJECTIVES)
+    assert verdicts.verdict(Recommendation(objective="leanest", decision="clear", run="x-ddp-fp32-1x2")) == (
+        "ddp fp32 is the leanest (least peak memory) (error rate ≤ 5 %)")

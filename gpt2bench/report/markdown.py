@@ -29,10 +29,10 @@ from gpt2bench.report.table import (
     repeated,
     results_table_markdown,
 )
-from gpt2bench.status import Analysis, Recommendation, ResultsDocument
+from gpt2bench.status import OBJECTIVES, Analysis, Recommendation, ResultsDocument
 from gpt2bench.status import fabric_warnings as run_fabric_warnings
 
-OBJECTIVE_ORDER = ("fastest", "leanest", "cheapest", "scalable", "efficient")
+OBJECTIVE_ORDER = tuple(OBJECTIVES)
 VERDICTS = {"holds": "holds", "does-not-hold": "does not hold",
             "inconclusive": "inconclusive (the interval crosses the claim's threshold)",
             "needs-repeats": "not decided: needs 3 measurements or more", "not-measurable": "not measurable with this sweep"}

@@ -10,11 +10,10 @@ from collections.abc import Mapping
 
 from gpt2bench.report.noise import ALPHA, CONFIDENCE
 from gpt2bench.spec.model import PRECISIONS, STRATEGIES
+from gpt2bench.status import OBJECTIVES as WHAT
 from gpt2bench.status import Recommendation
 
 SIZE = re.compile(r"\d+x\d+g?")  # a run name's scale: nodes x devices (or processes) per node, g for GPUs
-WHAT = {"fastest": "the fastest", "leanest": "the leanest (least peak memory)", "cheapest": "the cheapest per token",
-        "scalable": "the best scaling", "efficient": "the most energy-efficient"}
 NEEDS = 3  # rounds a comparison needs (boundary.FIRST_LOOK)
 
 
