@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -571,8 +572,14 @@ def test_the_quick_start_then_the_notes_take_a_user_from_helm_install_to_a_finis
     assert re.search(r"^NAME\s+PHASE\s+DONE\s+RUNS\s", watched_rows) and re.search(r"^cpu-sweep\s", watched_rows, re.M)
     as_yaml = next(out for command, out in outputs.items() if command.endswith("-o yaml"))
     sweep, runs = yaml.safe_load(EXAMPLE.read_text())["spec"]["sweep"], yaml.safe_load(as_yaml)["status"]["runs"]
-    rounds, extra = divmod(len(runs), configurations(sweep))
-    assert extra == 0 and 1 + sweep["repeats"] <= rounds <= 1 + sweep["maxRepeats"], len(runs)  # breakdown + rounds
+    # the breakdown round and the first `repeats` rounds run every configuration; each race round after them runs
+    # the configurations still racing, up to `maxRepeats` rounds in all
+    per_round = Counter("breakdown" if run.get("profile") else run.get("repeat") for run in runs)
+    everyone = configurations(sweep)
+    assert [per_round.pop(r, 0) for r in ["breakdown", *range(1, sweep["repeats"] + 1)]] == \
+        [everyone] * (1 + sweep["repeats"]), per_round
+    assert set(per_round) <= set(range(sweep["repeats"] + 1, sweep["maxRepeats"] + 1)), per_round
+    assert all(0 < n <= everyone for n in per_round.values()), per_round
     everywhere = next(out for command, out in outputs.items() if "--all-namespaces" in command)
     assert re.search(r"^gpt2bench-system\s+cpu-sweep\s+Succeeded\s", everywhere, re.M), everywhere
 
