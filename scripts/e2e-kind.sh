@@ -243,7 +243,7 @@ print_env() {
 }
 
 # The CPU example as released, but with imagePullPolicy Never (its image is the one loaded into kind) and one
-# round (repeats 1; maxRepeats, minEffect, budget dropped): its 12 configurations once each, a fixed length well
+# round (repeats 1; maxRepeats, minEffect, budget dropped): its 10 configurations once each, a fixed length well
 # inside the job's timeout on a 4-core runner. Rounds and repeat-until-decided are the operator's logic, proven
 # against the emulator (tests/test_until_decided.py, tests/test_operator_kopf.py); here the cluster path is.
 example() {
