@@ -151,3 +151,52 @@ def classify(pods: list[dict[str, Any]], expected: int | None,
 def capacity_reason(wait: str, limit: int) -> str:
     """A run that waited for capacity longer than runPolicy.capacitySeconds."""
     return f"waited for capacity longer than runPolicy.capacitySeconds ({limit} s): {wait}"
+
+
+# The job's controller could not create a pod: its own Event on the job (training-operator common/pod_control.go and
+# mpi-operator: `FailedCreatePod` "Error creating: <the API server's answer>"; the Job controller, under JobSet:
+# `FailedCreate`). The API server's answer is an admission's: Pod Security (`violates PodSecurity "restricted:latest":
+# ...`), a LimitRange (`maximum cpu usage per Container is 4, but limit is 8`), a ResourceQuota (`exceeded quota:
+# compute, requested: requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=8, limited: ...=8`), a webhook.
+CREATE_REFUSED = ("FailedCreatePod", "FailedCreate")
+_QUOTA = re.compile(r"exceeded quota: [^,]+, requested: (?P<requested>[^ ]+(?:,[^ ]+)*), used: (?P<used>[^ ]+(?:,"
+                    r"[^ ]+)*), limited: (?P<limited>[^ ]+(?:,[^ ]+)*)")
+
+
+def _amounts(text: str) -> dict[str, float | None]:
+    found = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        found[name.strip()] = _quantity(value.strip())
+    return found
+
+
+def _quantity(text: str) -> float | None:
+    """A Kubernetes quantity as a number (enough to compare two of one resource); None when it is not one."""
+    units = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    number = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", text)
+    if not number or (number.group(2) and number.group(2) not in units):
+        return None
+    return float(number.group(1)) * units.get(number.group(2), 1)
+
+
+def quota_may_pass(message: str) -> bool:
+    """A quota refusal that may pass once other pods end: what the pod asks fits the quota's limit; one that asks
+    more than the limit never passes."""
+    found = _QUOTA.search(message)
+    if not found:
+        return False
+    requested, limited = _amounts(found.group("requested")), _amounts(found.group("limited"))
+    return all(limit is None or (asked := requested.get(name)) is None or asked <= limit
+               for name, limit in limited.items())
+
+
+def refused_creation(events: Iterable[dict[str, Any]]) -> StartWait | None:
+    """The newest word of a job's controller that the API server refused one of its pods (the job's own events),
+    quoted: START when waiting will not change the answer (Pod Security, a LimitRange, a quota the pod exceeds on its
+    own, a webhook), CAPACITY for a quota other pods use up; None when nothing was refused."""
+    event = latest((e for e in events if e.get("type") == "Warning"), CREATE_REFUSED)
+    if event is None:
+        return None
+    words = said(event)
+    return StartWait(CAPACITY if quota_may_pass(event.get("message") or "") else START, words)

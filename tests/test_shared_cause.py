@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpt2bench import startwait
 from gpt2bench.diagnosis import holds
 from gpt2bench.status import FAILED, PENDING, RUNNING, SUCCEEDED, RunStatus
 
@@ -110,3 +111,23 @@ def test_release_by_cause_and_a_finished_run_is_never_held():
     assert [holds.held(e) for e in released[1:]] == [None, None, None, None, holds.FABRIC, None]
     assert holds.release(entries, reason=entries[5].reason)[5].reason is None
     assert holds.summary(holds.release(released)) is None
+
+
+def event(message: str, reason: str = "FailedCreatePod", type_: str = "Warning", at: str = "2026-11-29T01:00:00Z"):
+    return {"type": type_, "reason": reason, "message": f'Error creating: pods "x-worker-0" is forbidden: {message}',
+            "source": {"component": "pytorchjob-controller"}, "lastTimestamp": at}
+
+
+@pytest.mark.parametrize(("answer", "kind"), [
+    ('violates PodSecurity "restricted:latest": runAsNonRoot != true', startwait.START),
+    ("maximum cpu usage per Container is 4, but limit is 8", startwait.START),  # a LimitRange
+    ("exceeded quota: gpu, requested: requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=0, "
+     "limited: requests.nvidia.com/gpu=4", startwait.START),  # more than the whole quota: never
+    ("exceeded quota: compute, requested: requests.cpu=500m,requests.memory=2Gi, used: requests.cpu=8,"
+     "requests.memory=30Gi, limited: requests.cpu=8,requests.memory=32Gi", startwait.CAPACITY),  # others use it up
+])
+def test_a_pod_the_api_server_refused_is_read_from_the_jobs_own_events(answer, kind):
+    wait = startwait.refused_creation([event("old", reason="Pulled", type_="Normal"), event(answer)])
+    assert wait.kind == kind
+    assert wait.words == f'pytorchjob-controller FailedCreatePod: Error creating: pods "x-worker-0" is forbidden: {answer}'
+    assert startwait.refused_creation([event(answer, reason="SuccessfulCreatePod", type_="Normal")]) is None

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import kmock
 import pytest
-from kube.fixtures import benchmark, kopf_operator, kubectl_table, wait_for
+from kube.fixtures import benchmark, kopf_operator, kubectl_table, run_entry, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -141,3 +142,65 @@ def test_a_403_on_job_creation_holds_the_sweep_and_it_goes_on_once_creation_work
         done.add(job["metadata"]["name"])
     wait_for(lambda: benchmarks.status(name).get("phase") == "Succeeded", what="Succeeded")
     assert len(events(benchmarks, name, "RunsHeld")) == 1 and len(events(benchmarks, name, "RunsResumed")) == 1
+
+
+# Pod Security admission's answer for the training operator's `init-pytorch` container (kubernetes
+# staging/src/k8s.io/pod-security-admission/policy: each check's forbidden reason and detail)
+PODSECURITY = ('violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false (container "init-pytorch" '
+               'must set securityContext.allowPrivilegeEscalation=false), unrestricted capabilities (container '
+               '"init-pytorch" must set securityContext.capabilities.drop=["ALL"]), runAsNonRoot != true (pod or '
+               'container "init-pytorch" must set securityContext.runAsNonRoot=true)')
+QUOTA_BUSY = ("exceeded quota: compute, requested: requests.cpu=1, used: requests.cpu=8, limited: requests.cpu=8")
+
+
+def two_scales(name: str, **spec) -> dict:
+    return benchmark(name, [{"name": "ddp"}], runPolicy={"startupSeconds": 600, "capacitySeconds": 600}, sweep={
+        "strategies": [{"name": "ddp"}], "precisions": ["fp32", "bf16"],
+        "scales": [{"nodes": 2, "devicesPerNode": 0, "processesPerNode": 1},
+                   {"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}, **spec)
+
+
+def test_a_worker_pod_security_refuses_fails_its_run_within_seconds_in_its_words_and_holds_the_multi_node_runs(
+        benchmarks, trainer):
+    """Issue 47.2: the Master runs, the Worker is refused (the training operator's init container in a restricted
+    namespace); before, the run waited for the 600 s start limit and said `1 of 2 pods created`."""
+    name = "restricted"
+    benchmarks.create(two_scales(name))
+    first = wait_for(lambda: trainer.jobs(name), what="the first job")[0]
+    trainer.create_pods(first, replicas=("Master",))
+    worker = f"{first['metadata']['name']}-worker-0"
+    started = time.monotonic()
+    trainer.refuse_pod(first, worker, PODSECURITY)
+    status = wait_for(lambda: (s := benchmarks.status(name)) and phases(s)[:1] == ["Failed"] and s, timeout=20,
+                      what="the refused run failed")
+    assert time.monotonic() - started < 10  # the start limit is 600 s
+    reason = status["runs"][0]["reason"]
+    assert reason.startswith(f'its pods were refused: pytorchjob-controller FailedCreatePod: Error creating: pods '
+                             f'"{worker}" is forbidden: violates PodSecurity "restricted:latest": '), reason
+    wait_for(lambda: not [j for j in trainer.jobs(name) if j["metadata"]["name"] == first["metadata"]["name"]],
+             what="the refused run's job deleted")
+    status = wait_for(lambda: (s := benchmarks.status(name)) and "Running" in phases(s) and s,
+                      what="a single-node run started")
+    assert phases(status) == ["Failed", "Pending", "Running", "Pending"]
+    assert status["runs"][1]["reason"].startswith(f"held (admission): {status['runs'][0]['name']} failed for a cause "
+                                                  "every PyTorchJob run on 2+ nodes shares (")
+    assert status["runs"][3].get("reason") is None
+    benchmarks.delete(name)  # held for good: nothing fixes this test's namespace
+
+
+def test_a_quota_other_pods_use_up_is_quoted_as_a_wait_for_capacity_within_seconds(benchmarks, trainer):
+    name = "quota-busy"
+    benchmarks.create(benchmark(name, [{"name": "ddp"}], runPolicy={"startupSeconds": 600, "capacitySeconds": 600},
+                                sweep={"strategies": [{"name": "ddp"}],
+                                       "scales": [{"nodes": 2, "devicesPerNode": 0, "processesPerNode": 1}]}))
+    job = wait_for(lambda: trainer.jobs(name), what="the job")[0]
+    trainer.create_pods(job, replicas=("Master",))
+    trainer.refuse_pod(job, f"{job['metadata']['name']}-worker-0", QUOTA_BUSY)
+    run = wait_for(lambda: "exceeded quota" in (r := run_entry(benchmarks.status(name), 0)).get("waiting", "") and r,
+                   timeout=20, what="the quota quoted in waiting")
+    assert (run["phase"], run["waitingKind"]) == ("Running", "capacity")
+    assert "requested: requests.cpu=1, used: requests.cpu=8, limited: requests.cpu=8" in run["waiting"]
+    trainer.create_pods(job, replicas=("Worker",))  # the quota freed up: the controller's retry creates it
+    trainer.start(job)
+    trainer.succeed(job, 10.0)
+    wait_for(lambda: benchmarks.status(name).get("phase") == "Succeeded", what="Succeeded")

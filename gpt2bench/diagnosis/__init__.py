@@ -35,6 +35,7 @@ from .pods import (
     pod_waits,
     pods_started,
     queue_reason,
+    refused_reason,
     startup_reason,
     stuck_terminating,
     waiting_for,
@@ -54,6 +55,6 @@ __all__ = [
     "LINE_LIMIT", "PEER_FAILURE", "STARTING", "START_FAILURES", "STOP_SIGNALS", "STUCK_AFTER_SECONDS", "PodEnd",
     "PodWait", "caused_by_another", "cannot_start_here", "container_said", "end_rank", "executable_not_found", "exit_how",
     "failed_container", "failure_reason", "first_failure", "first_seconds", "last_meaningful_line", "pod_end",
-    "pod_ends", "pod_started", "pod_waits", "pods_started", "queue_reason", "rank_said", "start_failure",
+    "pod_ends", "pod_started", "pod_waits", "pods_started", "queue_reason", "rank_said", "refused_reason", "start_failure",
     "startup_reason", "stuck_terminating", "terminated_said", "waiting_for",
 ]

@@ -167,6 +167,11 @@ def queue_reason(wait: str, limit: int) -> str:
     return f"not admitted within runPolicy.queueSeconds ({limit} s): {wait}"
 
 
+def refused_reason(words: str) -> str:
+    """A run whose job's controller could not create its pods: the API server refused them (an admission)."""
+    return f"its pods were refused: {words}"
+
+
 def cannot_start_here(wait: PodWait, detail: str = "") -> str:
     """A local run that cannot start on this machine (the local runner has no scheduler to wait for)."""
     return f"cannot start on this machine: {wait.describe()}" + (f" ({detail})" if detail else "")

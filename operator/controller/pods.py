@@ -5,7 +5,9 @@ and why a failed one failed. The words are `gpt2bench.diagnosis`'s, which the lo
   ends Failed; a run whose pods have not all started ends Failed after `runPolicy.capacitySeconds` of waiting
   for capacity that may still come (a scale-up, busy nodes, a gang, an image pulling), or after
   `runPolicy.startupSeconds` in a state that will not pass by waiting (gpt2bench.startwait tells them apart
-  from the pods' states and events). Its job is deleted (its pods with it) and the sweep goes on. Until then
+  from the pods' states and events); a pod the API server refused to create (the job controller's own
+  `FailedCreatePod` Event: Pod Security, a LimitRange, a quota the pod exceeds alone) ends it at once, in the API
+  server's words (a quota other pods use up is capacity). Its job is deleted (its pods with it) and the sweep goes on. Until then
   the run's `waiting` says what it waits for, in the scheduler's, kubelet's or autoscaler's words. Once every
   pod has started (`podsStartedTime`), a pod created later (re-created by its controller) is followed alike.
 - A failed job: every pod is read, the first that failed (by time; within the same second, by how it ended and
@@ -103,8 +105,14 @@ def _waited(run: Run, entry: RunStatus, job: dict[str, Any], pods: list[dict[str
     """The entry of a run whose pods wait (since `since`): waiting for capacity fails it once it has waited
     runPolicy.capacitySeconds in all; a start that will not come, once it has been so for startupSeconds."""
     policy, at = spec.run_policy, _time(now)
+    live = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
+    # a pod missing: its controller's own Events say whether the API server refused it (Pod Security, a quota ...)
+    refused = startwait.refused_creation(kube.pod_events(job)) if expected is None or len(live) < expected else None
+    if refused is not None and refused.kind == startwait.START:  # waiting will not change the answer: say it now
+        kube.delete_job(job)
+        return rc.failed_entry(run, entry, diagnosis.refused_reason(prefix + refused.words), now)
     events = {pod["metadata"]["name"]: kube.pod_events(pod) for pod in pods if not diagnosis.pod_started(pod)}
-    wait = startwait.classify(pods, expected, events)
+    wait = refused or startwait.classify(pods, expected, events)
     words = prefix + wait.words
     same = entry.waiting_kind == wait.kind and entry.waiting_since
     kind_since = _time(entry.waiting_since) if same else (since if entry.waiting_kind is None else at)

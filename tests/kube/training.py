@@ -210,14 +210,15 @@ class TrainingOperator(Kubelet):
 
     # --- every pod of a job, as the controller, the scheduler and the kubelet play them ------------
 
-    def create_pods(self, job: dict[str, Any]) -> list[str]:
+    def create_pods(self, job: dict[str, Any], replicas: tuple[str, ...] = ("Master", "Launcher", "Worker")
+                    ) -> list[str]:
         """The controller's pods of every replica (training-operator common/pod.go: `<job>-<type>-<index>`,
         labelled with the job name, role, replica type and index), Pending and not yet scheduled. Their names,
-        result pod first."""
+        result pod first. `replicas`: only those replica types' (the others refused: `refuse_pod`)."""
         name, kind = job["metadata"]["name"], job["kind"]
         specs = job["spec"]["pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"]
         names = []
-        for replica in ("Master", "Launcher", "Worker"):
+        for replica in replicas:
             for index in range(int((specs.get(replica) or {}).get("replicas", 0))):
                 role = "worker" if replica == "Worker" else ROLES[kind][0]
                 labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": role,
@@ -236,6 +237,19 @@ class TrainingOperator(Kubelet):
                     "spec": spec, "status": {"phase": "Pending"}})  # fmt: skip
                 names.append(pod)
         return names
+
+    def refuse_pod(self, job: dict[str, Any], pod: str, answer: str) -> None:
+        """The API server refused a pod the controller created (an admission: Pod Security, a LimitRange, a quota):
+        the controller's Warning Event on the job, as training-operator's pod control words it
+        (common/pod_control.go: `FailedCreatePod`, "Error creating: <the API server's answer>")."""
+        stamp = _now()
+        self.core.create_namespaced_event(self.namespace, {
+            "metadata": {"generateName": f"{job['metadata']['name']}."}, "type": "Warning",
+            "reason": "FailedCreatePod", "message": f'Error creating: pods "{pod}" is forbidden: {answer}',
+            "involvedObject": {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
+                               "namespace": self.namespace, "uid": job["metadata"]["uid"]},
+            "source": {"component": "pytorchjob-controller"}, "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "count": 1})  # fmt: skip
 
     def fail(self, job: dict[str, Any], replica_type: str = "Master") -> None:
         """The job's controller gives up (backoffLimit reached): Failed, worded as upstream with the replica type
