@@ -352,3 +352,19 @@ def test_an_emulated_precision_run_is_skipped_by_every_rank_with_the_reason(monk
     assert "skipped: bf16 emulated here" in capsys.readouterr().err
     assert json.loads((tmp_path / "termination-log").read_text())["status"] == "skipped"  # what the operator reads
     assert train.main([*args, "--allow-emulated-precision", "--fail-at-step", "1"]) == 1  # opted in: it trains
+
+
+def test_a_run_without_test_hooks_has_no_injected_faults_and_each_hook_fires_on_its_worker():
+    """The loop consults trainer/faults.py only when a hook is set: a real run's steps carry none of them."""
+    from gpt2bench.trainer.config import ProcessOptions
+    from gpt2bench.trainer.faults import InjectedFailure, injected
+
+    assert injected(ProcessOptions(), rank=0, world_size=2) is None
+    first = injected(ProcessOptions(fail_at_step=3, nan_at_step=2), rank=0, world_size=2)
+    other = injected(ProcessOptions(fail_at_step=3, nan_at_step=2), rank=1, world_size=2)
+    first.before_step(2)
+    with pytest.raises(InjectedFailure, match="step 3"):
+        first.before_step(3)
+    other.before_step(3)  # only the first worker crashes
+    assert torch.isnan(first.loss(torch.tensor(1.0), 2)) and first.loss(torch.tensor(1.0), 3) == 1.0
+    assert other.loss(torch.tensor(1.0), 2) == 1.0

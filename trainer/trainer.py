@@ -24,6 +24,7 @@ from gpt2bench.trainer.data import BatchLoader, ShardedBatches, load_tokens
 from gpt2bench.trainer.devices import allow_tf32, device_name, math_precision, peak_flops_per_device
 from gpt2bench.trainer.energy import energy_meter
 from gpt2bench.trainer.exporter import PrometheusExporter
+from gpt2bench.trainer.faults import injected
 from gpt2bench.trainer.loss import cross_entropy
 from gpt2bench.trainer.metrics import CompileWatch, MetricsProcessor
 from gpt2bench.trainer.model import build_model, count_params, flops_per_token, vocab_sizes
@@ -40,17 +41,6 @@ class FabricFallback(TrainingFailed):
     """Every worker stops after the first step: its NCCL did not use the fabric the run expects (fabric.py)."""
 
 
-class InjectedFailure(RuntimeError):
-    """--fail-at-step: the first worker crashes alone, as a real crash would (its peers are left waiting)."""
-
-
-def hang(step: int) -> None:
-    """--hang-at-step: the first worker stays alive and does nothing, as a deadlocked or stuck rank would."""
-    log.warning("hanging at step %d (--hang-at-step)", step)
-    while True:
-        time.sleep(3600)
-
-
 def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
     """`training.compile`, or by default: on for GPUs, off on CPU (docs/performance.md says why)."""
     choice = config.training.compile
@@ -62,6 +52,7 @@ class Trainer:
         self.config, self.parallel = config, parallel
         p, training = parallel, config.training
         self.compile_watch = CompileWatch()
+        self.faults = injected(config.process, parallel.rank, parallel.world_size)  # tests only: None in a real run
         allow_tf32(p.device, training.tf32)
         base_model = build_model(config)
         self.n_params = count_params(base_model)
@@ -102,8 +93,8 @@ class Trainer:
             with p.no_sync(self.model, last_micro_step=micro == accum - 1), p.autocast():
                 logits = self.model(input_ids=block[:, :-1], use_cache=False).logits
                 loss = self.loss_fn(logits, block[:, 1:], self.vocab_size)
-                if step + 1 == self.config.process.nan_at_step and p.rank == 0:
-                    loss = loss * float("nan")  # failure injection: one worker's loss goes bad
+                if self.faults:
+                    loss = self.faults.loss(loss, step + 1)
                 phases.mark("forward")
                 self.scaler.scale(loss / accum).backward()
             phases.mark("backward")
@@ -112,8 +103,8 @@ class Trainer:
             phases.mark("data")
         grad_norm, skipped = p.step(self.model, self.optimizer, self.scaler, self.config.training.max_grad_norm)
         phases.mark("optimizer")
-        if self.config.process.slow_worker_seconds and p.rank == p.world_size - 1:
-            time.sleep(self.config.process.slow_worker_seconds)  # test hook: the last worker is slower
+        if self.faults:
+            self.faults.after_step()
         return loss_sum / accum, grad_norm, skipped
 
     # ------------------------------------------------------------------ the loop
@@ -125,10 +116,8 @@ class Trainer:
         steps = steps or range(1, config.training.steps + 1)
         lr = self.optimizer.param_groups[0]["lr"]
         for step in steps:
-            if step == config.process.fail_at_step and p.rank == 0:  # the first worker (job rank 0 is a server under ps)
-                raise InjectedFailure(f"failure injected at step {step} (--fail-at-step)")
-            if step == config.process.hang_at_step and p.rank == 0:
-                hang(step)
+            if self.faults:
+                self.faults.before_step(step)
             if first_step_at is not None and not first_step_at:
                 first_step_at.append(time.time())
             self.batches.seconds = 0.0
