@@ -10,6 +10,7 @@ import json
 import sys
 
 import pytest
+from fault_figures import FIGURES
 from kube.fixtures import benchmark
 from kube.training import trainer_summary
 
@@ -51,6 +52,7 @@ def jobs_for(bench, runs, fabric_broken: bool) -> list[dict]:
     return jobs
 
 
+@pytest.mark.faults
 def test_a_fabric_failure_holds_the_multi_node_runs_locally_and_resume_runs_them(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT2BENCH_FORKSERVER", "off")  # no trainer runs: nothing to fork from
     document = benchmark("local-fabric", [{"name": "ddp"}])
@@ -74,6 +76,8 @@ def test_a_fabric_failure_holds_the_multi_node_runs_locally_and_resume_runs_them
                                 resumed=resumed).doc
     assert [run.phase for run in doc.runs] == ["Failed", "Succeeded", "Succeeded"]
     assert doc.runs[0].reason == two.reason and doc.runs[1].reason is None
+    FIGURES["shared-cause-fabric-local"] = {"injected": 1, "runs_held": 1, "single_node_runs_went_on": 1,
+                                            "resumed_runs_succeeded": 1, "runs_lost": 0, "held_reason": three.reason}
 
 
 def test_a_failure_of_the_runs_own_holds_nothing_locally(tmp_path, monkeypatch):
