@@ -74,19 +74,10 @@ class Run:
         return dataclasses.replace(self, job_kind=job_kind_for(self.strategy.name, backend))
 
     @property
-    def total_processes(self) -> int:
-        return self.nodes * self.procs_per_node
-
-    @property
     def gpus_held(self) -> int:
         """GPUs the run's pods hold while it runs, whatever its job kind: its nodes' (an MPI launcher that
         trains nothing holds none; tests/test_render_fabric.py checks every kind)."""
         return self.nodes * self.devices_per_node
-
-    @property
-    def workers_per_node(self) -> int:
-        """Training processes per pod (parameter servers left out)."""
-        return self.procs_per_node - self.ps_servers // self.nodes
 
     def train_config(self, output: str = f"$({OUTPUT_ENV})") -> TrainConfig:
         """What this run's trainer is told: the spec's sections as they are, plus its labels and device."""

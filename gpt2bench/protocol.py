@@ -76,9 +76,6 @@ LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
 # Trainer v2's plugins only touch containers named `node` (the trainer's, and an MPI launcher's too).
 TRAINJOB_CONTAINER = "node"
-# The Kubeflow operators' pod labels: which job a pod belongs to, and its role (`master`, `launcher`).
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
 
 # ------------------------------------------------------------------ the trainer image and its pods
 # The image's non-root user (Dockerfile: `useradd --uid 1000 gpt2bench`); every rendered pod runs as it.

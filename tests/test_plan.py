@@ -101,8 +101,8 @@ def test_parameter_servers_are_added_to_the_processes_of_each_node(strategy, nod
     )
     assert run.procs_per_node == procs
     assert run.world_size == world
-    assert run.total_processes == world + run.ps_servers
-    assert run.workers_per_node == per_node
+    assert run.nodes * run.procs_per_node == world + run.ps_servers  # every process: workers and servers
+    assert run.procs_per_node - run.ps_servers // run.nodes == per_node  # each pod keeps the workers asked for
     assert run.name.endswith(f"-{nodes}x{per_node}")  # the name shows the workers the user asked for
 
 
