@@ -47,7 +47,6 @@ class JobKind:
     plural: str
     backend: str
     result_container: str  # the container whose termination message holds the trainer's summary
-    install_hint: str  # what serves this kind, for "not served" messages
     # The spec flag Kueue's webhook sets on a job it queues (KQ kubeflowjob_controller.go L50-59,
     # mpijob_controller.go L88-102, trainjob webhook): seen before the controller's Suspended condition.
     suspend_path: tuple[str, ...] = ("spec", "runPolicy", "suspend")
@@ -72,14 +71,13 @@ JOB_KINDS: dict[str, JobKind] = {
     kind.kind: kind
     for kind in (
         JobKind("TrainJob", TRAINJOB_API, "trainjobs", TRAINJOB, TRAINJOB_CONTAINER,
-                "Kubeflow Trainer v2 (it installs JobSet) and the gpt2bench training runtimes",
                 suspend_path=("spec", "suspend"), deadline_path=("spec", "activeDeadlineSeconds"),
                 runtime_ref_path=("spec", "runtimeRef")),
         JobKind("PyTorchJob", PYTORCHJOB_API, "pytorchjobs", PYTORCHJOB, PYTORCH_CONTAINER,
-                "the Kubeflow training operator (v1)", replica_specs_key="pytorchReplicaSpecs",
+                replica_specs_key="pytorchReplicaSpecs",
                 replica_containers=(("Master", PYTORCH_CONTAINER), ("Worker", PYTORCH_CONTAINER))),
         JobKind("MPIJob", MPIJOB_API, "mpijobs", PYTORCHJOB, LAUNCHER_CONTAINER,
-                "the Kubeflow MPI operator (v2beta1)", replica_specs_key="mpiReplicaSpecs",
+                replica_specs_key="mpiReplicaSpecs",
                 replica_containers=(("Launcher", LAUNCHER_CONTAINER), ("Worker", WORKER_CONTAINER))),
     )
 }  # fmt: skip
