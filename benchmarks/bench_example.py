@@ -1,6 +1,6 @@
 """The README's default example end to end: its wall time, its start-up share and what it decided.
 
-The target for `gpt2bench run manifests/examples/cpu-sweep.yaml` on a 2-core machine (issue 49): at most 8 min of
+The target for `gpt2bench run manifests/examples/cpu-sweep.yaml` on a 2-core machine: at most 8 min of
 wall time, and every scale decided: a winner, a pick within minEffect of the fastest, the only configuration
 measured, or an unstable flag with its cause (docs/analysis.md). This script runs the
 example as a user does (`gpt2bench run FILE --output DIR`, the fork server on unless GPT2BENCH_FORKSERVER=off) and
