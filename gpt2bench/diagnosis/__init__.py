@@ -16,6 +16,8 @@ Everything is importable from here (`from gpt2bench import diagnosis; diagnosis.
 
 from .pods import (
     PEER_FAILURE,
+    PREEMPTED,
+    PREEMPTED_BY,
     STARTING,
     STOP_SIGNALS,
     STUCK_AFTER_SECONDS,
@@ -52,7 +54,7 @@ from .said import (
 )
 
 __all__ = [
-    "LINE_LIMIT", "PEER_FAILURE", "STARTING", "START_FAILURES", "STOP_SIGNALS", "STUCK_AFTER_SECONDS", "PodEnd",
+    "LINE_LIMIT", "PEER_FAILURE", "PREEMPTED", "PREEMPTED_BY", "STARTING", "START_FAILURES", "STOP_SIGNALS", "STUCK_AFTER_SECONDS", "PodEnd",
     "PodWait", "caused_by_another", "cannot_start_here", "container_said", "end_rank", "executable_not_found", "exit_how",
     "failed_container", "failure_reason", "first_failure", "first_seconds", "last_meaningful_line", "pod_end",
     "pod_ends", "pod_started", "pod_waits", "pods_started", "queue_reason", "rank_said", "refused_reason", "start_failure",

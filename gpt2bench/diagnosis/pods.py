@@ -29,6 +29,9 @@ from .said import START_FAILURES, start_failure
 # A pod still Terminating this long after its grace period ended (metadata.deletionTimestamp is the time the
 # grace period ends) is stuck: no kubelet confirms that its containers stopped, so its node is likely gone.
 STUCK_AFTER_SECONDS = 60
+# The scheduler's reason on a pod it preempted for a higher-priority one (its DisruptionTarget condition): the pod's
+# end, whatever exit code its stopped container had (`PodEnd.how` then starts with PREEMPTED).
+PREEMPTED_BY, PREEMPTED = "PreemptionByScheduler", "preempted"
 
 
 def _time(text: str | None) -> datetime.datetime | None:
@@ -211,16 +214,19 @@ def failed_container(pod: dict[str, Any]) -> tuple[str, dict[str, Any], bool] | 
 
 def pod_end(pod: dict[str, Any], now: datetime.datetime, said: str | None = None) -> PodEnd | None:
     """How the pod ended badly, if it did (`said`: what its failed container printed, read by the caller).
-    A pod's own end comes first (Evicted, NodeLost: its containers were killed for it), then a container's
+    A pod's own end comes first (preempted, Evicted, NodeLost: its containers were killed for it), then a container's
     exit, then a deletion stuck past its grace period. A pod being deleted within its grace period is not a
     failure (a normal, graceful deletion)."""
     status, metadata = pod.get("status") or {}, pod.get("metadata") or {}
     name = _name(pod)
     failed = failed_container(pod)
     finished_at = failed[1].get("finishedAt") if failed else None
+    disruption = _condition(pod, "DisruptionTarget") or {}
+    if disruption.get("reason") == PREEMPTED_BY and str(disruption.get("status")) == "True":  # stopped for it
+        how = f"{PREEMPTED} ({PREEMPTED_BY}: {disruption.get('message', '')})"
+        return PodEnd(name, clean_reason(how), at=disruption.get("lastTransitionTime") or finished_at)
     if status.get("reason"):  # the pod's own end: Evicted, NodeLost, DeadlineExceeded, Shutdown ...
         how = status["reason"] + (f": {status['message']}" if status.get("message") else "")
-        disruption = _condition(pod, "DisruptionTarget") or {}
         return PodEnd(name, clean_reason(how), at=finished_at or disruption.get("lastTransitionTime"))
     if failed:
         container, terminated, restarted = failed

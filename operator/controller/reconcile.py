@@ -9,10 +9,11 @@ last one stopped, and because job names are the run names, it never creates a jo
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpt2bench import collect
+from gpt2bench import collect, diagnosis
 from gpt2bench import jobkinds as kinds
 from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run, seed_for
@@ -260,6 +261,8 @@ def observe(runs: list[RunStatus], jobs: dict[str, dict]) -> Observation:
             if run.phase in (RUNNING, QUEUED):
                 seen.vanished.append(run.name)
             continue
+        if run.phase == PENDING and (job.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # a run to run again: its last job is going (after_preemption)
         state = job_state(job)
         if state.phase in TERMINAL_RUN_PHASES:
             seen.finished.append(Finished(run.name, state.phase == SUCCEEDED, state.describe()))
@@ -305,6 +308,25 @@ def finish_entry(run: Run, entry: RunStatus, finished: Finished, termination_mes
         start_time=entry.start_time or now,
         completion_time=now,
     ))
+
+
+# A preempted run measured nothing (issue 50.5): it runs once more, and its record says so.
+RERUN = "preempted, to run again once: "
+_PREEMPTED = re.compile(rf"^pod \S+ {diagnosis.PREEMPTED} \({diagnosis.PREEMPTED_BY}")
+
+
+def after_preemption(run: Run, entry: RunStatus, done: RunStatus) -> RunStatus:
+    """A finished run's entry (`done`; `entry`: before): a first attempt whose cause is a pod the scheduler preempted
+    is Pending again (its job is deleted, the next step creates it anew), its reason saying so; the second attempt
+    is final, its reason naming the first's preemption whichever way it ended."""
+    first = entry.reason[len(RERUN):] if (entry.reason or "").startswith(RERUN) else None
+    if first is None:
+        if done.phase == FAILED and _PREEMPTED.match(done.reason or ""):
+            again = collect.run_entry(run, phase=PENDING)  # (which keeps a reason only for Failed and Skipped)
+            return compact(again.model_copy(update={"reason": RERUN + (done.reason or "")}))
+        return done
+    said = "ran again after a preemption" if done.phase == SUCCEEDED else f"{done.reason}; its first attempt was"
+    return compact(done.model_copy(update={"reason": f"{said}: {first}"}))
 
 
 def failed_entry(run: Run, entry: RunStatus, reason: str, now: str) -> RunStatus:

@@ -391,8 +391,12 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
         if not finished.job_succeeded:  # the first pod that failed (OOMKilled ...), then the controller's word
             cause, why = pods.failure(job, finished.job_message, now)
             finished = rc.Finished(finished.name, False, why or "job failed")
-        entries[finished.name] = rc.finish_entry(run, entry, finished, message, now, cause)
-        if pod:
+        entries[finished.name] = rc.after_preemption(run, entry, rc.finish_entry(run, entry, finished, message, now,
+                                                                                 cause))
+        if entries[finished.name].phase == rc.PENDING:  # preempted: measured nothing, run again once, anew
+            kube.delete_job(job)
+            _again(benchmark.namespace, benchmark.name)
+        elif pod:
             collected.append((run, job, pod))
     for name in seen.vanished:
         ttl = benchmark.spec.run_policy.ttl_seconds_after_finished
@@ -706,6 +710,8 @@ def run_events(entry: RunStatus, before: str | None) -> list[tuple[str, str, str
                 *(("Warning", "RunOffItsFabric", warning) for warning in fabric_warnings(entry))]
     if entry.phase == rc.FAILED:
         return [("Warning", "RunFailed", f"{entry.name}: {entry.reason}")]
+    if entry.phase == rc.PENDING and (entry.reason or "").startswith(rc.RERUN):
+        return [("Warning", "RunPreempted", f"{entry.name}: {entry.reason}")]
     if entry.phase == rc.SKIPPED:  # the trainer chose not to train (e.g. emulated bf16): not a failure
         return [("Normal", "RunSkipped", f"{entry.name}: {entry.reason}")]
     return []

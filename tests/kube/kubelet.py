@@ -10,6 +10,8 @@ kuberuntime_manager.go; containerd's CRI, internal/cri/server/container_start.go
   runtime's message), terminated under restartPolicy Never, else restarted and backing off;
 - `terminate`: its container ended with an exit code (OOMKilled ...), having printed a log; restarted
   (lastState) under restartPolicy OnFailure;
+- `preempt`: the scheduler preempts it for a higher-priority pod (DisruptionTarget PreemptionByScheduler, the
+  `Preempted` event), its container stopped;
 - `pulling` / `pulled`: the kubelet pulls the container's image (the container waits in ContainerCreating; the
   kubelet's `Pulling` event, then `Pulled`: images/image_manager.go);
 - `autoscaler_event`: the cluster autoscaler's word on an unschedulable pod (processors/status/
@@ -161,6 +163,26 @@ class Kubelet:
             terminated["message"] = message
         self._log(pod, container["name"], log, previous=restarted)
         self._end(pod, container, terminated, restarted)
+
+    def preempt(self, pod: str, node: str = "node-1", by: str = "a2b4c6d8-0000-4000-8000-000000000001") -> None:
+        """The scheduler preempts the pod for a higher-priority one (pkg/scheduler/framework/preemption: the victim's
+        `DisruptionTarget` condition, reason `PreemptionByScheduler`, message `<scheduler>: preempting to
+        accommodate a higher priority pod`; its `Preempted` event, `Preempted by pod <uid> on node <node>`), and
+        the kubelet stops its container (SIGTERM: exit code 143). The emulator keeps the pod (a real API server
+        deletes it after its grace period; the training operator may then re-create it)."""
+        container = self._container(pod)
+        self._schedule(pod, node)
+        self.event(pod, "Preempted", f"Preempted by pod {by} on node {node}", "default-scheduler")
+        terminated = {"exitCode": 143, "reason": "Error", "startedAt": now(), "finishedAt": now()}
+        self._pod_status(pod, {"phase": "Failed", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()},
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+             "message": "default-scheduler: preempting to accommodate a higher priority pod",
+             "lastTransitionTime": now()},
+            {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now()}],
+            "containerStatuses": [{"name": container["name"], "ready": False, "restartCount": 0,
+                                   "image": container.get("image", ""), "imageID": "", "started": False,
+                                   "state": {"terminated": terminated}}]})
 
     def _end(self, pod: str, container: dict[str, Any], terminated: dict[str, Any], restarted: bool) -> None:
         name = container["name"]
