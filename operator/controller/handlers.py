@@ -27,7 +27,7 @@ import kopf
 from gpt2bench.protocol import MANAGED_BY, MANAGED_BY_LABEL
 from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
-from . import apiclient, kube, liveness, metrics, poll, prerequisites, recovery, sweep
+from . import apiclient, kube, liveness, metrics, poll, prerequisites, recovery, sweep, watchguard
 from . import reconcile as rc
 from .jobkinds import JOB_KINDS
 
@@ -80,6 +80,7 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     settings.networking.connect_timeout = settings.watching.connect_timeout = timeouts.connect
     settings.networking.request_timeout = 2 * timeouts.read
     kube.configure(pool_size=workers, timeouts=timeouts)
+    watchguard.install()  # a watch's error is retried, not the end of the operator (issue 50)
     sweep.RETRY_SECONDS = POLL_SECONDS
     port = os.environ.get("GPT2BENCH_OPERATOR_METRICS_PORT", "")
     if port and port != "0":
@@ -120,6 +121,9 @@ async def unfinished(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[st
 async def start_poll(unfinished: kopf.Index, settings: kopf.OperatorSettings, **_: Any) -> None:
     global _poll, _poll_task
     _poll = poll.Poll(unfinished, POLL_SECONDS, sweep.advance, settings)
+    watchguard.WATCHES.reset()
+    watchguard.WATCHES.on_relisted = lambda _key: _poll.wake()  # a job event lost in a watch gap: step now
+    watchguard.WATCHES.on_failing = _poll.watch_failed
     _poll_task = asyncio.get_running_loop().create_task(_poll.run(), name="gpt2bench-poll")
 
 

@@ -19,7 +19,12 @@ Placed faults, for one transition at a time (tests/test_operator_states.py):
 - `FailCalls`: the operator's next N calls that match (method, path) answered with one error code (a 503 on
   discovery, a 403 on a status write, a 404 on a list from an API server whose CRDs have not synced...);
 - `Hang`: the operator's calls that match are never answered (the connection stays open, as behind a half-open
-  connection) or, with `trickle`, answered with a body that never ends, until released.
+  connection) or, with `trickle`, answered with a body that never ends, until released;
+- `WatchError`: the operator's next N watches that match answered 200 with one ERROR event other than 410, as a
+  real API server streams it (504 "Too large resource version" from a watch cache behind its etcd, 500 from an
+  aggregated or restarting server), then the stream ends;
+- `WatchGap`: the operator's next resumed watches that match answered `410 Gone` after a pause (the events in the
+  pause are lost to it: it must list again), or every one for a while (a 410 storm).
 
 Each fault is a plain function on the emulator's `faults`/`watch_faults` hooks (tests/kube/emulator.py),
 which run before the store is touched: an injected error changes nothing.
@@ -166,6 +171,93 @@ class Hang(Placed):
                 await asyncio.wait_for(self._released.wait(), 0.2)
             except TimeoutError:
                 pass
+
+
+WATCH_ERRORS = {
+    # what kube-apiserver's watch cache streams for a resourceVersion newer than it has seen (a client that
+    # listed from another apiserver or from etcd): k8s.io/apiserver storage/cacher, NewTooLargeResourceVersionError
+    504: {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 504, "reason": "Timeout",
+          "message": "Timeout: Too large resource version: 1000000, current: 57",
+          "details": {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                      "retryAfterSeconds": 1}},
+    500: {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
+          "reason": "InternalError", "message": "an error on the server (\"injected\") has prevented the request "
+                                                "from succeeding"},
+}
+
+
+class WatchError(Placed):
+    """The next `times` matching watches (kopf's, by default) answered 200 with one ERROR event of `code`
+    (WATCH_ERRORS) and then the end of the stream, as the API server ends a watch after its error."""
+
+    def __init__(self, code: int, times: int = 1, agents: tuple[str, ...] = ("kopf/",), **match: Any):
+        super().__init__(method="GET", agents=agents, **match)
+        self.code, self.times = code, times
+        self._lock = threading.Lock()
+
+    def matches(self, request: kmock.Request) -> bool:
+        return super().matches(request) and request.params.get("watch") == "true"
+
+    def __call__(self, request: kmock.Request) -> Any:
+        if not self.matches(request):
+            return None
+        with self._lock:
+            failed = self.hits < self.times
+            self.calls.append((time.monotonic(), failed))
+            if not failed:
+                return None
+            self.hits += 1
+        return kmock.Response(headers={"Content-Type": "application/json"}, payload=self._events())
+
+    async def _events(self):
+        yield b""
+        yield {"type": "ERROR", "object": WATCH_ERRORS[self.code]}
+
+
+class WatchGap(Placed):
+    """The next `times` resumed watches that match (kopf's, `?resourceVersion=`) answered, after `delay` s, with
+    410 Gone: what happens meanwhile reaches the operator only through its next listing. `times=None`: every
+    one, until uninstalled (a 410 storm). `hits` counts the 410s."""
+
+    def __init__(self, delay: float = 0.0, times: int | None = 1, agents: tuple[str, ...] = ("kopf/",),
+                 **match: Any):
+        super().__init__(method="GET", agents=agents, **match)
+        self.delay, self.times = delay, times
+        self._lock = threading.Lock()
+        self._gone: set[int] = set()
+
+    def matches(self, request: kmock.Request) -> bool:
+        return (super().matches(request) and request.params.get("watch") == "true"
+                and request.params.get("resourceVersion") not in (None, "", "0"))
+
+    def __call__(self, request: kmock.Request) -> Any:  # on `faults`: the pause
+        if not self.matches(request):
+            return None
+        with self._lock:
+            if self.times is not None and self.hits >= self.times:
+                return None
+            self.hits += 1
+            self.calls.append((time.monotonic(), True))
+            self._gone.add(id(request))
+        return float(self.delay) if self.delay else None
+
+    def gone(self, request: kmock.Request) -> Any:  # on `watch_faults`: the 410
+        with self._lock:
+            if id(request) in self._gone:
+                self._gone.discard(id(request))
+                return "gone"
+        return None
+
+    def install(self, cluster: EmulatedCluster) -> WatchGap:
+        super().install(cluster)
+        cluster.call(lambda emulator: emulator.watch_faults.append(self.gone))
+        return self
+
+    def uninstall(self) -> None:
+        super().uninstall()
+        if self.cluster is not None:
+            self.cluster.call(lambda emulator: self.gone in emulator.watch_faults
+                              and emulator.watch_faults.remove(self.gone))
 
 
 class ApiFaults:
