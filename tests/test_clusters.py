@@ -31,8 +31,16 @@ def merged(base: dict, fragment: dict) -> dict:
     return out
 
 
+PLACEHOLDER = re.compile(r'"<([^<>"]+)>"')
+
+
+def filled_in(fragment: str) -> str:
+    """A fragment as a user fills it in: each quoted `"<value>"` placeholder becomes the value (`"106"`)."""
+    return PLACEHOLDER.sub(r'"\1"', fragment)
+
+
 def cluster_benchmark(name: str, backend: str):
-    spec = merged(EXAMPLE["spec"], yaml.safe_load(FRAGMENTS[name])["spec"])
+    spec = merged(EXAMPLE["spec"], yaml.safe_load(filled_in(FRAGMENTS[name]))["spec"])
     spec["sweep"] = {**spec["sweep"], "repeats": 1, "precisions": ["bf16"]}  # every topology, fewer runs
     return load_benchmark({**EXAMPLE, "spec": {**spec, "backend": backend}})
 
@@ -52,7 +60,7 @@ def test_every_cluster_of_the_table_has_a_fragment():
 @pytest.mark.parametrize("name", sorted(FRAGMENTS))
 def test_each_clusters_fields_reach_every_training_pod_of_every_job_kind(name, backend):
     bench = cluster_benchmark(name, backend)
-    fragment = yaml.safe_load(FRAGMENTS[name])["spec"]
+    fragment = yaml.safe_load(filled_in(FRAGMENTS[name]))["spec"]
     pods = fragment.get("pods", {})
     jobs = render_all(bench)
     assert {job["kind"] for job in jobs} == ({"TrainJob"} if backend == "trainjob" else {"PyTorchJob", "MPIJob"})

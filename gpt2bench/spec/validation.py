@@ -16,6 +16,7 @@ docs/validation.md.
 from __future__ import annotations
 
 import json
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -83,10 +84,31 @@ def validate_spec(spec: Any) -> GPT2BenchmarkSpec:
         raise SpecError([("spec", f"must be a mapping, got {shown(spec)}")])
     if problem := _too_large(spec, "the spec"):
         raise SpecError([("spec", problem)])
+    placeholders = placeholder_errors(spec, ("spec",))
     try:
-        return GPT2BenchmarkSpec.model_validate(spec, by_alias=True, by_name=False)
+        validated = GPT2BenchmarkSpec.model_validate(spec, by_alias=True, by_name=False)
     except ValidationError as exc:
-        raise SpecError(field_errors(exc, ("spec",), _FIELD_NAMES)) from None
+        raise SpecError(placeholders + field_errors(exc, ("spec",), _FIELD_NAMES)) from None
+    if placeholders:
+        raise SpecError(placeholders)
+    return validated
+
+
+# A value wholly in angle brackets is one of the docs' placeholders (docs/clusters.md: "Values in angle brackets
+# are yours"), copied as it is: `NCCL_IB_TC: "<106>"` would reach NCCL, which reads it as 0 (a lossy class).
+PLACEHOLDER = re.compile(r"\s*<[^<>]+>\s*")
+
+
+def placeholder_errors(value: Any, loc: tuple[Any, ...]) -> list[tuple[str, str]]:
+    """(field path, message) for every string of `value` that is a placeholder left as the docs write it."""
+    if isinstance(value, dict):
+        return [error for key, item in value.items() for error in placeholder_errors(item, (*loc, key))]
+    if isinstance(value, list):
+        return [error for index, item in enumerate(value) for error in placeholder_errors(item, (*loc, index))]
+    if isinstance(value, str) and PLACEHOLDER.fullmatch(value):
+        return [(field_path(loc), f"{value!r} is a placeholder (a value in angle brackets, as docs/clusters.md "
+                                  "marks what is yours to fill in): put your cluster's own value there")]
+    return []
 
 
 def _field_names(model: type[BaseModel]) -> set[str]:
