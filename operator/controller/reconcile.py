@@ -275,8 +275,10 @@ def observe(runs: list[RunStatus], jobs: dict[str, dict]) -> Observation:
 
 def runs_to_start(runs: list[RunStatus], jobs: dict[str, dict], concurrency: int) -> list[str]:
     """Pending runs without a job, in plan order, while fewer than `concurrency` are active (a queued
-    run holds its place: its job exists). A held run waits (gpt2bench.diagnosis.holds)."""
-    active = sum(1 for r in runs if r.phase not in TERMINAL_RUN_PHASES and r.job_name in jobs)
+    run holds its place: its job exists; so does a job still running under a run another writer marked
+    finished, until it is gone). A held run waits (gpt2bench.diagnosis.holds)."""
+    active = sum(1 for r in runs if r.job_name in jobs and (r.phase not in TERMINAL_RUN_PHASES
+                                                            or finished_by_hand(r, jobs[r.job_name])))
     active += sum(1 for r in runs if r.phase in (RUNNING, QUEUED) and r.job_name not in jobs)  # being re-read
     chosen = []
     for run in runs:
@@ -308,6 +310,49 @@ def finish_entry(run: Run, entry: RunStatus, finished: Finished, termination_mes
         start_time=entry.start_time or now,
         completion_time=now,
     ))
+
+
+# --- another writer (issue 50.2) ------------------------------------------------------------------
+
+
+def foreign_phase(status: dict[str, Any]) -> str | None:
+    """A finished phase written over runs that have not finished: not the operator's (its phase is the runs'), so
+    the sweep goes on; what to say about it, else None."""
+    phase, runs = status.get("phase"), status.get("runs") or []
+    open_runs = [r.get("name") for r in runs if isinstance(r, dict) and r.get("phase") not in TERMINAL_RUN_PHASES]
+    if phase not in FINISHED_PHASES or phase == INVALID or not open_runs:
+        return None
+    return (f"status.phase {phase} was written while runs {', '.join(open_runs[:3])}"
+            f"{' ...' if len(open_runs) > 3 else ''} had not finished: the sweep goes on (its phase is its runs')")
+
+
+def finished_by_hand(entry: RunStatus, job: dict[str, Any]) -> bool:
+    """A run finished in status while its job still runs (no terminal condition, not being deleted): no step
+    writes that (a run ends with its job, or its job is deleted), so another writer did."""
+    return (entry.phase in TERMINAL_RUN_PHASES and not (job.get("metadata") or {}).get("deletionTimestamp")
+            and job_state(job).phase not in TERMINAL_RUN_PHASES)
+
+
+def renamed_back(runs: list[Run], entries: list[RunStatus]) -> tuple[list[RunStatus], list[str]]:
+    """Entries whose name differs from the plan's at the same place but whose configuration is that run's (another
+    writer renamed them) get the plan's name and job back; returns the entries and the names found. Nothing is
+    changed when anything else differs (another version's plan: the caller holds the sweep)."""
+    if len(runs) != len(entries):
+        return entries, []
+    fixed, renamed = [], []
+    for run, entry in zip(runs, entries):
+        if entry.name == run.name:
+            fixed.append(entry)
+            continue
+        same = (entry.strategy, entry.precision, entry.nodes, entry.devices_per_node, entry.processes_per_node,
+                entry.job_kind, entry.repeat, bool(entry.profile)) == (
+            run.strategy.name, run.precision, run.nodes, run.devices_per_node, run.procs_per_node, run.job_kind,
+            run.repeat, bool(run.profile))
+        if not same:
+            return entries, []
+        fixed.append(entry.model_copy(update={"name": run.name, "job_name": run.job_name}))
+        renamed.append(entry.name)
+    return fixed, renamed
 
 
 # A preempted run measured nothing (issue 50.5): it runs once more, and its record says so.

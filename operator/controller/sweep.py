@@ -185,9 +185,10 @@ def _advance_once(namespace: str, name: str, logger: logging.Logger,
         if phase != rc.INVALID or edited:  # an Invalid spec waits for an edit
             _start_or_wait(fresh, logger)
         return []
-    if phase == rc.RUNNING:
+    overwritten = rc.foreign_phase(stored)  # another writer's phase: the runs say the sweep still runs
+    if phase == rc.RUNNING or overwritten:
         try:
-            finished = [(fresh, *done) for done in _step(fresh, logger)]
+            finished = [(fresh, *done) for done in _step(fresh, logger, overwritten)]
         except Unreadable as unreadable:
             _hold(fresh, str(unreadable), logger)
             finished = []
@@ -322,8 +323,15 @@ def _ignore_edit(fresh: dict[str, Any]) -> None:
 
 
 def _pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run]]:
-    """A started sweep's status, pinned spec and plan, as this version reads them; Unreadable when it cannot
-    (a later version's spec field or status value, a version that plans other runs)."""
+    """A started sweep's status, pinned spec and plan, as this version reads them (`_read_pinned`)."""
+    status, benchmark, runs, _ = _read_pinned(fresh)
+    return status, benchmark, runs
+
+
+def _read_pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run], list[str]]:
+    """A started sweep's status, pinned spec and plan, as this version reads them, and what another writer changed
+    that the plan restores (runs renamed in status: `rc.renamed_back`); Unreadable when it cannot (a later
+    version's spec field or status value, a version that plans other runs)."""
     annotations = fresh["metadata"].get("annotations") or {}
     pinned_by = annotations.get(SWEEP_SPEC_VERSION_ANNOTATION)
     try:
@@ -338,11 +346,15 @@ def _pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run
     runs = plan_runs(benchmark, rounds=status.rounds_planned,
                      stopped=stopped_configurations(status.runs or [], status.rounds_planned or 0))
     planned, recorded = [r.name for r in runs], [r.name for r in status.runs or []]
+    restored, renamed = rc.renamed_back(runs, status.runs or [])
+    if renamed and pinned_by == __version__:  # this version planned them: another writer renamed them
+        status = status.model_copy(update={"runs": restored})
+        return status, benchmark, runs, renamed
     if planned != recorded:
         missing = sorted(set(recorded) - set(planned)) or sorted(set(planned) - set(recorded)) or recorded
         what = f"it plans other runs than the sweep's ({', '.join(missing[:3])} ...)"
         raise Unreadable(rc.unreadable_reason(__version__, pinned_by, what))
-    return status, benchmark, runs
+    return status, benchmark, runs, []
 
 
 def _hold(fresh: dict[str, Any], reason: str, logger: logging.Logger) -> None:
@@ -364,14 +376,22 @@ def _hold(fresh: dict[str, Any], reason: str, logger: logging.Logger) -> None:
 # --- Running: one step --------------------------------------------------------------------------------
 
 
-def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict, dict]]:
+def _step(fresh: dict[str, Any], logger: logging.Logger, overwritten: str | None = None) -> list[tuple[Run, dict, dict]]:
     stored = fresh["status"]
-    status, benchmark, runs = _pinned(fresh)
+    status, benchmark, runs, renamed = _read_pinned(fresh)
     by_name = {run.name: run for run in runs}
     old_runs = list(status.runs or [])
     listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
     jobs = _without_strays(fresh, rc.owned_jobs(listed, benchmark.uid), old_runs, logger)
     now = rc.now_rfc3339()
+    foreign = [*([overwritten] if overwritten else []), *(f"run {name} was renamed in status.runs: its planned name "
+                                                          "is restored" for name in renamed)]
+    for entry in old_runs:  # finished by another writer while its job runs: one job at a time, so that job goes
+        job = jobs.get(entry.job_name)
+        if job is not None and rc.finished_by_hand(entry, job):
+            kube.delete_job(job)
+            foreign.append(f"run {entry.name} was marked {entry.phase} while its job {entry.job_name} was still "
+                           "running: the mark is kept and the job deleted, so that one job runs at a time")
     entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
     for entry in old_runs:  # a kind the cluster does not serve: its runs fail now, the others go on
         if entry.phase not in rc.TERMINAL_RUN_PHASES and entry.job_kind in missing:
@@ -435,6 +455,9 @@ def _step(fresh: dict[str, Any], logger: logging.Logger) -> list[tuple[Run, dict
         kube.patch_status(benchmark.namespace, benchmark.name, changed, _version(fresh))
     if resumed:  # after the write that released them: a resume is never lost, at worst applied twice
         kube.annotate_benchmark(benchmark.namespace, benchmark.name, {RESUME_ANNOTATION: None})
+    for words in foreign:  # after the write that repairs the record
+        logger.warning("another writer changed the status: %s", words)
+        _event(fresh, "Warning", "ForeignStatusWrite", words)
     _post_drops(fresh, status.dropped, summary.dropped)
     if added:
         _event(fresh, "Normal", "RoundAdded", added)
