@@ -91,11 +91,30 @@ def _replicated_job(name: str, container: dict[str, Any], *, trainer: bool, **ex
     return {"name": name, **extra, "template": template}
 
 
+# The scheduler that enforces each podGroupPolicy: Trainer v2.3 creates the PodGroup but leaves the pods'
+# schedulerName alone, so without it the default scheduler binds them one by one and a gang is not one.
+# scheduler-plugins installs coscheduling as a second scheduler of this name (its as-a-second-scheduler chart);
+# Volcano's scheduler is `volcano`. The chart's trainerRuntimes.schedulerName overrides it.
+GANG_SCHEDULERS = {"coscheduling": "scheduler-plugins-scheduler", "volcano": "volcano"}
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def gang_scheduler_name(pod_group_policy: dict[str, Any] | None) -> str | None:
+    """The scheduler a podGroupPolicy needs its pods to name (None without a policy)."""
+    return next((GANG_SCHEDULERS[key] for key in (pod_group_policy or {}) if key in GANG_SCHEDULERS), None)
+
+
+def _pod_specs(runtime: dict[str, Any]) -> list[dict[str, Any]]:
+    return [job["template"]["spec"]["template"]["spec"] for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]]
+
+
 def _runtime(name: str, framework: str, device: str, ml_policy: dict[str, Any], jobset_spec: dict[str, Any],
              pod_group_policy: dict[str, Any] | None) -> dict[str, Any]:
     spec: dict[str, Any] = {"mlPolicy": ml_policy}
     if pod_group_policy:
         spec["podGroupPolicy"] = pod_group_policy
+        for job in jobset_spec["replicatedJobs"]:
+            job["template"]["spec"]["template"]["spec"]["schedulerName"] = gang_scheduler_name(pod_group_policy)
     return {
         "apiVersion": TRAINJOB_API,
         "kind": RUNTIME_KIND,
@@ -245,7 +264,13 @@ def scheduling_problems(trainjob: dict[str, Any], runtime: dict[str, Any]) -> li
     wants_gang = (trainjob["metadata"].get("annotations") or {}).get(GANG_ANNOTATION) == "required"
     queues = [((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("metadata", {}).get(
         "annotations", {}).get(VOLCANO_QUEUE_ANNOTATION) for patch in trainjob["spec"].get("runtimePatches") or []]
+    schedulers = {pod.get("schedulerName") or DEFAULT_SCHEDULER for pod in _pod_specs(runtime)}
     problems = []
+    if wants_gang and policy and DEFAULT_SCHEDULER in schedulers:
+        problems.append(f"spec.scheduling.gang: runtime {name} has a podGroupPolicy ({', '.join(sorted(policy))}) but "
+                        f"its pods name no gang scheduler (schedulerName), so the default scheduler would bind them "
+                        f"one by one and no gang would be in force: set the pods' schedulerName in the runtime "
+                        f"(Helm: trainerRuntimes.schedulerName; {gang_scheduler_name(policy) or 'your scheduler'})")
     if wants_gang and not policy:
         problems.append(f"spec.scheduling.gang: runtime {name} has no podGroupPolicy, so its pods would start one "
                         f"by one: install the runtimes with one (Helm: --set trainerRuntimes.podGroupPolicy=coscheduling "
