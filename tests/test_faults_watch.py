@@ -155,3 +155,28 @@ def test_a_410_storm_is_listed_again_with_a_backoff_not_hundreds_of_times(env):
     trainer.succeed(job, 100.0)
     wait_for(lambda: len(trainer.jobs(name)) == 2, 15, what="the next job, after the storm")
     assert operator.proc.poll() is None
+
+
+def test_a_kubeflow_crd_removed_mid_sweep_fails_its_runs_and_the_operator_lives_on(env):
+    """The PyTorchJob CRD deleted while its run's job exists (its objects go with it, then its watch is 404
+    and kopf's observer drops the kind): the operator exited 1 in 1 run of 4 (the watch met the 404 before the
+    observer stopped it). Now the operator lives on, the run fails saying the kind is not served and what to
+    install, and the CRD created again serves the next sweep."""
+    from kube.faults import remove_crd
+    from kubeflow_crds import CRD_FILES, crd_dir
+
+    cluster, benchmarks, trainer, operator = env
+    name = "crd-removed"
+    first_job(benchmarks, trainer, name)
+    remove_crd(cluster, "pytorchjobs.kubeflow.org")
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Failed" and s, 30,
+                      what=f"the sweep Failed, its runs saying why ({operator.log})")
+    assert all("pytorchjobs.kubeflow.org" in r.get("reason", "") for r in status["runs"]), status["runs"]
+    time.sleep(6)
+    assert operator.proc.poll() is None, operator.log.read_text()[-3000:]
+    cluster.kubectl("create", "-f", str(crd_dir() / CRD_FILES[("kubeflow.org/v1", "PyTorchJob")]))
+    job = first_job(benchmarks, trainer, "crd-again")
+    trainer.start(job)
+    trainer.succeed(job, 100.0)
+    wait_for(lambda: len(trainer.jobs("crd-again")) == 2, 15, what="the next job, through the watch")
+    assert operator.proc.poll() is None

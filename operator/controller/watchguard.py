@@ -88,6 +88,12 @@ class Watches:
             self.on_failing(key)
         return backoff
 
+    def stopped(self, key: str) -> None:
+        """kopf no longer watches it: nothing to say of it."""
+        with self._lock:
+            self._failing.pop(key, None)
+            self._listed.discard(key)
+
     def listed(self, key: str, what: str) -> None:
         """A listing came through: the watch works (again). After a gap, `on_relisted`."""
         with self._lock:
@@ -129,7 +135,8 @@ def describe(exc: BaseException) -> str:
     if isinstance(status, dict):
         return f"{status.get('code')} {status.get('reason')}: {status.get('message')}"[:500]
     code = getattr(exc, "status", None)
-    return (f"{code} {text}" if code else text or type(exc).__name__)[:500]
+    text = getattr(exc, "message", None) or (str(exc.args[0]) if exc.args else "") or type(exc).__name__
+    return (f"{code} {text}" if code else text)[:500]
 
 
 def install(watches: Watches = WATCHES) -> bool:
@@ -161,6 +168,9 @@ def install(watches: Watches = WATCHES) -> bool:
                 yield event
         except unauthorized:
             raise  # kopf's login handles it
+        except (asyncio.CancelledError, GeneratorExit):
+            watches.stopped(key)  # kopf stopped watching the kind (its CRD removed), or the operator stops
+            raise
         except (watching_error, api_error) as exc:
             await asyncio.sleep(watches.failed(key, what, describe(exc)))
             return  # kopf lists and watches again

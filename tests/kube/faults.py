@@ -260,6 +260,36 @@ class WatchGap(Placed):
                               and emulator.watch_faults.remove(self.gone))
 
 
+def remove_crd(cluster: EmulatedCluster, name: str, delay: float = 1.0) -> None:
+    """Delete the CRD `name` (e.g. pytorchjobs.kubeflow.org) as an API server does, in the order that matters to
+    a watcher: its objects go, its resources are no longer served (a list or watch of them is 404 from now on, and
+    discovery no longer names them), the open watches end, and the CRD's DELETED event is sent (kopf's observer
+    stops watching the kind on it) `delay` s later: a real API server removes the CRD object last, after its
+    cleanup finalizer has deleted every object, so a watch that reconnects meets the 404 first. The emulator keeps
+    a deleted CRD's resources served otherwise; the finalizer's own timing is not played."""
+    async def remove(emulator) -> None:
+        crd_resource = kmock.resource("apiextensions.k8s.io/v1/customresourcedefinitions")
+        key = (crd_resource, None, name)
+        crd = emulator.objects[key].raw
+        plural, group = crd["spec"]["names"]["plural"], crd["spec"]["group"]
+        async with emulator._lock:
+            for other in [k for k, o in emulator.objects.items() if not o.deleted and k[0].plural == plural
+                          and k[0].group == group]:
+                await emulator._remove(other)
+            for resource in [r for r in list(emulator.resources) if getattr(r, "plural", None) == plural
+                             and getattr(r, "group", None) == group]:
+                del emulator.resources[resource]
+                emulator._crd_versions.pop(resource, None)
+            for gone in [k for k in list(emulator._objects) if k[0].plural == plural and k[0].group == group]:
+                del emulator._objects[gone]  # kmock's discovery names the resources of every object it holds
+        await emulator.cut_watches()
+        await asyncio.sleep(delay)
+        async with emulator._lock:
+            await emulator._remove(key)
+
+    cluster.call(remove)
+
+
 class ApiFaults:
     """A seeded share of the operator's calls answered with an error; its watches cut and 410'd. Each error
     code is also given to the first operator call it fits, and the first resumed watch gets 410, so that every
