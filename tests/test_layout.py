@@ -96,6 +96,7 @@ STAGES = [
     ("gpt2bench.startwait",),
     ("gpt2bench.launch",),
     ("gpt2bench.report",),
+    ("gpt2bench.sweepcore",),  # the rules both drivers ask; it asks neither
     ("gpt2bench.local", "gpt2bench.controller"),
     ("gpt2bench.cli",),
     ("gpt2bench.__main__",),
