@@ -50,6 +50,19 @@ CPU_MCA = ("-mca", "mpi_yield_when_idle", "1")
 # The launcher runs `gpt2bench launch`, mpirun and one ssh client per worker, and trains nothing: small,
 # bounded, requests = limits (Guaranteed, never the first evicted). Not timed, so a CPU limit costs nothing.
 # The launcher is created with the workers, so that a gang of every pod can be met (module docstring).
+# Open MPI's own transport, pinned (Horovod's control messages; its data goes over NCCL on GPUs): the ob1 PML
+# over TCP, as AWS's reference MPIJob does (aws-samples/awsome-distributed-training, nccl-tests.yaml: `pml ^ucx`,
+# `btl tcp,self`). Unpinned, Ubuntu's Open MPI picks UCX (or libfabric's btl/mtl) where a node has InfiniBand or
+# EFA, which then probes devices the pod may not own and can hang in MPI_Init. GPU ranks take exactly AWS's pair;
+# CPU ranks keep the shared-memory btl (vader) their single-node figures were measured with.
+TRANSPORT_MCA = ("-mca", "pml", "ob1")
+GPU_BTL_MCA = ("-mca", "btl", "tcp,self")
+CPU_BTL_MCA = ("-mca", "btl", "self,vader,tcp")
+# The interface Open MPI keeps to when NCCL_SOCKET_IFNAME does not say: GKE's multi-network pods name theirs
+# (networking.gke.io/default-interface: eth0, beside gvnic-1 and rdma-0..7), a Multus pod's own network is eth0.
+GKE_DEFAULT_INTERFACE = "networking.gke.io/default-interface"
+MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
+POD_NETWORK_INTERFACE = "eth0"
 LAUNCHER_CREATION_POLICY = "AtStartup"
 LAUNCHER_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
 
@@ -84,7 +97,8 @@ def mpirun_command(run: Run, user_env: list[str] = (), socket_ifname: str | None
     return [
         "gpt2bench", "launch", *wait, "--",
         "mpirun", "-np", str(run.world_size), "-mca", "plm_rsh_args", RSH_ARGS,
-        "-bind-to", "none", "-map-by", "slot", *(() if run.devices_per_node else CPU_MCA),
+        "-bind-to", "none", "-map-by", "slot", *TRANSPORT_MCA, *(GPU_BTL_MCA if run.devices_per_node else CPU_BTL_MCA),
+        *(() if run.devices_per_node else CPU_MCA),
         *interface_mca(socket_ifname), *forward,
         "gpt2bench", "train", *run.trainer_args(),
     ]  # fmt: skip
@@ -96,6 +110,10 @@ def launcher_command(pods: RunPods) -> list[str]:
     long as the run may wait to start."""
     spec = pods.benchmark.spec
     socket_ifname = next((item.value for item in spec.pods.env if item.name == "NCCL_SOCKET_IFNAME"), None)
+    if not socket_ifname:  # pods with a fabric's extra interfaces: the pod network's own, which the launcher has
+        annotations = spec.pods.annotations
+        socket_ifname = annotations.get(GKE_DEFAULT_INTERFACE) or (
+            POD_NETWORK_INTERFACE if MULTUS_NETWORKS in annotations else None)
     policy = spec.run_policy
     return mpirun_command(pods.run, forwarded_env(pods.benchmark), socket_ifname,
                           wait_seconds=policy.capacity_seconds + policy.startup_seconds)

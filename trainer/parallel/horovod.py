@@ -53,8 +53,12 @@ class HorovodParallelism(Parallelism):
     comm: CommTimer | None = None
 
     def setup(self) -> None:
-        hvd.init()
+        # MPI_Init (inside hvd.init) waits for every rank with no timeout of its own: a rank that never joins (an
+        # Open MPI transport probing a device it cannot use, a worker's sshd gone) would hold the GPUs until
+        # activeDeadlineSeconds. The watchdog bounds it as it bounds Horovod's other waits.
         self.watchdog = Watchdog(self.config.training.timeout_seconds, self._give_up)
+        with self.watchdog.waiting("MPI_Init (hvd.init)"):
+            hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
         if (self.rank, self.world_size) != (self.env.rank, self.env.world_size):
             raise RuntimeError(
