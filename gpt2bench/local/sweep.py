@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from gpt2bench import collect
+from gpt2bench import collect, sweepcore
 from gpt2bench.diagnosis import holds
 from gpt2bench.files import held, holding, write_atomic
 from gpt2bench.local import forkserver
@@ -50,10 +50,8 @@ from gpt2bench.status import (
     LocalRun,
     ResultsDocument,
     RunStatus,
-    best_run,
     interrupt_runs,
     interrupted_note,
-    overall_phase,
     settle_abandoned,
 )
 from gpt2bench.trainer.cpuflags import cpu_emulation_reason
@@ -96,8 +94,7 @@ def stop_cause(exc: KeyboardInterrupt) -> str:
     return exc.cause if isinstance(exc, Stopped) else "Ctrl-C"
 
 
-def spec_document(benchmark: Benchmark) -> dict[str, Any]:
-    return benchmark.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+spec_document = sweepcore.spec_document
 
 
 class Sweep:
@@ -129,14 +126,12 @@ class Sweep:
         self.save()
 
     def finish(self) -> None:
-        """The operator's own rules for `best` and the overall phase."""
-        runs = self.doc.runs
+        """The operator's own rules for `best`, the overall phase and the rounds done (sweepcore.tally)."""
+        tally = sweepcore.tally(self.doc.runs, rounds=bool(self.doc.rounds_planned))
         if self.doc.rounds_planned:
-            from gpt2bench.report.sequential import rounds_done
-
-            self.doc.rounds_done = rounds_done(runs)
-        self.doc.best = best_run(runs)
-        self.doc.phase = INTERRUPTED if self.interrupted else overall_phase(runs)
+            self.doc.rounds_done = tally.rounds_done
+        self.doc.best = tally.best
+        self.doc.phase = INTERRUPTED if self.interrupted else tally.phase
         self.doc.completion_time = rfc3339()
         self.save()
 
@@ -215,37 +210,31 @@ def emulation_skip(benchmark: Benchmark, run: Run) -> str | None:
 def add_round(sweep: Sweep, render: Callable[[Benchmark, Run], dict], display: Display | None = None) -> list[dict]:
     """After the last planned run: the next round's runs (the configurations still racing that this sweep runs,
     in the round's own order) added to the sweep and its document, and their jobs; none when the rule stops the
-    sweep (decided, budget spent, max rounds), whose reason the document keeps."""
-    from gpt2bench.report.sequential import next_round, race_stops
-
-    benchmark, runs = sweep.benchmark, sweep.runs
-    if benchmark.spec.sweep.max_repeats is None:
+    sweep (decided, budget spent, max rounds), whose reason the document keeps (the rule: sweepcore.add_round)."""
+    doc, ours = sweep.doc, {configuration_key(run) for run in sweep.runs}  # `--only` chose some: the same ones
+    before = sweepcore.Rounds(doc.rounds_planned, doc.rounds_done, doc.stop_reason, doc.racing, doc.dropped)
+    step = sweepcore.add_round(sweep.benchmark, doc.runs, before, doc.start_time, datetime.now(timezone.utc),
+                               sweep.runs[0].backend, chosen=lambda run: configuration_key(run) in ours)
+    if step is None:
         return []
-    step = next_round(sweep.doc.runs, sweep.doc.spec, sweep.doc.start_time, datetime.now(timezone.utc))
-    sweep.doc.rounds_done, sweep.doc.stop_reason = step.rounds_done, None if step.add else step.reason
-    known = {d.configuration for d in sweep.doc.dropped or []}
-    for dropped in step.dropped:
-        if display and dropped.configuration not in known:
+    for dropped in sweepcore.newly_dropped(doc.dropped, step.rounds.dropped):
+        if display:
             display.note(f"{dropped.configuration} dropped after round {dropped.round}: {dropped.behind} is "
                          f"{dropped.ratio - 1:+.1%} faster; it runs no more rounds")
-    sweep.doc.dropped, sweep.doc.racing = step.dropped or None, len(step.racing)
-    if not step.add:
+    rounds = step.rounds
+    doc.rounds_planned, doc.rounds_done, doc.stop_reason = rounds.planned, rounds.done, rounds.stop_reason
+    doc.racing, doc.dropped = rounds.racing, rounds.dropped
+    if step.added is None:
         if display:
-            display.note(f"no more rounds: {step.reason}")
+            display.note(f"no more rounds: {rounds.stop_reason}")
         sweep.save()
         return []
-    planned = max((run.repeat or 0 for run in runs), default=0) + 1
-    ours = {configuration_key(run) for run in runs}  # `--only` chose some: the new round runs the same ones
-    new = [run for run in plan_runs(benchmark, runs[0].backend, rounds=planned,
-                                    stopped=race_stops(sweep.doc.runs, step.racing, planned))
-           if run.repeat == planned and configuration_key(run) in ours]
-    sweep.runs += new
-    sweep.doc.runs += [local_entry(collect.run_entry(run, phase=PENDING)) for run in new]
-    sweep.doc.rounds_planned = planned
+    sweep.runs += step.runs
+    doc.runs += [local_entry(entry) for entry in step.entries]
     sweep.save()
     if display:
-        display.round_added(len(new), step.reason)
-    return [render(benchmark, run) for run in new]
+        display.round_added(len(step.runs), step.added)
+    return [render(sweep.benchmark, run) for run in step.runs]
 
 
 def configuration_key(run: Run) -> tuple:
