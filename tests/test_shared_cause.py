@@ -131,3 +131,22 @@ def test_a_pod_the_api_server_refused_is_read_from_the_jobs_own_events(answer, k
     assert wait.kind == kind
     assert wait.words == f'pytorchjob-controller FailedCreatePod: Error creating: pods "x-worker-0" is forbidden: {answer}'
     assert startwait.refused_creation([event(answer, reason="SuccessfulCreatePod", type_="Normal")]) is None
+
+
+@pytest.mark.parametrize("flags", [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], ids=["sockets", "no-gpudirect", "both"])
+def test_the_trainers_own_fabric_reason_is_recognised(flags):
+    """The classifier reads the trainer's words (trainer/fabric.py `fallback_reason`), not a copy of them."""
+    from gpt2bench.trainer.fabric import FabricPolicy, fallback_reason
+
+    reason = fallback_reason(flags, 16, FabricPolicy("auto", True, None))
+    failed = entry("met", nodes=2, gpus=8, phase=FAILED, reason=f"pod x-master-0 (container pytorch) exited with code "
+                                                                f"1: {reason}")
+    assert holds.environment_cause(failed).kind == holds.FABRIC
+
+
+def test_the_trainers_own_memlock_reason_is_recognised():
+    from gpt2bench.trainer.memlock import PinnedMemory
+
+    problems = PinnedMemory(8 * 2**20, False, []).problems()
+    failed = entry("met", phase=FAILED, reason="spec.fabric.require rdma, but " + "; and ".join(problems))
+    assert holds.environment_cause(failed).kind == holds.RDMA  # the words trainer/train.py prepare_fabric raises
