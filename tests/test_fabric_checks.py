@@ -19,6 +19,7 @@ from gpt2bench.trainer.fabric import (
     apply_nccl_env_script,
     fabric_summary,
     fallback_reason,
+    loaded_nccl_library,
     parse_nccl_log,
     transport_problems,
 )
@@ -45,6 +46,11 @@ nodeA:1:1 [0] NCCL INFO Using network IB
 nodeA:1:1 [0] NCCL INFO Channel 00/0 : 7[7] -> 0[0] [receive] via NET/IB/0
 """
 INSIDE_A_NODE = "nodeA:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n"
+# What NCCL 2.21 logs at init on a node whose pod got no verbs device (the lines as NCCL's issue trackers show them).
+NO_IB_DEVICE_LOG = """\
+nodeA:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4
+nodeA:1:1 [0] NCCL INFO NET/IB : No device found.
+"""
 
 
 # -- pinned memory -----------------------------------------------------------------------------------
@@ -146,7 +152,7 @@ def test_each_rank_flags_what_its_own_log_shows(log, policy, flags):
 def test_the_workers_mean_flags_become_one_reason_or_none():
     reason = fallback_reason([2 / 16, 0.0], 16, FabricPolicy("auto"))
     assert reason.startswith("NCCL reached the other nodes over sockets (NET/Socket) on 2 of 16 ranks")
-    assert "stopped after the first step" in reason and "`none` runs a socket baseline" in reason
+    assert "stopped at start, after the warm-up collective" in reason and "`none` runs a socket baseline" in reason
     assert "GPUDirect" in fallback_reason([0.0, 0.25], 8, FabricPolicy("rdma", gpudirect_rdma=True))
     assert fallback_reason([0.0, 0.0], 16, FabricPolicy("auto")) is None
 
@@ -226,19 +232,24 @@ def two_nodes(start_trainer, fork_server: str | None, args: list[str], env: dict
 
 
 @pytest.mark.slow  # real trainer processes (make test-fast skips the multi-process tests)
-def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_after_its_first_step(start_trainer, fork_server,
-                                                                                       tmp_path):
-    """Each rank reads a log as NCCL writes it (the --nccl-log test hook; on CPU the collective that settles it is
-    gloo's): a channel over NET/Socket to the other node. The ranks agree in an all-reduce and both stop after
-    step 1; with spec.fabric.require none the same run goes on and says which transport it measured."""
-    (tmp_path / "socket.log").write_text(SOCKET_LOG)
+def test_a_multi_node_run_whose_nccl_fell_back_to_sockets_stops_before_its_first_step(start_trainer, fork_server,
+                                                                                        tmp_path):
+    """Each rank reads a log as NCCL writes it (the --nccl-log test hook; on CPU the warm-up collective and the one
+    that settles it are gloo's): a channel over NET/Socket to the other node, and NCCL saying why. The ranks agree
+    right after the process group, before any step (no model compiled, no step recorded), quoting NCCL's cause;
+    with spec.fabric.require none the same run goes on and says which transport it measured."""
+    (tmp_path / "socket.log").write_text(NO_IB_DEVICE_LOG + SOCKET_LOG)
     args = ["--strategy", "ddp", "--steps", "6", "--warmup-steps", "2", "--no-breakdown",
             "--nccl-log", str(tmp_path / "socket.log")]
     run = two_nodes(start_trainer, fork_server, args, {})
     assert run.returncode == 1 and run.summary["status"] == "failed", run.describe()
-    assert run.summary["reason"].startswith("NCCL reached the other nodes over sockets (NET/Socket) on 2 of 2 ranks")
-    assert [s["step"] for s in run.steps] == [1]  # it stopped after its first step
+    reason = run.summary["reason"]
+    assert reason.startswith("NCCL reached the other nodes over sockets (NET/Socket) on 2 of 2 ranks")
+    assert "(NCCL said: 'NET/IB : No device found.')" in reason and "stopped at start" in reason
+    assert run.steps == [] and run.summary["compile_seconds"] == 0.0  # no step ran, nothing was compiled
     assert run.summary["transport"] == "NET/Socket" and run.summary["can_lock_memory"] is not None
+    assert run.summary["nccl_versions"] == ["2.21.5+cuda12.4"] * 2
+    assert run.summary["nccl_causes"] == ["NET/IB : No device found."]
     baseline = two_nodes(start_trainer, fork_server, args, {"GPT2BENCH_FABRIC": "none", "GPT2BENCH_POD_CPUS": "2"})
     assert baseline.returncode == 0 and baseline.summary["status"] == "succeeded", baseline.describe()
     assert baseline.summary["transport"] == "NET/Socket" and "over sockets (NET/Socket)" in baseline.summary["note"]
@@ -255,3 +266,51 @@ def test_parameter_servers_across_two_nodes_report_gloo_over_tcp(start_trainer, 
                                                  "--warmup-steps", "1", "--no-breakdown"], {}, per_node=2)
     assert run.returncode == 0 and run.summary["status"] == "succeeded", run.describe()
     assert run.summary["transport"] == "gloo/TCP"
+
+
+# -- NCCL's own words, and the NCCL each rank loaded ----------------------------------------------------------
+
+PLUGIN_NOT_LOADED_LOG = """\
+nodeA:1:1 [0] NCCL INFO NCCL version 2.23.4+cuda12.6
+nodeA:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.
+nodeA:1:1 [0] NCCL INFO NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)
+nodeA:1:1 [0] NCCL INFO Using network IB
+nodeA:1:1 [0] NCCL INFO Channel 00/0 : 7[7] -> 0[0] [receive] via NET/IB/0
+"""
+
+
+def test_nccls_own_cause_and_version_are_read_from_its_log():
+    found = parse_nccl_log(NO_IB_DEVICE_LOG + SOCKET_LOG)
+    assert found.version == "2.21.5+cuda12.4" and found.causes == ["NET/IB : No device found."]
+    plugin = parse_nccl_log(PLUGIN_NOT_LOADED_LOG)
+    assert plugin.causes == ["NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.",
+                             "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)"]
+    assert parse_nccl_log(IB_LOG).causes == []  # a healthy log quotes nothing
+    policy = FabricPolicy("rdma", gpudirect_rdma=True)
+    reason = fallback_reason(transport_problems(plugin, policy), 1, policy, plugin.causes)
+    assert reason.startswith("NCCL's network channels moved no GPU memory directly (no GPUDirect RDMA) on 1 of 1")
+    assert "NCCL said: " in reason and "GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)" in reason
+
+
+def test_the_nccl_library_a_rank_mapped_is_read_from_its_memory_maps(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+                    "7f02-7f03 r-xp 00000000 08:01 2 /usr/local/gib/lib64/libnccl.so.2.23.4\n"
+                    "7f04-7f05 r-xp 00000000 08:01 3 /opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2\n"
+                    "7f06-7f07 rw-p 00000000 00:00 0 \n")
+    assert loaded_nccl_library(maps) == "/usr/local/gib/lib64/libnccl.so.2.23.4"  # gIB's, first on LD_LIBRARY_PATH
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert loaded_nccl_library(maps) is None and loaded_nccl_library(tmp_path / "none") is None
+
+
+def test_the_run_records_each_ranks_nccl_and_notes_ranks_that_loaded_different_ones():
+    gib = {"nccl_version": "2.23.4+cuda12.6", "nccl_library": "/usr/local/gib/lib64/libnccl.so.2.23.4"}
+    wheel = {"nccl_version": "2.21.5+cuda12.4", "nccl_library": "/opt/venv/nvidia/nccl/lib/libnccl.so.2"}
+    summary, notes = fabric_summary([{"job_rank": 0, **gib}, {"job_rank": 1, **gib}], nodes_asked=2, on_gpu=True)
+    assert summary["nccl_versions"] == ["2.23.4+cuda12.6"] * 2 and summary["nccl_libraries"][1] == gib["nccl_library"]
+    assert not any("NCCL builds" in note for note in notes)
+    summary, notes = fabric_summary([{"job_rank": 1, **wheel}, {"job_rank": 0, **gib}], nodes_asked=2, on_gpu=True)
+    assert summary["nccl_versions"] == ["2.23.4+cuda12.6", "2.21.5+cuda12.4"]  # by job rank
+    assert any(note.startswith("the ranks loaded different NCCL builds") for note in notes)
+    cpu, _ = fabric_summary([{"job_rank": 0}], nodes_asked=1, on_gpu=False)
+    assert cpu["nccl_versions"] is None and cpu["nccl_libraries"] is None

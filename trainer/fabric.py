@@ -16,11 +16,13 @@ Two answers a multi-node figure is worth nothing without (docs/clusters.md):
 The parser is tested on NCCL log lines published in NCCL's, nccl-tests' and aws-ofi-nccl's issue trackers
 (tests/test_fabric.py); no GPU has run it here.
 
-What the run expects of the fabric (`spec.fabric`, `FabricPolicy`): after the first step, when the ranks have
-connected, every rank reads its log so far (`transport_problems`) and the workers agree (a collective) on
-whether to stop: a multi-node run whose NCCL reached the other nodes over sockets (and, when asked, one whose
-network channels moved no GPU memory directly) ends with the reason instead of measuring TCP for hours
-(`fallback_reason`). Parameter-server strategies exchange their messages over gloo, which is TCP: across nodes
+What the run expects of the fabric (`spec.fabric`, `FabricPolicy`): right after the process group is created,
+a warm-up collective makes NCCL connect the ranks, every rank reads its log so far (`transport_problems`) and the
+workers agree (a second collective) on whether to stop: a multi-node run whose NCCL reached the other nodes over
+sockets (and, where GPUDirect RDMA is expected, one whose network channels moved no GPU memory directly) ends
+with the reason and NCCL's own words on the cause (`fallback_reason`), before the model is built or compiled,
+instead of measuring TCP for hours. A run of one node does none of this. Each rank also records the NCCL it
+loaded (version, library file). Parameter-server strategies exchange their messages over gloo, which is TCP: across nodes
 their transport is `gloo/TCP`, with a note like NCCL's.
 """
 
@@ -51,6 +53,14 @@ NET_FAMILIES = {
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$")
 _VIA = re.compile(r"NCCL INFO (?:Channel|Ring) \d+(?:/\d+)? : .*? via (?P<via>.+?)\s*$")
 _OFI_PROVIDER = re.compile(r"NCCL INFO NET/OFI Selected Provider is (?P<provider>\S+)")
+_VERSION = re.compile(r"NCCL INFO NCCL version (?P<version>\S+)")
+# NCCL's own words for why a network or GPUDirect is not there, as it logs them (NCCL src/transport/net_ib,
+# src/plugin/net.cc; aws-ofi-nccl): a device it did not find, a plugin that did not load, GPUDirect turned off.
+_CAUSE = re.compile(r"NCCL (?:INFO|WARN) (?P<said>.*(?:No device found|Could not find|dlerror|Failed to open|"
+                    r"failed to load|Unable to load|unable to find|No plugin found|GPU Direct RDMA Disabled|"
+                    r"Failed to initialize|fi_getinfo).*?)\s*$", re.I)
+_WARN = re.compile(r"NCCL WARN (?P<said>.+?)\s*$")
+MAX_CAUSES = 8
 
 
 def net_family(name: str) -> str:
@@ -68,6 +78,8 @@ class NcclTransport:
     intra_node: set[str] = field(default_factory=set)  # P2P, SHM, ... of the channels inside a node
     gpudirect_rdma: bool = False  # a network channel reads/writes GPU memory directly (GDRDMA)
     provider: str | None = None  # libfabric's provider (efa) under aws-ofi-nccl
+    version: str | None = None  # the NCCL this rank loaded, as it says (`NCCL version 2.21.5+cuda12.4`)
+    causes: list[str] = field(default_factory=list)  # NCCL's own words on a network or GPUDirect it did not get
 
     @property
     def transport(self) -> str | None:
@@ -81,7 +93,8 @@ class NcclTransport:
 
     def payload(self) -> dict[str, Any]:
         return {"transport": self.transport, "nccl_network": self.network, "crossed_nodes": bool(self.inter_node),
-                "gpudirect_rdma": self.gpudirect_rdma if self.inter_node else None, "ofi_provider": self.provider}
+                "gpudirect_rdma": self.gpudirect_rdma if self.inter_node else None, "ofi_provider": self.provider,
+                "nccl_version": self.version, "nccl_causes": self.causes or None}
 
 
 def parse_nccl_log(text: str) -> NcclTransport:
@@ -90,8 +103,14 @@ def parse_nccl_log(text: str) -> NcclTransport:
     for line in text.splitlines():
         if "NCCL INFO" not in line:
             continue
+        if (said := _CAUSE.search(line) or _WARN.search(line)) and len(found.causes) < MAX_CAUSES:
+            text = said["said"].strip()
+            if text not in found.causes:
+                found.causes.append(text)
         if match := _USING_NETWORK.search(line):
             found.network = match["name"]
+        elif match := _VERSION.search(line):
+            found.version = match["version"]
         elif match := _OFI_PROVIDER.search(line):
             found.provider = match["provider"]
         elif match := _VIA.search(line):
@@ -103,6 +122,24 @@ def parse_nccl_log(text: str) -> NcclTransport:
             else:
                 found.intra_node.add(via.split("/")[0])
     return found
+
+
+MAPS = Path("/proc/self/maps")
+
+
+def loaded_nccl_library(maps: Path = MAPS) -> str | None:
+    """The libnccl this process mapped (/proc/self/maps): the wheel's, the image's, or one a plugin ships first on
+    LD_LIBRARY_PATH (GKE's gIB), which is what makes two clusters' figures comparable or not. None before NCCL
+    is loaded, or outside Linux."""
+    try:
+        text = maps.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        path = line.split(maxsplit=5)[5].strip() if len(line.split(maxsplit=5)) == 6 else ""
+        if Path(path).name.startswith("libnccl.so"):
+            return path
+    return None
 
 
 def nccl_log_path(output: str, rank: int) -> Path:
@@ -144,7 +181,7 @@ def rank_payload(nccl_log: Path | None, uses_nccl: bool) -> dict[str, Any]:
     except OSError as exc:
         payload["transport_reason"] = f"no NCCL log at {nccl_log}: {exc.strerror or exc}"
         return payload
-    payload.update(parse_nccl_log(text).payload())
+    payload.update(parse_nccl_log(text).payload(), nccl_library=loaded_nccl_library())
     return payload
 
 
@@ -171,6 +208,13 @@ def fabric_summary(payloads: list[dict[str, Any]], nodes_asked: int, on_gpu: boo
                             if on_gpu and not transports else None,
         "nccl_env_applied": next((p["nccl_env_applied"] for p in ranked if p.get("nccl_env_applied")), None),
         "fabric_require": FabricPolicy.from_env().require,
+        "gpudirect_rdma_required": FabricPolicy.from_env().gpudirect_rdma,
+        # the NCCL each rank loaded (by job rank): its version as it says, and the library file mapped
+        "nccl_versions": [p.get("nccl_version") for p in ranked] if any(p.get("nccl_version") for p in ranked)
+                         else None,
+        "nccl_libraries": [p.get("nccl_library") for p in ranked] if any(p.get("nccl_library") for p in ranked)
+                          else None,
+        "nccl_causes": sorted({cause for p in ranked for cause in p.get("nccl_causes") or []}) or None,
     }
     summary.update(pinned_memory_summary(ranked))
     notes = []
@@ -182,6 +226,11 @@ def fabric_summary(payloads: list[dict[str, Any]], nodes_asked: int, on_gpu: boo
         notes.append(f"a rank may lock only {summary['memlock_bytes'] / 2**20:g} MiB of memory (RLIMIT_MEMLOCK, no "
                      "CAP_IPC_LOCK in effect): RDMA registration may fail and NCCL fall back to sockets "
                      "(docs/clusters.md, Pinned memory)")
+    builds = {(p.get("nccl_version"), p.get("nccl_library")) for p in ranked if p.get("nccl_version")}
+    if len(builds) > 1:
+        notes.append("the ranks loaded different NCCL builds (" + "; ".join(
+            f"{version} from {library or 'an unknown file'}" for version, library in sorted(builds, key=str))
+            + "): their figures mix two libraries (the summary's nccl_versions, nccl_libraries)")
     if nodes_used is not None and nodes_used < nodes_asked:
         notes.append(f"ran on {nodes_used} node(s), not the {nodes_asked} its scale asks for: its pods shared a "
                      "machine, so it measures fewer network hops than its scale says (spec.scheduling."
@@ -258,8 +307,10 @@ def transport_problems(found: NcclTransport, policy: FabricPolicy) -> list[float
     return flags
 
 
-def fallback_reason(mean_flags: list[float], workers: int, policy: FabricPolicy) -> str | None:
-    """Why the run stops after its first step (every worker's flags averaged), None when it goes on."""
+def fallback_reason(mean_flags: list[float], workers: int, policy: FabricPolicy,
+                    causes: list[str] = ()) -> str | None:
+    """Why the run stops at start (every worker's flags averaged, after the warm-up collective), None when it goes
+    on; `causes`: what this rank's NCCL said about it, quoted."""
     socket, no_gdr = (round(flag * workers) for flag in mean_flags)
     parts = []
     if socket:
@@ -270,9 +321,10 @@ def fallback_reason(mean_flags: list[float], workers: int, policy: FabricPolicy)
                      f"{workers} ranks (spec.fabric.gpuDirectRdma)")
     if not parts:
         return None
-    return ("; ".join(parts) + f": stopped after the first step instead of measuring the wrong network "
-            f"(spec.fabric.require {policy.require}; `none` runs a socket baseline on purpose). docs/clusters.md "
-            "says what each cluster's fabric needs")
+    said = f" (NCCL said: {'; '.join(repr(cause) for cause in causes)})" if causes else ""
+    return ("; ".join(parts) + f"{said}: stopped at start, after the warm-up collective, instead of measuring the "
+            f"wrong network (spec.fabric.require {policy.require}; `none` runs a socket baseline on purpose). "
+            "docs/clusters.md says what each cluster's fabric needs")
 
 
 def gloo_transport(strategy_nodes: int, on_gpu: bool) -> tuple[dict[str, Any], list[str]]:

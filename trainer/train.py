@@ -73,10 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     uses_nccl = parallel.device.type == "cuda" or config.process.nccl_log is not None
     if config.process.nccl_log is not None:  # test hook: a log as NCCL would have written it
         nccl_log = Path(config.process.nccl_log)
-    check = fabric_check(parallel, nccl_log, policy) if uses_nccl and policy.checks_transport(env.nodes) else None
+    # multi-node NCCL strategies only (parameter servers' messages are gloo's): nothing here for one node
+    checks = uses_nccl and policy.checks_transport(env.nodes) and parallel.transport_between_nodes is None
     payload, exporter = {"job_rank": env.rank}, None
     try:
         parallel.setup()
+        if checks and (reason := check_transport_at_start(parallel, nccl_log, policy)):
+            log.error("%s", reason)
+            payload.update(status="failed", reason=reason, **rank_payload(nccl_log, uses_nccl=True),
+                           **pinned.payload(), nccl_env_applied=nccl_env)
+            payloads = parallel.gather_to_reporter(payload)
+            if parallel.is_reporter:
+                publish_summary(build_summary(config, env, parallel, payloads, status="failed", reason=reason),
+                                config.process.output)
+            return 1
         if parallel.is_reporter:
             log.info("config %s", json.dumps(config.as_dict(), sort_keys=True))
         if config.process.metrics_port:
@@ -84,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                                           local_rank=env.local_rank,
                                           workers=1 if parallel.independent_steps else parallel.world_size)
         if parallel.is_worker:
-            payload = train_worker(config, parallel, exporter, started, check)
+            payload = train_worker(config, parallel, exporter, started)
         else:
             served = parallel.serve(lambda: build_model(config)) or {}
             payload = {"job_rank": env.rank, "is_worker": False, "role": "server", "status": "succeeded", **served}
@@ -139,35 +149,30 @@ def pinned_memory_fields(pinned: PinnedMemory) -> dict:
             "rdma_devices": pinned.rdma_devices}
 
 
-def fabric_check(parallel, nccl_log: Path | None, policy: FabricPolicy):
-    """After the first step: every worker reads what its NCCL connected so far, and all of them agree (a
-    collective) on stopping the run off its fabric (FabricFallback, the same step on every rank)."""
-    from gpt2bench.trainer.trainer import FabricFallback
-
-    def check() -> None:
-        try:
-            found = parse_nccl_log(nccl_log.read_text(encoding="utf-8", errors="replace")) if nccl_log else None
-        except OSError:
-            found = None  # no log to read: the summary says why (transport_reason); nothing to stop on
-        flags = transport_problems(found, policy) if found is not None else [0.0, 0.0]
-        mean = parallel.mean_over_workers(torch.tensor(flags)).tolist()
-        reason = fallback_reason(mean, parallel.world_size, policy)
-        if reason:
-            raise FabricFallback(reason)
-
-    return check
+def check_transport_at_start(parallel, nccl_log: Path | None, policy: FabricPolicy) -> str | None:
+    """Right after the process group: a warm-up collective makes NCCL connect every rank to its peers (and log
+    how), then every rank reads its log and all agree in a second collective on whether the run is off its
+    fabric; the reason (the same on every rank, quoting this rank's NCCL on the cause), or None. Before the model
+    is built or compiled, so a run on the wrong network costs seconds, not its first compiled step."""
+    parallel.mean_over_workers(torch.zeros(1))  # the warm-up: NCCL's communicator and its channels
+    try:
+        found = parse_nccl_log(nccl_log.read_text(encoding="utf-8", errors="replace")) if nccl_log else None
+    except OSError:
+        found = None  # no log to read: the summary says why (transport_reason); nothing to stop on
+    flags = transport_problems(found, policy) if found is not None else [0.0, 0.0]
+    mean = parallel.mean_over_workers(torch.tensor(flags)).tolist()
+    return fallback_reason(mean, parallel.world_size, policy, found.causes if found is not None else [])
 
 
-def train_worker(config, parallel, exporter, process_started: float, after_first_step=None) -> dict:
-    """Build, train, and return this worker's payload; a non-finite loss fails it (all workers alike), as does the
-    fabric check after the first step (`after_first_step`)."""
+def train_worker(config, parallel, exporter, process_started: float) -> dict:
+    """Build, train, and return this worker's payload; a non-finite loss fails it (all workers alike)."""
     from gpt2bench.trainer.trainer import Trainer, TrainingFailed
 
     trainer = Trainer(config, parallel, exporter=exporter)
     first_step_at: list[float] = []
     status, reason = "succeeded", None
     try:
-        trainer.train(first_step_at=first_step_at, after_first_step=after_first_step)
+        trainer.train(first_step_at=first_step_at)
     except TrainingFailed as exc:
         status, reason = "failed", str(exc)
         log.error("%s", reason)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,10 +34,6 @@ log = logging.getLogger("gpt2bench.trainer")
 
 class TrainingFailed(RuntimeError):
     """Every worker stops at the same step (non-finite mean loss); the message is the summary's reason."""
-
-
-class FabricFallback(TrainingFailed):
-    """Every worker stops after the first step: its NCCL did not use the fabric the run expects (fabric.py)."""
 
 
 def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
@@ -108,10 +103,8 @@ class Trainer:
         return loss_sum / accum, grad_norm, skipped
 
     # ------------------------------------------------------------------ the loop
-    def train(self, steps: range | None = None, first_step_at: list[float] | None = None,
-              after_first_step: Callable[[], None] | None = None) -> None:
-        """Run `steps` (1-based; default all): raise TrainingFailed on a non-finite loss, read at log steps;
-        `after_first_step` runs once every rank has connected (the fabric check: FabricFallback stops them all)."""
+    def train(self, steps: range | None = None, first_step_at: list[float] | None = None) -> None:
+        """Run `steps` (1-based; default all): raise TrainingFailed on a non-finite loss, read at log steps."""
         p, config = self.parallel, self.config
         steps = steps or range(1, config.training.steps + 1)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -127,9 +120,6 @@ class Trainer:
             # also at the end of warm-up: the energy counter is read at flushes, so warm-up's joules stay apart
             if step % config.process.log_every == 0 or step == steps[-1] or step == config.training.warmup_steps:
                 self.report(self.metrics.flush(p.mean_over_workers))
-            if step == steps[0] and after_first_step is not None:
-                self.report(self.metrics.flush(p.mean_over_workers))  # a warm-up step: its record kept, then checked
-                after_first_step()
 
     def report(self, records: list[dict[str, Any]]) -> None:
         """Log the last record; fail every worker alike on the first non-finite loss among them."""
