@@ -187,7 +187,10 @@ class RunStatus(StatusModel):
     start_time: str | None = Field(None, description="When the run's job was created.", json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, description="When the run finished, succeeded or not.",
                                         json_schema_extra=DATE_TIME)
-    reason: str | None = Field(None, description="Why the run failed or was skipped.")
+    reason: str | None = Field(None, description="Why the run failed or was skipped; on a Pending run, why it waits: "
+                                                  "`held (<cause>): ...` (a cause it shares with a run that failed: "
+                                                  "docs/operator.md, One cause, one stop) or `preempted, to run again "
+                                                  "once: ...`; on a run run again after a preemption, that too.")
     waiting: str | None = Field(
         None, description="While its job is queued or its pods start: what it waits for (the pod, and the "
                           "scheduler's or the kubelet's reason and message).")
@@ -489,14 +492,15 @@ class BenchmarkStatus(StatusModel):
     dropped: list[DroppedConfiguration] | None = Field(
         None, description="Configurations the selection race dropped so far: after which round, and behind which.")
     waiting: str | None = Field(
-        None, description="What its running runs wait for while their jobs are queued or their pods start "
-                          "(empty when nothing waits): shown by `kubectl get`.")
+        None, description="What its running runs wait for while their jobs are queued or their pods start, after "
+                          "the runs held by a cause they share (empty when nothing waits): shown by `kubectl get`.")
     best: BestRun | None = Field(None, description="The succeeded run with the highest tokens/s.")
     analysis: Analysis | None = Field(None, description="Recommendations, scaling efficiencies, papers' findings.")
     runs: list[RunStatus] | None = Field(None, description="One entry per run, in plan order.")
     conditions: list[Condition] | None = Field(
-        None, description="Ready, Complete, Failed, Finished, Queued. `kubectl wait --for=condition=Finished` ends "
-                          "when the sweep does, whichever way (its reason is the phase); Complete: with results.",
+        None, description="Ready, Complete, Failed, Finished, Queued, RunsHeld (runs held by a cause they share). "
+                          "`kubectl wait --for=condition=Finished` ends when the sweep does, whichever way (its reason "
+                          "is the phase); Complete: with results.",
         json_schema_extra=CONDITIONS_LIST)
 
 
