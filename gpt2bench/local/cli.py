@@ -9,7 +9,9 @@ takes it) runs each in turn, every one checked before the first starts, each in 
 results is refused unless `--resume` (keep its finished runs, run the rest) or `--overwrite` says what to do.
 Ctrl-C, SIGTERM and SIGHUP (a closed terminal or SSH session) stop the sweep the same way. Exit code: 0 when at
 least one run of every benchmark succeeded (failed runs are in the table with their reasons), 1 when every run
-of a benchmark failed, 2 for a bad file or option, 130 when interrupted (later benchmarks are not started).
+of a benchmark failed, 2 for a bad file or option, 3 when the disk holding the results folder filled up (the
+finished runs kept in results.json, the run in flight Interrupted: `--resume` goes on from there), 130 when
+interrupted (later benchmarks are not started).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench import report
-from gpt2bench.files import FolderBusy
+from gpt2bench.files import DISK_FULL_ERRNOS, DiskFull, FolderBusy, describe_disk, disk_full, release, reserving
 from gpt2bench.jobkinds import BACKENDS, OFFLINE_BACKEND
 from gpt2bench.local.preflight import preflight
 from gpt2bench.local.sweep import (
@@ -39,10 +41,21 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.report.export import RESULTS_CSV
 from gpt2bench.spec.model import Benchmark
 from gpt2bench.spec.validation import SpecError, load_benchmarks_file
-from gpt2bench.status import RESULTS_JSON, SUCCEEDED
+from gpt2bench.status import (
+    FAILED,
+    INTERRUPTED,
+    RESULTS_JSON,
+    RUNNING,
+    SKIPPED,
+    SUCCEEDED,
+    ResultsDocument,
+    interrupt_runs,
+)
 
 EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 3
 EXIT_INTERRUPTED = 130
+DISK_FULL_WORDS = tuple(os.strerror(code) for code in DISK_FULL_ERRNOS)  # as a failed run's reason says them
 
 
 STOP_SIGNALS = {  # what each signal the runner handles like Ctrl-C means, in the words results.json gives
@@ -176,11 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                       highlight=False, markup=False)
             continue
         runs, resumed, directory = prepared[benchmark.name]
-        codes.append(_run_benchmark(benchmark, runs, total, directory, notes[benchmark.name], resumed))
-        if codes[-1] == EXIT_INTERRUPTED:
-            return EXIT_INTERRUPTED
-        if codes[-1] == EXIT_BAD_INPUT:
-            return EXIT_BAD_INPUT
+        codes.append(_run_benchmark(benchmark, runs, total, directory, notes[benchmark.name], resumed, args.file))
+        if codes[-1] in (EXIT_INTERRUPTED, EXIT_BAD_INPUT, EXIT_DISK_FULL):
+            return codes[-1]
     return max(codes)
 
 
@@ -195,6 +206,46 @@ def _rounds_to_add(benchmark: Benchmark, runs: list) -> str:
             f"{rounds * per_round} runs, fewer as the race drops the beaten; sweep.maxRepeats {sweep.max_repeats})")
 
 
+def _disk_full(exc: OSError, directory: Path, file: str) -> int:
+    """The disk holding `directory` filled up: results.json made consistent with the room kept back (the finished
+    runs as they were, the run in flight and a run the full disk failed Interrupted, the rest Skipped: `--resume`
+    runs them), one line saying which disk and what to do, and exit code 3."""
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    release(directory)
+    words = str(exc) if isinstance(exc, DiskFull) else \
+        f"{exc.strerror or exc} writing in {directory}: {describe_disk(directory)} is full"
+    try:
+        doc = ResultsDocument.load(directory)
+    except (OSError, ValueError):
+        doc = None
+    if doc is not None and doc.phase == RUNNING:  # the runs stopped: say so in the results
+        why = f"the disk filled up while it ran ({words})"
+        runs = [run.model_copy(update={"phase": RUNNING}) if run.phase == FAILED and run.reason
+                and any(w in run.reason for w in DISK_FULL_WORDS) else run for run in doc.runs]
+        doc = doc.model_copy(update={"runs": interrupt_runs(runs, why, "not run: the disk filled up"),
+                                     "phase": INTERRUPTED})
+        try:
+            doc.save(directory)
+        except OSError as again:
+            err.print(f"gpt2bench run: results.json could not be updated either: {again}", highlight=False,
+                      markup=False, soft_wrap=True)
+        finished = sum(run.phase in (SUCCEEDED, FAILED) for run in doc.runs)
+        interrupted = [run.name for run in doc.runs if run.phase == INTERRUPTED]
+        skipped = sum(run.phase == SKIPPED for run in doc.runs)
+        err.print(f"gpt2bench run: {words}. The sweep stopped: {finished} of {len(doc.runs)} runs finished are kept "
+                  f"in {directory / RESULTS_JSON}" + (f", {', '.join(interrupted)} interrupted" if interrupted else "")
+                  + (f", {skipped} not run" if skipped else "")
+                  + f". Free space on that disk, then: gpt2bench run {file} --resume --output {directory}",
+                  highlight=False, markup=False, soft_wrap=True)
+    else:  # every run finished: the report could not be written
+        err.print(f"gpt2bench run: {words}. Every run finished and is in {directory / RESULTS_JSON}; the report is "
+                  f"incomplete. Free space on that disk, then: gpt2bench report {directory}",
+                  highlight=False, markup=False, soft_wrap=True)
+    return EXIT_DISK_FULL
+
+
 def _output(output: str | None, name: str, several: bool) -> Path:
     """results/<name> by default; --output itself for one benchmark, --output/<name> for each of several."""
     if output is None:
@@ -203,9 +254,9 @@ def _output(output: str | None, name: str, several: bool) -> Path:
 
 
 def _run_benchmark(benchmark: Benchmark, runs: list, total: int, directory: Path, notes: list[str],
-                   resumed: Resumed) -> int:
+                   resumed: Resumed, file: str = "FILE") -> int:
     """Run one benchmark's runs (of its `total`; `resumed`: those an earlier sweep finished, kept) into `directory`,
-    print its table; 0, 1 (every run failed), 2 (another process took the folder) or 130."""
+    print its table; 0, 1 (every run failed), 2 (another process took the folder), 3 (its disk filled up) or 130."""
     from rich.console import Console
 
     console = Console()
@@ -224,7 +275,13 @@ def _run_benchmark(benchmark: Benchmark, runs: list, total: int, directory: Path
     stop = _Stop()
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
-        sweep = run_sweep(benchmark, runs, directory, console=console, resumed=resumed)
+        directory.mkdir(parents=True, exist_ok=True)
+        with reserving(directory):  # room for results.json's last word if the disk fills (files.reserving)
+            sweep = run_sweep(benchmark, runs, directory, console=console, resumed=resumed)
+    except OSError as exc:
+        if not disk_full(exc) or isinstance(exc, FolderBusy):
+            raise
+        return _disk_full(exc, directory, file)
     except FolderBusy as exc:  # another `gpt2bench run` took the folder since it was checked
         Console(stderr=True).print(f"gpt2bench run: {exc}; nothing was run", highlight=False, markup=False)
         return EXIT_BAD_INPUT

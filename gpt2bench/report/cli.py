@@ -14,7 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpt2bench.files import DiskFull, describe_disk, disk_full
 from gpt2bench.status import RESULTS_JSON, ResultsDocument, interrupted_note, settle_abandoned
+
+EXIT_DISK_FULL = 3  # as `gpt2bench run`'s (docs/local.md)
 
 
 class DocumentError(ValueError):
@@ -83,7 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         except DocumentError as exc:
             print(f"gpt2bench report: DIR: {exc}", file=sys.stderr)
             return 2
-    written = write_report(doc, directory)
+    try:
+        written = write_report(doc, directory)
+    except OSError as exc:
+        if not disk_full(exc):
+            raise
+        words = str(exc) if isinstance(exc, DiskFull) else \
+            f"{exc.strerror or exc} writing in {directory}: {describe_disk(directory)} is full"
+        print(f"gpt2bench report: {words}; the report is incomplete ({directory / RESULTS_JSON} is whole: it is "
+              f"written whole or not at all). Free space on that disk and run gpt2bench report again",
+              file=sys.stderr)
+        return EXIT_DISK_FULL
     if not args.quiet:
         print_table(doc)
     print("wrote " + ", ".join(str(p) for p in written))
