@@ -314,3 +314,38 @@ def test_the_run_records_each_ranks_nccl_and_notes_ranks_that_loaded_different_o
     assert any(note.startswith("the ranks loaded different NCCL builds") for note in notes)
     cpu, _ = fabric_summary([{"job_rank": 0}], nodes_asked=1, on_gpu=False)
     assert cpu["nccl_versions"] is None and cpu["nccl_libraries"] is None
+
+
+# -- GPUDirect RDMA where the fabric promises it -------------------------------------------------------------
+
+
+def test_without_a_peer_memory_module_or_dma_buf_the_reason_says_what_to_load(tmp_path):
+    from gpt2bench.trainer.fabric import gpudirect_hint, peermem_module
+
+    (tmp_path / "nvidia_peermem").mkdir()
+    assert peermem_module(tmp_path) == "nvidia_peermem" and peermem_module(tmp_path / "none") is None
+    found = parse_nccl_log(IB_NO_GDR_LOG)
+    hint = gpudirect_hint(found, None)
+    assert hint.startswith("no peer-memory module on this node (nvidia_peermem or nv_peer_mem") and "modprobe" in hint
+    assert gpudirect_hint(found, "nvidia_peermem") is None
+    assert gpudirect_hint(parse_nccl_log("x NCCL INFO DMA-BUF is available on GPU device 0\n" + IB_NO_GDR_LOG),
+                          None) is None
+    policy = FabricPolicy("auto", gpudirect_rdma=True)
+    reason = fallback_reason([0.0, 1.0], 2, policy, [], hint)
+    assert "(no GPUDirect RDMA) on 2 of 2 ranks" in reason and f"({hint})" in reason
+
+
+@pytest.mark.slow  # real trainer processes
+def test_a_run_whose_fabric_promised_gpudirect_stops_at_start_without_it(start_trainer, fork_server, tmp_path):
+    """NET/IB without /GDRDMA (nvidia-peermem not loaded): with GPUDirect expected (the env the AKS and EKS
+    fragments render: GPT2BENCH_GPUDIRECT_RDMA=1) both ranks stop at start, and the run records the support each
+    rank had."""
+    (tmp_path / "ib.log").write_text(IB_NO_GDR_LOG)
+    args = ["--strategy", "ddp", "--steps", "4", "--warmup-steps", "1", "--no-breakdown",
+            "--nccl-log", str(tmp_path / "ib.log")]
+    run = two_nodes(start_trainer, fork_server, args, {"GPT2BENCH_GPUDIRECT_RDMA": "1"})
+    assert run.returncode == 1 and run.summary["status"] == "failed", run.describe()
+    assert run.summary["reason"].startswith("NCCL's network channels moved no GPU memory directly (no GPUDirect RDMA) "
+                                            "on 2 of 2 ranks")
+    assert run.steps == [] and run.summary["gpudirect_rdma"] is False and run.summary["gpudirect_rdma_required"]
+    assert [rank["dmabuf"] for rank in run.summary["gpudirect_support"]] == [False, False]

@@ -299,3 +299,26 @@ def test_every_fabric_setting_renders_a_valid_job_for_every_run_of_the_gpu_examp
         bench = load_benchmark({**document, "spec": {**document["spec"], "backend": backend}})
         for run in plan_runs(bench):
             validate_job(render_job(bench, run))
+
+
+@pytest.mark.parametrize("env, fabric, expected", [
+    ({"NCCL_NET_GDR_LEVEL": "SYS"}, {"require": "rdma"}, True),       # AKS's fragment
+    ({"FI_EFA_USE_DEVICE_RDMA": "1"}, {"require": "rdma"}, True),     # EKS's
+    ({"NCCL_NET_GDR_LEVEL": "LOC"}, {}, False),                       # GPUDirect turned off
+    ({"FI_EFA_USE_DEVICE_RDMA": "0"}, {}, False),
+    ({"NCCL_NET_GDR_LEVEL": "SYS"}, {"gpuDirectRdma": False}, False),  # the spec's own word wins
+    ({"NCCL_NET_GDR_LEVEL": "SYS"}, {"require": "none"}, False),      # a socket baseline checks nothing
+    ({}, {"gpuDirectRdma": True}, True),
+    ({}, {}, False),
+])  # fmt: skip
+def test_gpudirect_is_checked_where_the_pods_env_promises_it(env, fabric, expected):
+    """Issue 47.3: the fragments ask NCCL/libfabric for GPUDirect RDMA (AKS NCCL_NET_GDR_LEVEL=SYS, EKS
+    FI_EFA_USE_DEVICE_RDMA=1) but none asked the trainer to check it, so a run on NET/IB without /GDRDMA
+    (nvidia-peermem not loaded) measured a degraded path."""
+    from gpt2bench.render.pods import fabric_env
+    from gpt2bench.spec.validation import load_benchmark
+
+    bench = load_benchmark({"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": {"name": "g"},
+                            "spec": {"fabric": fabric, "sweep": {"strategies": [{"name": "ddp"}]},
+                                     "pods": {"env": [{"name": k, "value": v} for k, v in env.items()]}}})
+    assert (fabric_env(bench).get("GPT2BENCH_GPUDIRECT_RDMA") == "1") is expected

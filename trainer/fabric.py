@@ -61,6 +61,16 @@ _CAUSE = re.compile(r"NCCL (?:INFO|WARN) (?P<said>.*(?:No device found|Could not
                     r"Failed to initialize|fi_getinfo).*?)\s*$", re.I)
 _WARN = re.compile(r"NCCL WARN (?P<said>.+?)\s*$")
 MAX_CAUSES = 8
+_DMABUF = re.compile(r"NCCL INFO DMA-BUF is available")
+# What lets an RDMA NIC read GPU memory: NVIDIA's peer-memory module (nvidia-peermem, the older nv_peer_mem) on
+# the node, or the kernel's dma-buf (NCCL 2.19+ with the open driver says `DMA-BUF is available on GPU device`).
+PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
+SYS_MODULE = Path("/sys/module")
+
+
+def peermem_module(sys_module: Path = SYS_MODULE) -> str | None:
+    """The peer-memory module loaded on this node (a pod sees the host's /sys/module), None when none is."""
+    return next((name for name in PEERMEM_MODULES if (sys_module / name).is_dir()), None)
 
 
 def net_family(name: str) -> str:
@@ -79,6 +89,7 @@ class NcclTransport:
     gpudirect_rdma: bool = False  # a network channel reads/writes GPU memory directly (GDRDMA)
     provider: str | None = None  # libfabric's provider (efa) under aws-ofi-nccl
     version: str | None = None  # the NCCL this rank loaded, as it says (`NCCL version 2.21.5+cuda12.4`)
+    dmabuf: bool = False  # NCCL found dma-buf support on its GPU (a GPUDirect RDMA path without nvidia-peermem)
     causes: list[str] = field(default_factory=list)  # NCCL's own words on a network or GPUDirect it did not get
 
     @property
@@ -94,7 +105,7 @@ class NcclTransport:
     def payload(self) -> dict[str, Any]:
         return {"transport": self.transport, "nccl_network": self.network, "crossed_nodes": bool(self.inter_node),
                 "gpudirect_rdma": self.gpudirect_rdma if self.inter_node else None, "ofi_provider": self.provider,
-                "nccl_version": self.version, "nccl_causes": self.causes or None}
+                "nccl_version": self.version, "nccl_causes": self.causes or None, "dmabuf": self.dmabuf}
 
 
 def parse_nccl_log(text: str) -> NcclTransport:
@@ -111,6 +122,8 @@ def parse_nccl_log(text: str) -> NcclTransport:
             found.network = match["name"]
         elif match := _VERSION.search(line):
             found.version = match["version"]
+        elif _DMABUF.search(line):
+            found.dmabuf = True
         elif match := _OFI_PROVIDER.search(line):
             found.provider = match["provider"]
         elif match := _VIA.search(line):
@@ -181,7 +194,7 @@ def rank_payload(nccl_log: Path | None, uses_nccl: bool) -> dict[str, Any]:
     except OSError as exc:
         payload["transport_reason"] = f"no NCCL log at {nccl_log}: {exc.strerror or exc}"
         return payload
-    payload.update(parse_nccl_log(text).payload(), nccl_library=loaded_nccl_library())
+    payload.update(parse_nccl_log(text).payload(), nccl_library=loaded_nccl_library(), peermem=peermem_module())
     return payload
 
 
@@ -215,6 +228,9 @@ def fabric_summary(payloads: list[dict[str, Any]], nodes_asked: int, on_gpu: boo
         "nccl_libraries": [p.get("nccl_library") for p in ranked] if any(p.get("nccl_library") for p in ranked)
                           else None,
         "nccl_causes": sorted({cause for p in ranked for cause in p.get("nccl_causes") or []}) or None,
+        # what could give GPUDirect RDMA, per job rank: the node's peer-memory module, NCCL's dma-buf
+        "gpudirect_support": [{"peermem": p.get("peermem"), "dmabuf": bool(p.get("dmabuf"))} for p in ranked]
+                             if any("dmabuf" in p for p in ranked) else None,
     }
     summary.update(pinned_memory_summary(ranked))
     notes = []
@@ -307,10 +323,19 @@ def transport_problems(found: NcclTransport, policy: FabricPolicy) -> list[float
     return flags
 
 
+def gpudirect_hint(found: NcclTransport, peermem: str | None) -> str | None:
+    """What this rank had for GPUDirect RDMA, when its channels moved no GPU memory directly."""
+    if peermem or found.dmabuf:
+        return None
+    return (f"no peer-memory module on this node ({' or '.join(PEERMEM_MODULES)} not in {SYS_MODULE}) and NCCL "
+            "found no dma-buf support: load nvidia-peermem (the GPU Operator's driver.rdma.enabled, or modprobe "
+            "on the node image)")
+
+
 def fallback_reason(mean_flags: list[float], workers: int, policy: FabricPolicy,
-                    causes: list[str] = ()) -> str | None:
+                    causes: list[str] = (), hint: str | None = None) -> str | None:
     """Why the run stops at start (every worker's flags averaged, after the warm-up collective), None when it goes
-    on; `causes`: what this rank's NCCL said about it, quoted."""
+    on; `causes`: what this rank's NCCL said about it, quoted; `hint`: what this rank lacked (gpudirect_hint)."""
     socket, no_gdr = (round(flag * workers) for flag in mean_flags)
     parts = []
     if socket:
@@ -322,6 +347,7 @@ def fallback_reason(mean_flags: list[float], workers: int, policy: FabricPolicy,
     if not parts:
         return None
     said = f" (NCCL said: {'; '.join(repr(cause) for cause in causes)})" if causes else ""
+    said += f" ({hint})" if hint else ""
     return ("; ".join(parts) + f"{said}: stopped at start, after the warm-up collective, instead of measuring the "
             f"wrong network (spec.fabric.require {policy.require}; `none` runs a socket baseline on purpose). "
             "docs/clusters.md says what each cluster's fabric needs")

@@ -19,11 +19,14 @@ from gpt2bench.trainer.devices import apply_cpu_budget, bound_compile_threads, e
 from gpt2bench.trainer.env import detect_env, process_start_time
 from gpt2bench.trainer.exporter import PrometheusExporter
 from gpt2bench.trainer.fabric import (
+    NO_GPUDIRECT,
     FabricPolicy,
     apply_nccl_env_script,
     ask_nccl_for_its_log,
     fallback_reason,
+    gpudirect_hint,
     parse_nccl_log,
+    peermem_module,
     rank_payload,
     transport_problems,
 )
@@ -161,7 +164,8 @@ def check_transport_at_start(parallel, nccl_log: Path | None, policy: FabricPoli
         found = None  # no log to read: the summary says why (transport_reason); nothing to stop on
     flags = transport_problems(found, policy) if found is not None else [0.0, 0.0]
     mean = parallel.mean_over_workers(torch.tensor(flags)).tolist()
-    return fallback_reason(mean, parallel.world_size, policy, found.causes if found is not None else [])
+    hint = gpudirect_hint(found, peermem_module()) if flags[NO_GPUDIRECT] else None
+    return fallback_reason(mean, parallel.world_size, policy, found.causes if found is not None else [], hint)
 
 
 def train_worker(config, parallel, exporter, process_started: float) -> dict:

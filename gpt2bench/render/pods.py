@@ -168,7 +168,7 @@ def fabric_env(benchmark: Benchmark) -> dict[str, str]:
     spec keeps the defaults."""
     fabric = benchmark.spec.fabric
     env = {FABRIC_ENV: fabric.require} if fabric.require != "auto" else {}
-    if fabric.gpu_direct_rdma:
+    if fabric.expects_gpudirect({item.name: item.value for item in benchmark.spec.pods.env}):
         env[GPUDIRECT_RDMA_ENV] = "1"
     if fabric.nccl_env_script:
         env[NCCL_ENV_SCRIPT_ENV] = fabric.nccl_env_script
