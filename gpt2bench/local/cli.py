@@ -175,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             continue
         directory = _output(args.output, benchmark.name, several=len(benchmarks) > 1)
+        if not args.overwrite and (directory / RESULTS_JSON).exists():  # named by its first bad field, not dumped
+            from gpt2bench.report.cli import DocumentError, load_folder
+
+            try:
+                load_folder(directory)
+            except DocumentError as exc:
+                return refuse([f"{exc}; --overwrite starts again, or give another --output"])
         try:
             prepared[benchmark.name] = (*prepare_folder(benchmark, plan_runs(benchmark, args.backend), runs,
                                                         directory, resume=args.resume, overwrite=args.overwrite),
