@@ -384,14 +384,7 @@ def _step(fresh: dict[str, Any], logger: logging.Logger, overwritten: str | None
     listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
     jobs = _without_strays(fresh, rc.owned_jobs(listed, benchmark.uid), old_runs, logger)
     now = rc.now_rfc3339()
-    foreign = [*([overwritten] if overwritten else []), *(f"run {name} was renamed in status.runs: its planned name "
-                                                          "is restored" for name in renamed)]
-    for entry in old_runs:  # finished by another writer while its job runs: one job at a time, so that job goes
-        job = jobs.get(entry.job_name)
-        if job is not None and rc.finished_by_hand(entry, job):
-            kube.delete_job(job)
-            foreign.append(f"run {entry.name} was marked {entry.phase} while its job {entry.job_name} was still "
-                           "running: the mark is kept and the job deleted, so that one job runs at a time")
+    foreign = _foreign_writes(old_runs, jobs, overwritten, renamed)
     entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
     for entry in old_runs:  # a kind the cluster does not serve: its runs fail now, the others go on
         if entry.phase not in rc.TERMINAL_RUN_PHASES and entry.job_kind in missing:
@@ -464,6 +457,23 @@ def _step(fresh: dict[str, Any], logger: logging.Logger, overwritten: str | None
     _post_transitions(fresh, old_runs, current, summary, status.phase)
     logger.debug("step: %s", summary.message)
     return collected
+
+
+def _foreign_writes(entries: list[RunStatus], jobs: dict[str, dict], overwritten: str | None,
+                    renamed: list[str]) -> list[str]:
+    """What another writer changed in the status (issue 50.2), each said in a ForeignStatusWrite Event once the
+    step's write repairs it: a finished phase over unfinished runs (`overwritten`), runs renamed (`renamed`, their
+    names restored), and a run marked finished while its job still runs, whose job is deleted here (one job at a
+    time; it counts against concurrency until it is gone)."""
+    said = [*([overwritten] if overwritten else []),
+            *(f"run {name} was renamed in status.runs: its planned name is restored" for name in renamed)]
+    for entry in entries:
+        job = jobs.get(entry.job_name)
+        if job is not None and rc.finished_by_hand(entry, job):
+            kube.delete_job(job)
+            said.append(f"run {entry.name} was marked {entry.phase} while its job {entry.job_name} was still "
+                        "running: the mark is kept and the job deleted, so that one job runs at a time")
+    return said
 
 
 def owner_of(job: dict[str, Any]) -> dict[str, Any] | None:
