@@ -141,7 +141,7 @@ def test_each_runs_policy_selects_its_pods_and_admits_metrics_from_the_monitorin
     assert [f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for f in metrics["from"]] == \
         ["monitoring", "obs"]
     assert metrics["ports"] == [{"protocol": "TCP", "port": 9400, "endPort": 9403}]  # 4 processes per pod
-    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress left open
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]  # egress: what a run needs (test_render_netpol.py)
 
 
 def test_a_spec_can_turn_the_policy_off_or_close_the_metrics_ports():

@@ -22,6 +22,7 @@ null itself means something (`runPolicy.activeDeadlineSeconds: null` turns the d
 
 from __future__ import annotations
 
+import ipaddress
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Literal
@@ -640,6 +641,11 @@ class ImagesSpec(SpecModel):
         return self
 
 
+# An IPv4 or IPv6 address and a prefix length (what NetworkPolicy's ipBlock.cidr takes); checked fully by
+# NetworkPolicySpec._cidrs.
+CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
+
+
 class NetworkPolicySpec(SpecModel):
     """The NetworkPolicy rendered with every run's job (docs/security.md)."""
 
@@ -650,8 +656,35 @@ class NetworkPolicySpec(SpecModel):
     metrics_namespaces: list[Annotated[str, Field(max_length=63, pattern=DNS1123_LABEL_PATTERN,
                                                   description="A namespace's name.")]] = Field(
         default_factory=lambda: ["monitoring"], max_length=16,
-        description="Namespaces whose pods may scrape the trainers' metrics ports (where Prometheus runs); "
-                    "[]: none.", json_schema_extra={"x-kubernetes-list-type": "set"})
+        description="Namespaces whose pods may scrape the trainers' metrics ports (where Prometheus runs): "
+                    "monitoring (kube-prometheus), gmp-system (GKE Managed Prometheus), "
+                    "openshift-user-workload-monitoring (OpenShift's user-workload monitoring); []: none.",
+        json_schema_extra={"x-kubernetes-list-type": "set"})
+    metrics_from_all_namespaces: bool = Field(
+        False, description="Let pods of every namespace scrape the metrics ports (a cluster-wide Prometheus whose "
+                           "namespace is not fixed), instead of metricsNamespaces.")
+    egress: Literal["run", "open"] = Field(
+        "run", description="run: the pods may reach the run's own pods, DNS (port 53, and 5353 where OpenShift's DNS "
+                           "pods listen), HTTPS anywhere when the data or weights come from a hub (hf:, a hub id), "
+                           "and egressCidrs; what a namespace whose default denies egress must allow. open: the "
+                           "policy says nothing of egress (the namespace's own policies decide).")
+    egress_cidrs: list[Annotated[str, Field(max_length=43, pattern=CIDR_PATTERN,
+                                            description="An IPv4 or IPv6 CIDR, e.g. 10.0.0.0/8.")]] = Field(
+        default_factory=list, max_length=32,
+        description="With egress run: address ranges the pods may reach on any port (a hub mirror, a proxy, "
+                    "object storage).", json_schema_extra={"x-kubernetes-list-type": "set"})
+
+    @model_validator(mode="after")
+    def _cidrs(self) -> NetworkPolicySpec:
+        errors = []
+        for index, cidr in enumerate(self.egress_cidrs):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                errors.append((("egressCidrs", index), f"{cidr!r} is not a CIDR: {exc}"))
+        if errors:
+            raise RuleError(errors)
+        return self
 
 
 # What a TrainJob cannot carry, refused where the backend is trainjob (the operator resolves `auto` first and
