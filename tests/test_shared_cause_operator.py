@@ -25,6 +25,10 @@ RBAC = ('pytorchjobs.kubeflow.org is forbidden: User "system:serviceaccount:gpt2
         'create resource "pytorchjobs" in API group "kubeflow.org" in the namespace "default"')
 REFUSING = threading.Event()  # set: the API server refuses the `rbac-` benchmark's jobs (a Role without create)
 REFUSED: list[str] = []
+RBAC_POLICIES = ('networkpolicies.networking.k8s.io is forbidden: User "system:serviceaccount:gpt2bench:gpt2bench-'
+                 'operator" cannot create resource "networkpolicies" in API group "networking.k8s.io" in the namespace '
+                 '"default"')
+REFUSING_POLICIES = threading.Event()  # set: the `netpol-` benchmark's NetworkPolicies are refused (a Role without)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,14 @@ def operator(cluster):
             return kmock.KubernetesError(status=403, reason="Forbidden", message=RBAC)
         raise NotImplementedError  # the emulator's own handling (None would disable this reaction in kmock 0.8)
 
+    def refuse_policy(request: kmock.Request) -> kmock.KubernetesError:
+        name = ((request.data or {}).get("metadata") or {}).get("name", "")
+        if name.startswith("netpol-") and REFUSING_POLICIES.is_set():
+            return kmock.KubernetesError(status=403, reason="Forbidden", message=RBAC_POLICIES)
+        raise NotImplementedError
+
     cluster.call(lambda e: e["post /apis/kubeflow.org/v1/namespaces/default/pytorchjobs"] << refuse)
+    cluster.call(lambda e: e["post /apis/networking.k8s.io/v1/namespaces/default/networkpolicies"] << refuse_policy)
     with kopf_operator(cluster, poll_seconds=0.3) as runner:
         yield runner
 
@@ -224,3 +235,26 @@ def test_a_quota_other_pods_use_up_is_quoted_as_a_wait_for_capacity_within_secon
     trainer.start(job)
     trainer.succeed(job, 10.0)
     wait_for(lambda: benchmarks.status(name).get("phase") == "Succeeded", what="Succeeded")
+
+
+def test_a_403_on_the_runs_network_policy_holds_every_run_until_the_role_allows_it(benchmarks, trainer):
+    """A Role without `networkpolicies create` (spec.networkPolicy is on by default) refuses every run alike: held,
+    no job without its policy, and the sweep goes on once the policy can be created."""
+    name = "netpol-denied"
+    REFUSING_POLICIES.set()
+    benchmarks.create(benchmark(name, [{"name": "single"}, {"name": "ddp"}]))
+    status = wait_for(lambda: (s := benchmarks.status(name)) and "RunsHeld" in conditions(s) and s,
+                      what="the sweep held")
+    assert phases(status) == ["Pending", "Pending"] and trainer.jobs(name) == []
+    assert all(r["reason"].startswith("held (forbidden): ") and "every run shares" in r["reason"]
+               and "refused NetworkPolicy" in r["reason"] for r in status["runs"])
+    REFUSING_POLICIES.clear()
+    done = set()
+    while len(done) < 2:
+        job = wait_for(lambda: next((j for j in trainer.jobs(name) if j["metadata"]["name"] not in done), None),
+                       what="the next job")
+        trainer.start(job)
+        trainer.succeed(job, 30.0 + len(done))
+        done.add(job["metadata"]["name"])
+    status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert conditions(status)["RunsHeld"]["status"] == "False"
