@@ -367,12 +367,17 @@ class RunPods:
         container["resources"] = (
             container_resources(self.benchmark, gpus, run.procs_per_node) if resources is None else resources
         )
+        claims = pods.resource_claims if trains else []  # dynamic resource allocation: the fabric's devices
+        if claims:
+            container["resources"] = {**container["resources"], "claims": [{"name": c.name} for c in claims]}
         pod_spec: dict[str, Any] = {
             "containers": [container],
             "volumes": volumes,
             "securityContext": pod_security_context(pods),
             "automountServiceAccountToken": False,
         }
+        if claims:
+            pod_spec["resourceClaims"] = [claim.pod_claim() for claim in claims]
         if pods.service_account_name:
             pod_spec["serviceAccountName"] = pods.service_account_name
         if pods.image_pull_secrets:

@@ -166,6 +166,37 @@ _SOURCES = ("persistent_volume_claim", "host_path", "config_map", "secret", "emp
 _SOURCE_FIELDS = ("persistentVolumeClaim", "hostPath", "configMap", "secret", "emptyDir")
 
 
+class ResourceClaimSpec(SpecModel):
+    """A dynamic resource allocation claim every training pod makes (resource.k8s.io, Kubernetes 1.34+): the
+    devices a DRA driver hands out, e.g. the EFA DRA driver's (EKS) or GKE managed RDMA's (`mrdma.google.com`),
+    through a ResourceClaimTemplate (one claim per pod) or a shared ResourceClaim."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("(has(self.resourceClaimTemplateName) ? 1 : 0) + (has(self.resourceClaimName) ? 1 : 0) == 1",
+         "set exactly one of resourceClaimTemplateName and resourceClaimName"),
+    ))
+
+    name: str = Field(max_length=63, pattern=DNS1123_LABEL_PATTERN,
+                      description="The claim's name in the pod (what its training container's resources.claims say).")
+    resource_claim_template_name: str | None = Field(
+        None, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="A ResourceClaimTemplate in the run's namespace: each pod gets its own claim from it.")
+    resource_claim_name: str | None = Field(
+        None, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="A ResourceClaim in the run's namespace that every pod shares.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ResourceClaimSpec:
+        if (self.resource_claim_template_name is None) == (self.resource_claim_name is None):
+            raise RuleError([(("resourceClaimTemplateName",),
+                              "set exactly one of resourceClaimTemplateName and resourceClaimName")])
+        return self
+
+    def pod_claim(self) -> dict[str, str]:
+        """The pod's `resourceClaims` entry."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
 class VolumeSpec(SpecModel):
     """A volume mounted into every training container: one source, one path."""
 
@@ -239,6 +270,8 @@ class PodsSpec(SpecModel):
          "volumes: each name once"),
         ("!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mountPath == v.mountPath))",
          "volumes: each mountPath once"),
+        ("!has(self.resourceClaims) || self.resourceClaims.all(c, self.resourceClaims.exists_one(d, d.name == c.name))",
+         "resourceClaims: each name once"),
     ))
 
     env: list[EnvVar] = Field(
@@ -249,6 +282,11 @@ class PodsSpec(SpecModel):
         default_factory=list, max_length=32,
         description="Volumes mounted into every training container (data and weights on a claim, a node's "
                     "fabric libraries, shared compile caches).")
+    resource_claims: list[ResourceClaimSpec] = Field(
+        default_factory=list, max_length=16,
+        description="Dynamic resource allocation claims of every training pod, each in its training container's "
+                    "resources.claims (an MPIJob's launcher, which trains nothing, makes none). PyTorchJob and "
+                    "MPIJob only: Trainer v2.3's runtimePatches cannot carry them (docs/clusters.md).")
     capabilities: list[Capability] = Field(
         default_factory=list, max_length=16, json_schema_extra={"x-kubernetes-list-type": "set"},
         description="Linux capabilities added to the training containers. They reach the bounding set only: the "
@@ -287,6 +325,9 @@ class PodsSpec(SpecModel):
                     errors.append(((field, i, "mountPath" if key == "mount_path" else key),
                                    f"{shown(value)} is given twice"))
                 seen.add(value)
+        names = [claim.name for claim in self.resource_claims]
+        errors += [(("resourceClaims", i, "name"), f"{shown(name)} is given twice")
+                   for i, name in enumerate(names) if name in names[:i]]
         errors += [(("labels", key), problem) for key in self.labels
                    if (problem := kubesyntax.qualified_name_problem(key) or _ours(key))]
         errors += [(("annotations", key), problem) for key in self.annotations
