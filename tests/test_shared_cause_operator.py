@@ -258,3 +258,28 @@ def test_a_403_on_the_runs_network_policy_holds_every_run_until_the_role_allows_
         done.add(job["metadata"]["name"])
     status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Succeeded" and s, what="Succeeded")
     assert conditions(status)["RunsHeld"]["status"] == "False"
+
+
+# kube-scheduler's FitError for a pod no node tolerates (AKS GPU pools' documented sku=gpu:NoSchedule taint)
+TAINTED = ("0/3 nodes are available: 3 node(s) had untolerated taint {sku: gpu}. preemption: 0/3 nodes are available: "
+           "3 Preemption is not helpful for scheduling.")
+
+
+def test_a_taint_no_gpu_pod_tolerates_holds_the_gpu_runs_and_the_cpu_runs_go_on(benchmarks, trainer):
+    name = "tainted"
+    benchmarks.create(benchmark(name, [{"name": "ddp"}], runPolicy={"startupSeconds": 2}, sweep={
+        "strategies": [{"name": "ddp"}], "precisions": ["fp32", "bf16"],
+        "scales": [{"nodes": 1, "devicesPerNode": 1, "processesPerNode": 1},
+                   {"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}))
+    first = wait_for(lambda: trainer.jobs(name), what="the first job")[0]
+    assert first["metadata"]["name"].endswith("-1x1g")
+    (pod,) = trainer.create_pods(first)
+    trainer.unschedulable(pod, TAINTED)
+    status = wait_for(lambda: (s := benchmarks.status(name)) and phases(s)[:1] == ["Failed"]
+                      and "Running" in phases(s) and s, timeout=20, what="the GPU run failed at its start limit")
+    assert status["runs"][0]["reason"].startswith("not started within runPolicy.startupSeconds (2 s): ")
+    assert phases(status) == ["Failed", "Pending", "Running", "Pending"]
+    assert status["runs"][1]["reason"].startswith(f"held (taint): {status['runs'][0]['name']} failed for a cause every "
+                                                  "GPU run shares (")
+    assert status["runs"][3].get("reason") is None  # a CPU run: not on the tainted GPU nodes
+    benchmarks.delete(name)
