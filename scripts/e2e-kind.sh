@@ -140,6 +140,7 @@ write_kustomization() {
     fi
     printf '%s\n' "$line"
   done <"$TRAINING_OPERATOR_KUSTOMIZATION/kustomization.yaml" >"$1/kustomization.yaml"
+  cp "$TRAINING_OPERATOR_KUSTOMIZATION/init-container.yaml" "$1/"  # its configMapGenerator's file
 }
 
 # As docs/quickstart.md's step 0 pastes them (with $ROOT/ before the kustomization's path).

@@ -452,9 +452,12 @@ def test_the_training_operator_kustomization_drops_its_mpijob_and_enables_only_p
         yaml.safe_dump({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
                         "metadata": {"name": f"{plural}.kubeflow.org"}, "spec": {"group": "kubeflow.org"}})
         for plural in ("mpijobs", "pytorchjobs")))
-    (base / "deployment.yaml").write_text(yaml.safe_dump({
+    (base / "deployment.yaml").write_text(yaml.safe_dump({  # upstream's has its webhook certificate's volume
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "training-operator", "namespace": "kubeflow"},
-        "spec": {"template": {"spec": {"containers": [{"name": "training-operator", "image": "upstream"}]}}}}))
+        "spec": {"template": {"spec": {
+            "containers": [{"name": "training-operator", "image": "upstream",
+                            "volumeMounts": [{"name": "cert", "mountPath": "/tmp/k8s-webhook-server/serving-certs"}]}],
+            "volumes": [{"name": "cert", "secret": {"secretName": "training-operator-webhook-cert"}}]}}}}))
     overlay = tmp_path / "overlay"
     env = {"PATH": "/usr/bin:/bin", "GPT2BENCH_TRAINING_OPERATOR": "../upstream"}
     subprocess.run(["bash", str(SCRIPT), "kustomization", str(overlay)], check=True, env=env, timeout=30)
@@ -463,7 +466,7 @@ def test_the_training_operator_kustomization_drops_its_mpijob_and_enables_only_p
     docs = list(yaml.safe_load_all(built.stdout))
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"] == ["pytorchjobs.kubeflow.org"]
     deployment = next(d for d in docs if d["kind"] == "Deployment")
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"] == ["--enable-scheme=pytorchjob"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][0] == "--enable-scheme=pytorchjob"
 
 
 def test_the_e2e_script_refuses_an_unknown_backend_and_command() -> None:
