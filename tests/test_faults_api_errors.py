@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fault_figures import FIGURES
 from kube import EmulatedCluster
 from kube.faults import OWN_CLIENT, FailCalls
 from kube.fixtures import Benchmarks, api_client, benchmark, install_crds, wait_for
@@ -28,6 +29,7 @@ def condition(status: dict, type_: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 @pytest.mark.timeout(180)
 def test_steps_the_api_server_keeps_failing_are_said_once_and_as_a_condition_with_since_when(tmp_path):
     with EmulatedCluster(tmp_path / "kube") as cluster:
@@ -53,6 +55,8 @@ def test_steps_the_api_server_keeps_failing_are_said_once_and_as_a_condition_wit
             answering = wait_for(lambda: condition(benchmarks.status(name), "ApiFailing").get("status") == "False"
                                  and condition(benchmarks.status(name), "ApiFailing"), 15, what="ApiFailing=False")
             assert answering["reason"] == "ApiAnswering"
+            FIGURES["api-steps-failing"] = {"failed_calls": hits, "poll_warning_events": len(polls),
+                                            "runs_lost": 0}
             trainer.start(job)
             trainer.succeed(job, 100.0)
             wait_for(lambda: len(trainer.jobs(name)) == 2, 15, what="the sweep going on")

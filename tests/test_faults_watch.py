@@ -17,13 +17,14 @@ import time
 from typing import Any
 
 import pytest
+from fault_figures import FIGURES, seconds_since
 from kube import EmulatedCluster
 from kube.faults import FailCalls, WatchError, WatchGap
 from kube.fixtures import Benchmarks, api_client, benchmark, install_crds, wait_for
 from kube.training import TrainingOperator
 from test_operator_process import OperatorProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(180)]
 
 JOBS = r"/pytorchjobs$"
 KOPF = ("kopf/",)
@@ -72,8 +73,10 @@ def test_one_watch_error_neither_ends_the_operator_nor_delays_the_next_run(env, 
         wait_for(lambda: placed.hits, 10, what="the fault met")
         trainer.start(job)
         trainer.succeed(job, 100.0)
+        finished = time.monotonic()
         second = wait_for(lambda: len(jobs := trainer.jobs(name)) == 2 and jobs[1], 15,
                           what=f"the next run's job, through the watch retried ({operator.log})")
+        next_job = seconds_since(finished)
     time.sleep(6)  # kopf ended the process about 5 s after the error
     assert operator.proc.poll() is None, operator.log.read_text()[-3000:]
     trainer.start(second)
@@ -81,6 +84,8 @@ def test_one_watch_error_neither_ends_the_operator_nor_delays_the_next_run(env, 
     wait_for(lambda: benchmarks.status(name).get("phase") == "Succeeded", 15, what="Succeeded")
     assert "the PyTorchJob watch failed (1 in a row since" in operator.log.read_text()
     assert not condition(benchmarks.status(name), "ApiFailing"), "a blip is not said on the benchmark"
+    FIGURES[f"watch-error-{fault}"] = {"injected": placed.hits, "operator_alive_after_seconds": 6,
+                                       "next_job_after_seconds": next_job, "runs_lost": 0}
 
 
 def test_a_watch_that_keeps_failing_is_said_on_the_benchmark_and_the_sweep_goes_on_meanwhile(env):
@@ -93,10 +98,12 @@ def test_a_watch_that_keeps_failing_is_said_on_the_benchmark_and_the_sweep_goes_
     with FailCalls(404, times=10**6, method="GET", path=JOBS, agents=KOPF).install(cluster) as placed:
         cut_watches(cluster)
         wait_for(lambda: placed.hits, 10, what="the fault met")
+        began = time.monotonic()
         trainer.start(job)
         trainer.succeed(job, 100.0)
         failing = wait_for(lambda: condition(benchmarks.status(name), "ApiFailing").get("status") == "True"
                            and condition(benchmarks.status(name), "ApiFailing"), 30, what="ApiFailing=True")
+        said_after = seconds_since(began)
         assert failing["reason"] == "WatchFailing"
         assert "the operator's watch of PyTorchJob" in failing["message"], failing
         assert "404" in failing["message"] and "since 20" in failing["message"], failing
@@ -104,9 +111,13 @@ def test_a_watch_that_keeps_failing_is_said_on_the_benchmark_and_the_sweep_goes_
                           what="the next job, from the step the failure woke (no job event came)")
         events = [e for e in benchmarks.events(name) if e.get("type") == "Warning"]
         assert sum("watch of PyTorchJob" in e.get("message", "") for e in events) == 1, events
+        released, failures = time.monotonic(), placed.hits
     answering = wait_for(lambda: condition(benchmarks.status(name), "ApiFailing").get("status") == "False"
                          and condition(benchmarks.status(name), "ApiFailing"), 45, what="ApiFailing=False")
     assert answering["reason"] == "ApiAnswering"
+    FIGURES["watch-failing-lasting"] = {"failed_watch_calls": failures, "condition_true_after_seconds": said_after,
+                                        "condition_false_after_seconds": seconds_since(released),
+                                        "warning_events": 1, "runs_lost": 0}
     assert operator.proc.poll() is None, operator.log.read_text()[-3000:]
     trainer.start(second)
     trainer.succeed(second, 110.0)
@@ -128,7 +139,10 @@ def test_a_job_that_finishes_in_a_watch_gap_is_seen_at_the_listing_after_it_not_
         trainer.succeed(job, 100.0)
         finished = time.monotonic()
         wait_for(lambda: len(trainer.jobs(name)) == 2, 10, what="the next job, at the listing after the gap")
-    assert time.monotonic() - finished < 10
+        next_job = seconds_since(finished)
+    assert next_job < 10
+    FIGURES["watch-gap-job-finished"] = {"injected": gap.hits, "next_job_after_seconds": next_job,
+                                         "poll_seconds": 30}
 
 
 def test_a_410_storm_is_listed_again_with_a_backoff_not_hundreds_of_times(env):
@@ -151,6 +165,7 @@ def test_a_410_storm_is_listed_again_with_a_backoff_not_hundreds_of_times(env):
     relisted = listings() - before
     assert storm.hits >= 3, "the storm was met"
     assert relisted <= 25, f"{relisted} listings in 8 s"
+    FIGURES["watch-410-storm"] = {"gone": storm.hits, "listings": relisted, "seconds": 8}
     trainer.start(job)
     trainer.succeed(job, 100.0)
     wait_for(lambda: len(trainer.jobs(name)) == 2, 15, what="the next job, after the storm")
@@ -168,9 +183,11 @@ def test_a_kubeflow_crd_removed_mid_sweep_fails_its_runs_and_the_operator_lives_
     cluster, benchmarks, trainer, operator = env
     name = "crd-removed"
     first_job(benchmarks, trainer, name)
+    removed = time.monotonic()
     remove_crd(cluster, "pytorchjobs.kubeflow.org")
     status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "Failed" and s, 30,
                       what=f"the sweep Failed, its runs saying why ({operator.log})")
+    failed_after = seconds_since(removed)
     assert all("pytorchjobs.kubeflow.org" in r.get("reason", "") for r in status["runs"]), status["runs"]
     time.sleep(6)
     assert operator.proc.poll() is None, operator.log.read_text()[-3000:]
@@ -180,3 +197,4 @@ def test_a_kubeflow_crd_removed_mid_sweep_fails_its_runs_and_the_operator_lives_
     trainer.succeed(job, 100.0)
     wait_for(lambda: len(trainer.jobs("crd-again")) == 2, 15, what="the next job, through the watch")
     assert operator.proc.poll() is None
+    FIGURES["crd-removed"] = {"injected": 1, "sweep_failed_after_seconds": failed_after, "operator_exits": 0}

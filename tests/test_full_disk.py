@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import narrowed
+from fault_figures import FIGURES
 
 from gpt2bench.files import DiskFull, describe_disk, disk_full, write_atomic
 from gpt2bench.local.replicas import free_port
@@ -123,6 +124,8 @@ def test_a_disk_that_fills_mid_sweep_is_named_and_resume_goes_on_from_the_last_f
     assert [run["phase"] for run in doc["runs"]] == ["Succeeded", "Succeeded"], doc["runs"]
     assert doc["runs"][0]["startTime"] == first["startTime"], "the finished run kept, not run again"
     assert not (out / ".gpt2bench-reserve").exists()
+    FIGURES["full-disk-mid-sweep"] = {"exit_code": 3, "runs_kept": 1, "runs_interrupted": 1, "report_exit_code": 3,
+                                      "resume_ran": 1, "runs_lost": 0}
 
 
 def test_a_full_disk_at_the_report_step_exits_3_saying_so_with_every_run_kept(tmp_path, monkeypatch, capsys):
