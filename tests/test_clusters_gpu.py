@@ -71,3 +71,25 @@ def test_the_roce_fragment_attaches_its_secondary_network_as_the_infiniband_one_
             for role, pod in pods_of(job).items():
                 annotations = pod["metadata"].get("annotations") or {}
                 assert (annotations.get("k8s.v1.cni.cncf.io/networks") == "rdma-net-ipam") == trains(job, role), role
+
+
+def test_the_documented_memlock_node_fix_is_a_valid_daemonset_on_the_gpu_pools():
+    """docs/clusters.md's DaemonSet for nodes that cannot be configured before they join (AKS): valid against
+    Kubernetes' schema, on the tainted GPU pools, writing the limit the start-up check names (memlock.NODE_FIX)."""
+    import re as regex
+
+    from test_clusters import DOC
+
+    from gpt2bench.trainer.memlock import NODE_FIX
+
+    (text,) = regex.findall(r"<!-- node-fix: containerd-memlock -->\s*```yaml\n(.*?)```", DOC, regex.S)
+    daemonset = yaml.safe_load(text)
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate.validate(daemonset, "1.30.0", strict=True)
+    pod = daemonset["spec"]["template"]["spec"]
+    assert tolerates(pod, AKS_GPU_TAINT) and tolerates(pod, {"key": "nvidia.com/gpu", "value": "present",
+                                                               "effect": "NoSchedule"})
+    script = pod["containers"][0]["command"][-1]
+    assert "LimitMEMLOCK=infinity" in NODE_FIX and "LimitMEMLOCK=infinity" in script
+    assert "containerd.service.d" in script and "systemctl restart containerd" in script
+    assert "Pinned memory" in NODE_FIX  # the check's reason points at the section that holds this fix
