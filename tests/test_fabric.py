@@ -92,9 +92,14 @@ def test_a_rank_reports_its_node_and_its_log(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT2BENCH_NODE_NAME", "gpu-node-7")
     log = tmp_path / "rank0.log"
     log.write_text(IB_INIT + GDR_CHANNEL)
-    assert rank_payload(log, uses_nccl=True) == {"node_name": "gpu-node-7", "transport": "NET/IB",
-                                                 "nccl_network": "IB", "crossed_nodes": True,
-                                                 "gpudirect_rdma": True, "ofi_provider": None}
+    payload = rank_payload(log, uses_nccl=True)
+    assert payload == {"node_name": "gpu-node-7", "transport": "NET/IB", "nccl_network": "IB", "crossed_nodes": True,
+                       "gpudirect_rdma": True, "ofi_provider": None, "nccl_version": payload["nccl_version"],
+                       "nccl_causes": payload["nccl_causes"], "dmabuf": False,
+                       "nccl_library": None,  # this test process loaded no NCCL
+                       "peermem": payload["peermem"]}  # this machine's /sys/module
+    assert payload["nccl_causes"] == [line.split("NCCL INFO ")[1] for line in IB_INIT.splitlines()
+                                      if "No plugin found" in line]  # NCCL's words that its net plugin did not load
     assert rank_payload(None, uses_nccl=False) == {"node_name": "gpu-node-7"}  # gloo: nothing to read
     assert "no NCCL log" in rank_payload(tmp_path / "missing.log", uses_nccl=True)["transport_reason"]
     monkeypatch.setenv("GPT2BENCH_NODE_NAME", "$(GPT2BENCH_NODE_NAME)")  # a runtime that did not set it

@@ -172,8 +172,12 @@ def test_gang_scheduling_needs_a_runtime_that_gang_schedules(cluster, client, be
         assert run["reason"].startswith("spec.scheduling.gang: runtime gpt2bench-"), run
         assert "has no podGroupPolicy" in run["reason"] and "trainerRuntimes.podGroupPolicy" in run["reason"]
     assert trainjobs(client, "tv2gang") == []
-    policy = json.dumps({"spec": {"podGroupPolicy": {"coscheduling": {"scheduleTimeoutSeconds": 60}}}})
-    for runtime in ("gpt2bench-torch", "gpt2bench-mpi"):
+    from gpt2bench.render.runtimes import project_runtimes
+
+    gang = project_runtimes(pod_group_policy={"coscheduling": {"scheduleTimeoutSeconds": 60}})
+    for runtime in ("gpt2bench-torch", "gpt2bench-mpi"):  # a podGroupPolicy and the gang's schedulerName
+        policy = json.dumps({"spec": {"podGroupPolicy": gang[runtime]["spec"]["podGroupPolicy"],
+                                      "template": gang[runtime]["spec"]["template"]}})
         cluster.kubectl("patch", "clustertrainingruntime", runtime, "--type", "merge", "-p", policy)
     try:
         benchmarks.create(benchmark("tv2gang2", [{"name": "ddp"}], scheduling={"gang": True},
