@@ -172,6 +172,31 @@ def test_a_410_storm_is_listed_again_with_a_backoff_not_hundreds_of_times(env):
     assert operator.proc.poll() is None
 
 
+def test_a_watch_error_that_follows_every_listing_is_retried_with_a_growing_backoff(env):
+    """The listing works but every watch after it gets the 504 (a watch cache that stays behind): the streak goes
+    on across the listings, so the re-lists slow down (0.5, 1, 2, 4 s ...) instead of coming every 0.5 s."""
+    cluster, benchmarks, trainer, operator = env
+    name = "watch-behind"
+    job = first_job(benchmarks, trainer, name)
+
+    def listings() -> int:
+        return cluster.call(lambda emulator: sum(
+            1 for r in list(emulator._requests) if r.headers.get("User-Agent", "").startswith(KOPF)
+            and r.resource is not None and r.resource.plural == "pytorchjobs" and r.params.get("watch") != "true"))
+
+    before = listings()
+    with WatchError(504, times=10**6, path=JOBS).install(cluster) as fault:
+        cut_watches(cluster)
+        time.sleep(8)
+    relisted = listings() - before
+    assert fault.hits >= 3 and relisted <= 6, f"{relisted} listings, {fault.hits} watch errors in 8 s"
+    FIGURES["watch-error-after-every-listing"] = {"watch_errors": fault.hits, "listings": relisted, "seconds": 8}
+    trainer.start(job)
+    trainer.succeed(job, 100.0)
+    wait_for(lambda: len(trainer.jobs(name)) == 2, 40, what="the next job, once the watch works")
+    assert operator.proc.poll() is None
+
+
 def test_a_kubeflow_crd_removed_mid_sweep_fails_its_runs_and_the_operator_lives_on(env):
     """The PyTorchJob CRD deleted while its run's job exists (its objects go with it, then its watch is 404
     and kopf's observer drops the kind): the operator exited 1 in 1 run of 4 (the watch met the 404 before the

@@ -122,7 +122,7 @@ async def start_poll(unfinished: kopf.Index, settings: kopf.OperatorSettings, **
     global _poll, _poll_task
     _poll = poll.Poll(unfinished, POLL_SECONDS, sweep.advance, settings)
     watchguard.WATCHES.reset()
-    watchguard.WATCHES.on_relisted = lambda _key: _poll.wake()  # a job event lost in a watch gap: step now
+    watchguard.WATCHES.on_relisted = _poll.relisted  # a job event lost in a watch gap: step now
     watchguard.WATCHES.on_failing = _poll.watch_failed
     _poll_task = asyncio.get_running_loop().create_task(_poll.run(), name="gpt2bench-poll")
 

@@ -117,6 +117,13 @@ class Poll:
         if self._wake is not None:
             self._wake.set()
 
+    def relisted(self, _key: str = "") -> None:
+        """A watch listed again after a gap, or works again (on the event loop): step every sweep now, and once more
+        when a failing watch that listed counts as working again (watchguard.QUICK_GAP), to say so."""
+        self.wake()
+        if any(f.listed_at is not None for f in watchguard.WATCHES.failing()):
+            asyncio.get_running_loop().call_later(watchguard.QUICK_GAP + 0.5, self.wake)
+
     def watch_failed(self, _key: str = "") -> None:
         """A watch failed again: once a failure lasts, poll now, so that it is said without waiting a poll."""
         now = time.monotonic()

@@ -50,6 +50,7 @@ class Failure:
     count: int
     error: str
     backoff: float
+    listed_at: float | None = None  # monotonic: a listing came through since
 
 
 class Watches:
@@ -71,15 +72,24 @@ class Watches:
             self._gaps.clear()
 
     def failing(self) -> list[Failure]:
+        """The watches failing now (one that listed QUICK_GAP s ago and has not failed since works again)."""
+        now = time.monotonic()
         with self._lock:
+            over = [k for k, f in self._failing.items() if f.listed_at is not None and now - f.listed_at >= QUICK_GAP]
+            for key in over:
+                self._failing.pop(key)
             return list(self._failing.values())
 
     def failed(self, key: str, what: str, error: str) -> float:
-        """A watch failed: the backoff to wait before it is tried again."""
+        """A watch failed: the backoff to wait before it is tried again. A failure soon after a listing that worked
+        (no event yet, under QUICK_GAP s: a watch cache still behind) continues the streak, so its backoff grows."""
+        now = time.monotonic()
         with self._lock:
             old = self._failing.get(key)
+            if old is not None and old.listed_at is not None and now - old.listed_at >= QUICK_GAP:
+                old = None  # it worked for a while: a new streak
             backoff = FIRST_BACKOFF if old is None else min(MAX_BACKOFF, old.backoff * 2)
-            self._failing[key] = Failure(what, old.since if old else _now(), old.started if old else time.monotonic(),
+            self._failing[key] = Failure(what, old.since if old else _now(), old.started if old else now,
                                          (old.count if old else 0) + 1, error, backoff)
         level = logging.WARNING if old is None else logging.INFO  # one warning a streak: no Event per retry
         log.log(level, "the %s watch failed (%d in a row since %s): %s; listed and watched again in %g s", what,
@@ -95,18 +105,29 @@ class Watches:
             self._listed.discard(key)
 
     def listed(self, key: str, what: str) -> None:
-        """A listing came through: the watch works (again). After a gap, `on_relisted`."""
+        """A listing came through. After a gap, `on_relisted`. A failing watch is over once an event comes
+        (`working`) or QUICK_GAP s pass without another failure (`failing`)."""
+        now = time.monotonic()
         with self._lock:
-            old = self._failing.pop(key, None)
+            old = self._failing.get(key)
+            if old is not None:
+                old.listed_at = now
             gap = key in self._listed
             self._listed.add(key)
             quick, _ = self._gaps.get(key, (0, 0.0))
-            self._gaps[key] = (quick, time.monotonic())
-        if old is not None:
-            log.warning("the %s watch works again, after %d failures since %s (last: %s)", what, old.count,
-                        old.since, old.error)
+            self._gaps[key] = (quick, now)
         if gap and self.on_relisted is not None:
             self.on_relisted(key)
+
+    def working(self, key: str) -> None:
+        """An event came through the watch: it works."""
+        with self._lock:
+            old = self._failing.pop(key, None)
+        if old is not None:
+            log.warning("the %s watch works again, after %d failures since %s (last: %s)", old.what, old.count,
+                        old.since, old.error)
+            if self.on_relisted is not None:
+                self.on_relisted(key)
 
     def ended(self, key: str) -> float:
         """A stream ended for a new listing (a 410): the pause before it, growing while such gaps come quickly."""
@@ -162,9 +183,14 @@ def install(watches: Watches = WATCHES) -> bool:
         stream = original(settings=settings, resource=resource, namespace=namespace,
                           operator_pause_waiter=operator_pause_waiter)
         try:
+            listed = False
             async for event in stream:
                 if event is listed_mark:
                     watches.listed(key, what)
+                    listed = True
+                elif listed and isinstance(event, dict) and event.get("type") is not None:
+                    watches.working(key)  # cheap when nothing fails
+                    listed = False
                 yield event
         except unauthorized:
             raise  # kopf's login handles it
