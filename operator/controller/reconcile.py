@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpt2bench import collect, diagnosis
+from gpt2bench import collect, diagnosis, sweepcore
 from gpt2bench import jobkinds as kinds
 from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run, seed_for
@@ -416,9 +416,8 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
               spec: GPT2BenchmarkSpec | None = None) -> BenchmarkStatus:
     """The status fields these runs decide: counts, best, overall phase, conditions, completionTime, and,
     once every run is done, the analysis (recommendations, scaling, findings; `spec` gives the prices)."""
-    done = sum(r.phase in TERMINAL_RUN_PHASES for r in runs)
-    succeeded = sum(r.phase == SUCCEEDED for r in runs)
-    phase = overall_phase(runs)
+    tally = sweepcore.tally(runs, rounds=False)
+    done, succeeded, phase = tally.done, tally.succeeded, tally.phase
     active = [r.name for r in runs if r.phase == RUNNING]
     queued = [r.name for r in runs if r.phase == QUEUED]
     if phase == RUNNING:
@@ -427,19 +426,18 @@ def summarize(status: BenchmarkStatus, runs: list[RunStatus], now: str,
         held = sum(1 for r in runs if holds.held(r))
         message += f"; {held} held (condition {holds.RUNS_HELD})" if held else ""
     else:
-        skipped = sum(r.phase == SKIPPED for r in runs)
-        message = f"{succeeded}/{len(runs)} runs succeeded" + (f", {skipped} skipped" if skipped else "")
+        message = f"{succeeded}/{len(runs)} runs succeeded" + (f", {tally.skipped} skipped" if tally.skipped else "")
     generation = status.observed_generation
     return BenchmarkStatus(
         phase=phase,
         message=message,
         runs=runs,
-        runs_total=len(runs),
+        runs_total=tally.total,
         runs_done=done,
         runs_succeeded=succeeded,
-        runs_failed=sum(r.phase == FAILED for r in runs),
-        runs_skipped=sum(r.phase == SKIPPED for r in runs),
-        best=best_run(runs),
+        runs_failed=tally.failed,
+        runs_skipped=tally.skipped,
+        best=tally.best,
         waiting=waiting_message(runs),
         analysis=None if phase == RUNNING else _analyze(runs, spec),
         conditions=held_condition(sweep_conditions(status.conditions or [], phase, message, runs, generation, now),

@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from gpt2bench import __version__, collect
+from gpt2bench import __version__, collect, sweepcore
 from gpt2bench import jobkinds as kinds
 from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run, configuration_of, plan_runs, stopped_configurations
@@ -571,24 +571,21 @@ def _to_start(current: dict[str, RunStatus], present: dict[str, dict], concurren
 
 def _add_round(benchmark: Benchmark, status: BenchmarkStatus, current: list[RunStatus],
                runs: list[Run], now: str) -> tuple[list[RunStatus], list[Run], tuple, str | None]:
-    """Repeat until decided (sweep.maxRepeats): once every planned run has finished, one more whole round while a
-    scale's fastest decision is unresolved and the budget allows (report.sequential, the local runner's rule), as
-    Pending entries; else why the sweep stops. The rule reads only the stored runs and times, so a restarted
-    operator continues it. Returns the entries, the runs planned, (rounds planned, rounds done, stop reason,
-    configurations still racing, configurations the race dropped so far) and, when a round was added, why (its
-    entries must be written before any of its jobs exists, and its Event posted after that write)."""
-    rounds = (status.rounds_planned, status.rounds_done, status.stop_reason, status.racing, status.dropped)
-    if benchmark.spec.sweep.max_repeats is None or any(e.phase not in rc.TERMINAL_RUN_PHASES for e in current):
-        return current, runs, rounds, None
-    from gpt2bench.report.sequential import next_round, race_stops
+    """Repeat until decided (sweep.maxRepeats), as sweepcore.add_round answers: one more round as Pending entries,
+    or why the sweep stops. The rule reads only the stored runs and times, so a restarted operator continues it.
+    Returns the entries, the runs planned, (rounds planned, rounds done, stop reason, configurations still racing,
+    configurations the race dropped so far) and, when a round was added, why (its entries must be written before
+    any of its jobs exists, and its Event posted after that write)."""
+    before = sweepcore.Rounds(status.rounds_planned, status.rounds_done, status.stop_reason, status.racing,
+                              status.dropped)
+    step = sweepcore.add_round(benchmark, current, before, status.start_time, rc.parse_rfc3339(now))
+    if step is None:
+        return current, runs, _rounds(before), None
+    return current + step.entries, runs + step.runs, _rounds(step.rounds), step.added
 
-    step = next_round(current, rc.camel(benchmark.spec), status.start_time, rc.parse_rfc3339(now))
-    if not step.add:
-        return current, runs, (status.rounds_planned, step.rounds_done, step.reason, 0, step.dropped or None), None
-    planned = (status.rounds_planned or 0) + 1
-    runs = plan_runs(benchmark, rounds=planned, stopped=race_stops(current, step.racing, planned))
-    added = [collect.run_entry(run, phase=rc.PENDING) for run in runs if run.repeat == planned]
-    return current + added, runs, (planned, step.rounds_done, None, len(step.racing), step.dropped or None), step.reason
+
+def _rounds(rounds: sweepcore.Rounds) -> tuple:
+    return rounds.planned, rounds.done, rounds.stop_reason, rounds.racing, rounds.dropped
 
 
 def _again(namespace: str, name: str) -> None:
