@@ -81,3 +81,18 @@ def test_resume_of_a_results_file_of_another_shape_names_the_field_not_pydantics
     assert "is not a results document: runs.0" in err and "phase" in err, err
     assert "--overwrite starts again" in err
     assert "validation error" not in err and "errors.pydantic.dev" not in err, err
+
+
+def test_the_api_condition_says_a_failure_once_it_lasts_and_only_of_the_kinds_a_sweep_uses():
+    from gpt2bench.controller.poll import LASTING_SECONDS, Streak, api_condition
+    from gpt2bench.controller.watchguard import Failure
+
+    mpi = Failure("MPIJob", "2026-11-29T01:00:00Z", 100.0, 3, "504 Timeout: Too large resource version", 2.0)
+    assert api_condition(None, [mpi], 30, 100.0 + LASTING_SECONDS - 1, ["PyTorchJob"]) is None, "a blip"
+    assert api_condition(None, [mpi], 30, 200.0, ["PyTorchJob"]) is None, "not a kind this sweep uses"
+    status, reason, message = api_condition(None, [mpi], 30, 200.0, ["MPIJob"])
+    assert (status, reason) == ("True", "WatchFailing")
+    assert message.startswith("since 2026-11-29T01:00:00Z the API server fails the operator's watch of MPIJob "
+                              "(last: 504 Timeout: Too large resource version)")
+    steps = Streak("2026-11-29T01:02:00Z", 150.0, "500 Internal Server Error: etcdserver: leader changed")
+    assert api_condition(steps, [mpi], 30, 170.0, ["MPIJob"])[1] == "RequestsFailing", "a sweep's own steps first"

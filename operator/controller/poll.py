@@ -110,6 +110,7 @@ class Poll:
         self.context: contextvars.Context | None = None
         self.streaks: dict[Key, Streak] = {}  # the benchmarks whose steps fail
         self.said: dict[Key, tuple[str, str, str]] = {}  # the ApiFailing condition this operator last wrote
+        self.refs: dict[Key, dict[str, Any]] = {}  # the reference of each benchmark it wrote it on
         self._wake: asyncio.Event | None = None
 
     def wake(self) -> None:
@@ -152,6 +153,12 @@ class Poll:
                 self.busy.pop(key, None)  # finished or deleted: forgotten once its poll is done
             if self.context is None:
                 continue  # no handler has run yet: nothing indexed either
+            for key in [k for k in self.said if k not in keys]:  # finished (by a job event) or deleted
+                said, ref = self.said.pop(key), self.refs.pop(key, None)
+                self.streaks.pop(key, None)
+                if said[0] == "True" and ref is not None:  # its last word on the API is not left saying failing
+                    loop.run_in_executor(self.settings.execution.executor, self.context.copy().run, self.say, key,
+                                         ref, kopf.ObjectLogger(body=kopf.Body(ref), settings=self.settings), True)
             for key in keys:
                 if (key in self.busy and not self.busy[key].done()) or self.not_before.get(key, 0.0) > now:
                     continue
@@ -182,14 +189,14 @@ class Poll:
             self.streaks.pop(key, None)
         self.say(key, ref, logger)
 
-    def say(self, key: Key, ref: dict[str, Any], logger: Any) -> None:
+    def say(self, key: Key, ref: dict[str, Any], logger: Any, final: bool = False) -> None:
         """Write `ApiFailing` on the benchmark when what it says changes (read fresh, written conditional on the
         version read: a step's write is never undone). A write that fails is tried at the next poll."""
-        wanted = api_condition(self.streaks.get(key), watchguard.WATCHES.failing(), self.interval,
-                               time.monotonic(), ref.get("jobKinds") or [])
+        wanted = None if final else api_condition(self.streaks.get(key), watchguard.WATCHES.failing(),
+                                                  self.interval, time.monotonic(), ref.get("jobKinds") or [])
         said = self.said.get(key)
         if wanted is None:
-            if not (said and said[0] == "True") and ref.get("apiFailing") != "True":
+            if not final and not (said and said[0] == "True") and ref.get("apiFailing") != "True":
                 return
             wanted = ("False", "ApiAnswering", f"the API server answers this sweep's steps and watches again "
                                                 f"(since {_now()})")
@@ -204,16 +211,16 @@ class Poll:
                 return  # deleted, or not started: its message says why it waits
             stored = fresh["status"]
             old = next((c for c in stored.get("conditions") or [] if c.get("type") == API_FAILING), None)
-            if old and (old.get("status"), old.get("reason"), old.get("message")) == wanted or (
-                    wanted[0] == "False" and old is None):
-                self.said[key] = wanted
+            told = None if old is None else (old.get("status"), old.get("reason"), old.get("message"))
+            if told == wanted or (wanted[0] == "False" and (told is None or told[:2] == wanted[:2])):
+                self.said[key], self.refs[key] = wanted, ref
                 return
             conditions = BenchmarkStatus.read({"conditions": stored.get("conditions") or []}).conditions or []
             new = rc.condition(API_FAILING, wanted[0], wanted[1], wanted[2], _now(),
                                (fresh.get("metadata") or {}).get("generation"))
             kube.patch_status(namespace, name, {"conditions": [c.dump() for c in rc.set_condition(conditions, new)]},
                               (fresh.get("metadata") or {}).get("resourceVersion"))
-            self.said[key] = wanted
+            self.said[key], self.refs[key] = wanted, ref
             if wanted[0] == "True":
                 logger.warning("%s", wanted[2])
         except Exception as exc:  # the API is failing, after all: the next poll tries again
