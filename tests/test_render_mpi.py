@@ -4,6 +4,8 @@ fabric's extra interfaces (GKE's ten), and MPI_Init bounded like Horovod's other
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,3 +99,32 @@ def test_mpi_init_that_never_completes_ends_the_rank_within_the_timeout(tmp_path
     assert started.returncode == 1, started.stderr
     assert "setup returned" not in started.stdout
     assert "horovod: MPI_Init (hvd.init) waited more than 2 s (--timeout-seconds)" in started.stderr
+
+
+HOROVOD_ALLREDUCE = ("import horovod.torch as hvd, torch; hvd.init(); "
+                     "print('allreduce', hvd.rank(), hvd.allreduce(torch.ones(2) * (hvd.rank() + 1)).tolist())")
+
+
+@pytest.mark.slow  # two real MPI ranks per transport
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+@pytest.mark.parametrize("devices", [0, 4])
+def test_the_pinned_transport_runs_horovod_over_real_open_mpi(devices, tmp_path):
+    """The rendered mpirun's own options, as the launcher passes them, start two Horovod ranks that init and
+    all-reduce over Open MPI (its MPI controller), with the GPU runs' btl (tcp,self) and the CPU runs' alike."""
+    horovod_torch = pytest.importorskip("horovod.torch")
+    if not horovod_torch.mpi_built():
+        pytest.skip("Horovod built without MPI")
+    from gpt2bench.plan import plan_runs
+    from gpt2bench.render.mpijob import mpirun_command
+
+    (run,) = plan_runs(horovod(devices))
+    command = mpirun_command(run)
+    options = command[command.index("mpirun") + 1:command.index("gpt2bench", 1)]
+    options[options.index("-np") + 1] = "2"
+    local = ["--oversubscribe", *(["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])]
+    done = subprocess.run(["mpirun", *local, *options, sys.executable, "-c", HOROVOD_ALLREDUCE], capture_output=True,
+                          text=True, timeout=240, check=False, cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the two ranks' lines may interleave on mpirun's stdout
+    assert sorted(re.findall(r"allreduce \d \[[\d., ]+\]", done.stdout)) == [
+        "allreduce 0 [1.5, 1.5]", "allreduce 1 [1.5, 1.5]"], done.stdout
