@@ -161,13 +161,15 @@ def test_the_run_length_settles_where_doubling_stays_inside_the_interval():
 def test_the_round_benchmarks_run_exactly_their_own_rounds():
     """bench_horovod_cpu and bench_run_length add the rounds themselves: the example they start from must not add
     its own (the CPU example's maxRepeats did: runs of the base configurations appeared between the variants')."""
-    from gpt2bench.local.sweep import add_round
+    from datetime import datetime, timezone
+
+    from gpt2bench import sweepcore
 
     rounds = load("rounds")
     benchmark, runs = rounds.example(("ddp", "horovod"), steps=6)
     assert benchmark.spec.sweep.max_repeats is None and benchmark.spec.sweep.budget is None
     assert [r.strategy.name for r in runs] == ["ddp", "horovod"]  # one round
-    assert add_round(argparse.Namespace(benchmark=benchmark, runs=runs), render=None) == []
+    assert sweepcore.add_round(benchmark, [], sweepcore.Rounds(planned=1), None, datetime.now(timezone.utc)) is None
 
 
 def _startup_record(overhead: float, job: float, loss: float | None = 3.5, tps: float = 1000.0) -> dict:
