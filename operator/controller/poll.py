@@ -112,6 +112,7 @@ class Poll:
         self.said: dict[Key, tuple[str, str, str]] = {}  # the ApiFailing condition this operator last wrote
         self.refs: dict[Key, dict[str, Any]] = {}  # the reference of each benchmark it wrote it on
         self._wake: asyncio.Event | None = None
+        self.stopped = False  # the operator stops: a poll still in a worker thread says nothing (kopf's loop is gone)
 
     def wake(self) -> None:
         """Poll now (on the event loop): after a watch gap, or a watch failure that now lasts."""
@@ -139,6 +140,12 @@ class Poll:
             self.context = contextvars.copy_context()
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.stopped = True
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         while True:
@@ -175,6 +182,8 @@ class Poll:
             with metrics.counting_errors(namespace):
                 self.advance(namespace, name, logger)
         except Exception as exc:  # tried again at the next poll (kopf's timer retried likewise)
+            if self.stopped:  # the API server went with the operator: nothing to post, nobody to tell
+                return
             wait = apiclient.retry_after_of(exc) or 0.0
             self.not_before[key] = time.monotonic() + wait
             error = error_text(exc)
