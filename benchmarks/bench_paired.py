@@ -35,7 +35,6 @@ def compare(doc: ResultsDocument) -> list[tuple[str, str, Contrast | None, Contr
     configs = configurations(doc.runs)
     samples = {c.name: c.sample(tokens_per_second) for c in configs}
     paired_model = estimate(samples.values())
-    unpaired_model = estimate(dataclasses.replace(s, rounds=()) for s in samples.values())
     shares = {p.name: p.round_share for p in (paired_model.paired.pools if paired_model.paired else [])}
     found = []
     for scale in scales(configs):
@@ -47,9 +46,9 @@ def compare(doc: ResultsDocument) -> list[tuple[str, str, Contrast | None, Contr
             if config is top:
                 continue
             pair = ([samples[config.name]], [samples[top.name]])
-            found.append((scale.label, config.name, ratio(*pair, paired_model),
+            found.append((scale.label, config.name, ratio(*pair),
                           ratio([dataclasses.replace(samples[config.name], rounds=())],
-                                [dataclasses.replace(samples[top.name], rounds=())], unpaired_model),
+                                [dataclasses.replace(samples[top.name], rounds=())]),
                           shares.get(scale.label)))
     return found
 
