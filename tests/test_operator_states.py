@@ -418,23 +418,23 @@ def test_an_edit_of_a_started_sweep_is_ignored_once_though_a_call_fails(cluster,
 def pinned_benchmark(spec_changes: dict | None = None, pinned_by: str = "9.9.0") -> dict:
     """A started sweep as stored: its pinned spec (with `spec_changes`, as a later version may pin it), the
     version that pinned it, and status as initial_status writes it."""
+    from gpt2bench.controller import pinning
     from gpt2bench.controller import reconcile as rc
-    from gpt2bench.controller import sweep
     from gpt2bench.plan import plan_runs
 
     body = benchmark("held", [{"name": "single"}, {"name": "ddp"}], backend="pytorchjob")
     body["metadata"].update(namespace="default", uid="u-1", generation=1)
-    runs = plan_runs(sweep.benchmark_of(body, body["spec"]))
+    runs = plan_runs(pinning.benchmark_of(body, body["spec"]))
     body["status"] = rc.initial_status(runs, 1, rc.now_rfc3339()).dump()
-    body["metadata"]["annotations"] = {sweep.SWEEP_SPEC_ANNOTATION: json.dumps({**body["spec"], **(spec_changes or {})}),
-                                       sweep.SWEEP_SPEC_VERSION_ANNOTATION: pinned_by}
+    body["metadata"]["annotations"] = {pinning.SWEEP_SPEC_ANNOTATION: json.dumps({**body["spec"], **(spec_changes or {})}),
+                                       pinning.SWEEP_SPEC_VERSION_ANNOTATION: pinned_by}
     return body
 
 
 def test_a_pinned_state_this_version_reads_is_read_as_pinned():
-    from gpt2bench.controller import sweep
+    from gpt2bench.controller import pinning
 
-    status, bench, runs = sweep._pinned(pinned_benchmark())
+    status, bench, runs = pinning.pinned(pinned_benchmark())
     assert [r.name for r in runs] == [r.name for r in status.runs] == ["held-single-fp32-1x1", "held-ddp-fp32-1x2"]
     assert bench.spec.backend == "pytorchjob"
 
@@ -448,7 +448,7 @@ def test_a_pinned_state_this_version_reads_is_read_as_pinned():
 ], ids=["field", "value", "run-phase", "plan", "json"])
 def test_a_pinned_state_this_version_cannot_read_is_unreadable_naming_what_and_who_pinned_it(change, said):
     from gpt2bench import __version__
-    from gpt2bench.controller import sweep
+    from gpt2bench.controller import pinning
 
     body = pinned_benchmark(change.get("spec"))
     if change.get("status") == "Preempted":
@@ -456,9 +456,9 @@ def test_a_pinned_state_this_version_cannot_read_is_unreadable_naming_what_and_w
     if change.get("status") == "renamed":
         body["status"]["runs"][1]["name"] = "held-ddp-fp32-1x2-v2"
     if "annotation" in change:
-        body["metadata"]["annotations"][sweep.SWEEP_SPEC_ANNOTATION] = change["annotation"]
-    with pytest.raises(sweep.Unreadable) as unreadable:
-        sweep._pinned(body)
+        body["metadata"]["annotations"][pinning.SWEEP_SPEC_ANNOTATION] = change["annotation"]
+    with pytest.raises(pinning.Unreadable) as unreadable:
+        pinning.pinned(body)
     text = str(unreadable.value)
     assert said in text and "pinned by operator 9.9.0" in text and f"this operator ({__version__})" in text
     assert "delete the GPT2Benchmark" in text

@@ -27,7 +27,7 @@ import kopf
 from gpt2bench.protocol import MANAGED_BY, MANAGED_BY_LABEL
 from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
 
-from . import apiclient, kube, liveness, metrics, poll, prerequisites, recovery, sweep, watchguard
+from . import apiclient, create, kube, liveness, metrics, poll, prerequisites, recovery, sweep, watchguard
 from . import reconcile as rc
 from .jobkinds import JOB_KINDS
 
@@ -160,7 +160,7 @@ def _job_event_matters(type: str | None, body: kopf.Body, **_: Any) -> bool:
 
 
 def job_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    owner = sweep.owner_of(body)
+    owner = create.owner_of(body)
     if owner is not None:
         namespace = body.metadata.namespace or "default"
         with _handling(namespace):

@@ -25,7 +25,7 @@ from gpt2bench.status import BenchmarkStatus
 
 from . import kube
 from . import reconcile as rc
-from .sweep import run_events, sweep_event
+from .events import run_events, sweep_event
 
 # kube-apiserver's default --event-ttl: an Event older than this is deleted by the API server.
 EVENT_TTL_SECONDS = 3600
