@@ -29,6 +29,8 @@ TAINT = ("not started within runPolicy.startupSeconds (600 s): pod b-ddp-1x8g-ma
 RBAC = ('the API server refused PyTorchJob b-ddp-1x2: 403 Forbidden: pytorchjobs.kubeflow.org is forbidden: User '
         '"system:serviceaccount:gpt2bench:gpt2bench-operator" cannot create resource "pytorchjobs" in API group '
         '"kubeflow.org" in the namespace "team-a"')
+DISK = ("pod b-ddp-1x2-master-0 (container pytorch) exited with code 1: OSError: [Errno 28] No space left on device: "
+        "'/results/runs/b-ddp-1x2/steps.jsonl'")
 QUOTA = ('the API server refused PyTorchJob x: 403 Forbidden: pytorchjobs.kubeflow.org "x" is forbidden: exceeded '
          'quota: compute, requested: requests.cpu=64, used: requests.cpu=0, limited: requests.cpu=8')
 
@@ -51,6 +53,7 @@ def sweep() -> list[RunStatus]:
     (DRIVER, holds.DRIVER, {"one-gpu", "two-gpu", "four-gpu", "two-mpi"}),
     (PODSECURITY, holds.ADMISSION, {"two-gpu", "four-gpu", "two-cpu"}),
     (TAINT, holds.TAINT, {"one-gpu", "two-gpu", "four-gpu", "two-mpi"}),
+    (DISK, holds.DISK, {"one-cpu", "one-gpu", "two-gpu", "four-gpu", "two-mpi", "two-cpu"}),
 ])
 def test_an_environment_failure_holds_exactly_the_pending_runs_that_share_it(reason, kind, held_runs):
     failed = entry("met", nodes=2, gpus=8, phase=FAILED, reason=reason)

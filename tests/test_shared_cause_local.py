@@ -91,3 +91,21 @@ def test_a_failure_of_the_runs_own_holds_nothing_locally(tmp_path, monkeypatch):
         {"status": "failed", "reason": "loss is NaN at step 3"}, 1)
     doc = local_sweep.run_sweep(bench, runs, tmp_path / "out", jobs=jobs, live=False).doc
     assert [run.phase for run in doc.runs] == ["Failed", "Succeeded", "Succeeded"]
+
+
+def test_a_run_that_met_a_full_disk_holds_every_run_after_it_locally(tmp_path, monkeypatch):
+    """A trainer that could not write its records (ENOSPC) while the runner's own writes still work: the disk is
+    the sweep's, so the runs after it are held (Skipped, resumable) instead of each failing the same way."""
+    monkeypatch.setenv("GPT2BENCH_FORKSERVER", "off")
+    document = benchmark("local-disk", [{"name": "ddp"}])
+    document["spec"]["sweep"]["scales"] = SCALES
+    bench = load_benchmark(document)
+    runs = plan_runs(bench)
+    jobs = jobs_for(bench, runs, fabric_broken=False)
+    full = "OSError: [Errno 28] No space left on device: 'steps.jsonl'"
+    jobs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ends(
+        {"status": "failed", "reason": full}, 1)
+    doc = local_sweep.run_sweep(bench, runs, tmp_path / "out", jobs=jobs, live=False).doc
+    assert [run.phase for run in doc.runs] == ["Failed", "Skipped", "Skipped"]
+    assert all(run.reason.startswith(f"held (disk): {doc.runs[0].name} failed for a cause every run shares")
+               for run in doc.runs[1:])

@@ -16,6 +16,7 @@ Who shares a cause (`Scope`), precisely:
 | `rdma`: memory RDMA cannot register, no RDMA device | `spec.fabric.require rdma, but ...` (`trainer/train.py`, `prepare_fabric`) | every run (they all carry `spec.fabric.require: rdma` and land on the same nodes) |
 | `driver`: no usable GPU in the pod, a driver below the image's CUDA | `no CUDA device is visible`, CUDA's `driver version is insufficient`, torch's `NVIDIA driver on your system is too old` | every GPU run (one image per device type, the same GPU nodes) |
 | `admission`: a pod refused by Pod Security | the job controller's `FailedCreatePod` quoted in the reason: `violates PodSecurity` | a Worker of a PyTorchJob (the training operator's `init-pytorch`): every PyTorchJob run on 2+ nodes; else every run of that job kind |
+| `disk`: the disk a run writes to is full | `No space left on device` (ENOSPC) in the run's reason: a trainer that could not write its records | every run (they write to the same folder, or the same node's disk) |
 | `taint`: no node tolerates the pods | a start that timed out with the scheduler's `untolerated taint` | every run of the same device type (GPU runs share the GPU nodes' taints) |
 | `forbidden`: the operator may not create the job | `the API server refused <Kind> ...: 403 Forbidden: ... cannot create resource` (RBAC's words) | every run of that kind (a NetworkPolicy's: every run); the refused run too, which never existed. The driver tries its creation again at each step and releases the hold once it works |
 
@@ -36,6 +37,7 @@ from gpt2bench.status import FAILED, PENDING, RunStatus
 RUNS_HELD = "RunsHeld"  # the benchmark's condition: True while runs are held, its message the causes
 HELD = re.compile(r"^held \((?P<cause>[a-z]+)\): ")
 FABRIC, RDMA, DRIVER, ADMISSION, TAINT, FORBIDDEN = "fabric", "rdma", "driver", "admission", "taint", "forbidden"
+DISK = "disk"
 RETRIED = (FORBIDDEN,)
 QUOTED = 240  # characters of the failed run's reason a held run quotes (its own reason stays below 512)  # causes the driver can see go away by itself: it tries the refused call again
 
@@ -47,6 +49,7 @@ _DRIVER = re.compile(r"no CUDA device is visible to this process|CUDA driver ver
 _ADMISSION = re.compile(r'pods? "?(?P<pod>[\w.-]+)"? is forbidden: violates PodSecurity|'
                         r"violates PodSecurity")
 _TAINT = re.compile(r"untolerated taint")
+_DISK = re.compile(r"No space left on device|ENOSPC")
 _STARTUP = "not started within runPolicy.startupSeconds"
 _FORBIDDEN = re.compile(r"the API server refused (?P<kind>\w+) \S+: 403 Forbidden: .*cannot create resource")
 
@@ -103,6 +106,8 @@ def environment_cause(entry: RunStatus) -> Cause | None:
         worker = entry.job_kind == "PyTorchJob" and "-worker-" in pod
         return Cause(ADMISSION, Scope(min_nodes=2 if worker else 1, job_kind=entry.job_kind),
                      _quote(reason, _ADMISSION))
+    if _DISK.search(reason):
+        return Cause(DISK, Scope(), _quote(reason, _DISK))
     if _TAINT.search(reason) and reason.startswith(_STARTUP):
         return Cause(TAINT, Scope(devices="gpu" if entry.devices_per_node else "cpu"), _quote(reason, _TAINT))
     return None
