@@ -31,7 +31,13 @@ def candidate(cluster: EmulatedCluster, log: str) -> OperatorProcess:
 
 
 def holder(client: kubernetes.client.ApiClient) -> str | None:
-    lease = kubernetes.client.CoordinationV1Api(client).read_namespaced_lease("gpt2bench-test", "default")
+    """The Lease's holder; None before the first operator has made the Lease (a slow start: it is not there yet)."""
+    try:
+        lease = kubernetes.client.CoordinationV1Api(client).read_namespaced_lease("gpt2bench-test", "default")
+    except kubernetes.client.exceptions.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
     return lease.spec.holder_identity
 
 

@@ -169,8 +169,12 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
             assert operator.metric("gpt2bench_operator_runs_succeeded_total") == 3
             assert operator.metric("gpt2bench_operator_runs_started_total") == 2
             assert operator.metric("gpt2bench_operator_reconcile_errors_total") == 0
-            events = [e["reason"] for e in benchmarks.events("restart")]
-            assert events.count("RunSucceeded") == 4 and events.count("SweepSucceeded") == 1
+            def events() -> list[str]:
+                return [e["reason"] for e in benchmarks.events("restart")]
+
+            # kopf posts Events from a queue of its own, after the status write the test saw: wait for the last
+            wait_for(lambda: events().count("RunSucceeded") == 4, what="four RunSucceeded Events")
+            assert events().count("SweepSucceeded") == 1
             info = {"namespace": "default", "benchmark": "restart", "objective": "fastest", "scale": "1×2 CPU",
                     "winner": "", "run": "restart-ddp-fp32-1x2", "strategy": "ddp", "precision": "fp32",
                     "decision": "needs-repeats"}
