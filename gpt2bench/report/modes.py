@@ -80,8 +80,9 @@ def unstable(history: np.ndarray) -> np.ndarray:
     apart on average (with two configurations each one's residuals mirror the other's: the split belongs to the
     one whose figures really moved)."""
     runs = np.moveaxis(history, -1, -2)  # ... × configurations × rounds
-    found, threshold = split(np.moveaxis(residuals(history), -1, -2))
-    fast = np.moveaxis(residuals(history), -1, -2) > threshold[..., None]
+    residual = np.moveaxis(residuals(history), -1, -2)
+    found, threshold = split(residual)
+    fast = residual > threshold[..., None]
     slow = ~np.isnan(runs) & ~fast
     with np.errstate(invalid="ignore", divide="ignore"):
         apart = (np.where(fast, runs, 0.0).sum(-1) / fast.sum(-1)) - (np.where(slow, runs, 0.0).sum(-1) / slow.sum(-1))
