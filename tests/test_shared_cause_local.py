@@ -52,6 +52,18 @@ def jobs_for(bench, runs, fabric_broken: bool) -> list[dict]:
     return jobs
 
 
+def first_run_fails(tmp_path, name: str, reason: str):
+    """A sweep of SCALES whose first run fails with `reason` and whose others succeed: its results document."""
+    document = benchmark(name, [{"name": "ddp"}])
+    document["spec"]["sweep"]["scales"] = SCALES
+    bench = load_benchmark(document)
+    runs = plan_runs(bench)
+    jobs = jobs_for(bench, runs, fabric_broken=False)
+    jobs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ends(
+        {"status": "failed", "reason": reason}, 1)
+    return local_sweep.run_sweep(bench, runs, tmp_path / "out", jobs=jobs, live=False).doc
+
+
 @pytest.mark.faults
 def test_a_fabric_failure_holds_the_multi_node_runs_locally_and_resume_runs_them(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT2BENCH_FORKSERVER", "off")  # no trainer runs: nothing to fork from
@@ -82,14 +94,7 @@ def test_a_fabric_failure_holds_the_multi_node_runs_locally_and_resume_runs_them
 
 def test_a_failure_of_the_runs_own_holds_nothing_locally(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT2BENCH_FORKSERVER", "off")
-    document = benchmark("local-own", [{"name": "ddp"}])
-    document["spec"]["sweep"]["scales"] = SCALES
-    bench = load_benchmark(document)
-    runs = plan_runs(bench)
-    jobs = jobs_for(bench, runs, fabric_broken=False)
-    jobs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ends(
-        {"status": "failed", "reason": "loss is NaN at step 3"}, 1)
-    doc = local_sweep.run_sweep(bench, runs, tmp_path / "out", jobs=jobs, live=False).doc
+    doc = first_run_fails(tmp_path, "local-own", "loss is NaN at step 3")
     assert [run.phase for run in doc.runs] == ["Failed", "Succeeded", "Succeeded"]
 
 
@@ -97,15 +102,7 @@ def test_a_run_that_met_a_full_disk_holds_every_run_after_it_locally(tmp_path, m
     """A trainer that could not write its records (ENOSPC) while the runner's own writes still work: the disk is
     the sweep's, so the runs after it are held (Skipped, resumable) instead of each failing the same way."""
     monkeypatch.setenv("GPT2BENCH_FORKSERVER", "off")
-    document = benchmark("local-disk", [{"name": "ddp"}])
-    document["spec"]["sweep"]["scales"] = SCALES
-    bench = load_benchmark(document)
-    runs = plan_runs(bench)
-    jobs = jobs_for(bench, runs, fabric_broken=False)
-    full = "OSError: [Errno 28] No space left on device: 'steps.jsonl'"
-    jobs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ends(
-        {"status": "failed", "reason": full}, 1)
-    doc = local_sweep.run_sweep(bench, runs, tmp_path / "out", jobs=jobs, live=False).doc
+    doc = first_run_fails(tmp_path, "local-disk", "OSError: [Errno 28] No space left on device: 'steps.jsonl'")
     assert [run.phase for run in doc.runs] == ["Failed", "Skipped", "Skipped"]
     assert all(run.reason.startswith(f"held (disk): {doc.runs[0].name} failed for a cause every run shares")
                for run in doc.runs[1:])

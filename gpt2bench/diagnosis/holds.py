@@ -38,8 +38,8 @@ RUNS_HELD = "RunsHeld"  # the benchmark's condition: True while runs are held, i
 HELD = re.compile(r"^held \((?P<cause>[a-z]+)\): ")
 FABRIC, RDMA, DRIVER, ADMISSION, TAINT, FORBIDDEN = "fabric", "rdma", "driver", "admission", "taint", "forbidden"
 DISK = "disk"
-RETRIED = (FORBIDDEN,)
-QUOTED = 240  # characters of the failed run's reason a held run quotes (its own reason stays below 512)  # causes the driver can see go away by itself: it tries the refused call again
+RETRIED = (FORBIDDEN,)  # causes the driver can see go away by itself: it tries the refused call again
+QUOTED = 240  # characters of the failed run's reason a held run quotes (its own reason stays below 512)
 
 _FABRIC = re.compile(r"over sockets \(NET/Socket\)|\(no GPUDirect RDMA\)|instead of measuring the wrong network|"
                      r"NET/\w+ ?: No device found|NCCL (?:net )?plugin .*(?:not|failed to) load")
