@@ -36,7 +36,7 @@ test-fast:
 # Regenerate every generated file (CRD copies, monitoring rules and dashboards, manifests/operator.yaml
 # from the chart); tests diff them.
 generate:
-	$(PYTHON) -m gpt2bench.spec.crd --write
+	$(PYTHON) -m gpt2bench.specification.crd --write
 	$(PYTHON) -m monitoring.generate --write
 	$(PYTHON) scripts/generate_manifests.py
 

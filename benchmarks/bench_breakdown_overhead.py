@@ -80,8 +80,8 @@ def recorder_seconds_per_step(buckets: int, iterations: int = 2000) -> float:
 def build(strategy: str, breakdown: bool, args, output: str):
     from gpt2bench.trainer.config import TrainConfig
     from gpt2bench.trainer.env import detect_env
+    from gpt2bench.trainer.loop import Trainer
     from gpt2bench.trainer.parallel import strategy_class
-    from gpt2bench.trainer.trainer import Trainer
 
     config = TrainConfig(
         strategy={"name": strategy}, model={"preset": args.model}, data={"max_documents": args.max_documents},

@@ -1,7 +1,7 @@
 """What the network gives: an nccl-tests-like sweep of all-reduce, all-gather and reduce-scatter, run by the same
 launcher on the same nodes as a benchmark's jobs, so a run's achieved bus bandwidth (`comm_bus_bandwidth` in its
 summary) can be read against it over a range of sizes. (Every ddp, fsdp and horovod run also probes its own
-message sizes after training with the same code: summary `probe_bus_bandwidth`, trainer/collectives.py.)
+message sizes after training with the same code: summary `probe_bus_bandwidth`, trainer/collective_probe.py.)
 
 Every rank times `--iters` collectives of each size after `--warmup` untimed ones (a barrier before each timed
 batch; on GPU a synchronize after it): `collectives.time_collective`. Columns as nccl-tests: size = bytes of
@@ -23,8 +23,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from gpt2bench.trainer.collectives import PROBED as KINDS
-from gpt2bench.trainer.collectives import c10d_backend, time_collective
+from gpt2bench.trainer.collective_probe import PROBED as KINDS
+from gpt2bench.trainer.collective_probe import c10d_backend, time_collective
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -26,8 +26,8 @@ from gpt2bench.plan import Run, plan_runs
 from gpt2bench.report import noise
 from gpt2bench.report.measures import Configuration, configurations, noise_model, tokens_per_second
 from gpt2bench.report.noise import Interval
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "examples" / "cpu-sweep.yaml"
 BASELINE, RIVALS = "ddp", ("horovod", "ps")

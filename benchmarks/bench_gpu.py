@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpt2bench.trainer.config import TrainConfig
     from gpt2bench.trainer.devices import device_name, peak_flops_per_device
     from gpt2bench.trainer.env import DistEnv
+    from gpt2bench.trainer.loop import Trainer, compile_enabled
     from gpt2bench.trainer.parallel import strategy_class
-    from gpt2bench.trainer.trainer import Trainer, compile_enabled
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)

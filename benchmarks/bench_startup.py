@@ -36,10 +36,10 @@ from pathlib import Path
 from rounds import example
 
 from gpt2bench import collect
+from gpt2bench.conventions import FORKSERVER_ENV
 from gpt2bench.local import forkclient, forkserver
 from gpt2bench.local.executor import execute_job
 from gpt2bench.local.sweep import child_env, job_timing
-from gpt2bench.protocol import FORKSERVER_ENV
 from gpt2bench.render import render_job
 
 STRATEGIES = ("single", "dataparallel", "ddp", "fsdp", "horovod", "ps")

@@ -83,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     from gpt2bench.trainer.config import TrainConfig
     from gpt2bench.trainer.env import detect_env
     from gpt2bench.trainer.exporter import PrometheusExporter
+    from gpt2bench.trainer.loop import Trainer
     from gpt2bench.trainer.loss import cross_entropy
     from gpt2bench.trainer.parallel import strategy_class
-    from gpt2bench.trainer.trainer import Trainer
 
     warm, total = 3, 3 + args.repeats * args.steps
     with tempfile.TemporaryDirectory() as output:

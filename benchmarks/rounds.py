@@ -23,8 +23,8 @@ from gpt2bench.plan import Run, plan_runs
 from gpt2bench.render import render_job
 from gpt2bench.report.measures import tokens_per_second, unsteady
 from gpt2bench.report.noise import Interval, mean_contrast
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.validation import load_benchmark
 from gpt2bench.status import SUCCEEDED, RunStatus
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "examples" / "cpu-sweep.yaml"

@@ -10,18 +10,18 @@ import importlib
 import os
 import sys
 
-from gpt2bench.protocol import FORKED_COMMANDS, FORKSERVER_ENV
+from gpt2bench.conventions import FORKED_COMMANDS, FORKSERVER_ENV
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gpt2bench.local.cli", "run a GPT2Benchmark YAML on this machine, no cluster needed"),
     "render": ("gpt2bench.render.cli", "print the Kubeflow jobs a GPT2Benchmark YAML becomes"),
-    "validate": ("gpt2bench.spec.validate_cli", "check every GPT2Benchmark of a YAML file as the API server would"),
+    "validate": ("gpt2bench.specification.validate_cli", "check every GPT2Benchmark of a YAML file as the API server would"),
     "report": ("gpt2bench.report.cli", "rebuild the recommendation, tables and plots (from a folder or a cluster)"),
     "compare": ("gpt2bench.report.compare", "put two benchmarks' results side by side"),
-    "train": ("gpt2bench.trainer.train", "train GPT-2 under one strategy (runs inside every job replica)"),
+    "train": ("gpt2bench.trainer.cli", "train GPT-2 under one strategy (runs inside every job replica)"),
     "operator": ("gpt2bench.controller.main", "run the kopf operator that reconciles GPT2Benchmarks"),
-    "crd": ("gpt2bench.spec.crd", "print or write the CRD generated from the spec model"),
+    "crd": ("gpt2bench.specification.crd", "print or write the CRD generated from the spec model"),
     "launch": ("gpt2bench.launch", "run the MPIJob launcher's mpirun and keep the trainer's summary"),
 }
 

@@ -20,7 +20,7 @@ import re
 import zlib
 from typing import Any
 
-from gpt2bench.protocol import MAX_STEPS_JSON, STEPS_COLUMNS, STEPS_PREFIX, SUMMARY_PREFIX
+from gpt2bench.conventions import MAX_STEPS_JSON, STEPS_COLUMNS, STEPS_PREFIX, SUMMARY_PREFIX
 from gpt2bench.status import FAILED, SKIPPED, SUCCEEDED, RunResults, RunStatus
 
 MAX_REASON = 1000  # status stays small; a reason is a sentence, not a log

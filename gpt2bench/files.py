@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpt2bench import protocol
+from gpt2bench import conventions
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
@@ -36,12 +36,12 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         raise
 
 
-DEFAULT_TERMINATION_LOG = Path(protocol.DEFAULT_TERMINATION_LOG)
+DEFAULT_TERMINATION_LOG = Path(conventions.DEFAULT_TERMINATION_LOG)
 
 
 def termination_log_path() -> Path | None:
     """$GPT2BENCH_TERMINATION_LOG, else /dev/termination-log when it exists (in a pod), else nowhere."""
-    configured = os.environ.get(protocol.TERMINATION_LOG_ENV)
+    configured = os.environ.get(conventions.TERMINATION_LOG_ENV)
     if configured:
         return Path(configured)
     return DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None
@@ -49,7 +49,7 @@ def termination_log_path() -> Path | None:
 
 def write_termination_message(path: Path, text: str) -> None:
     """Atomically where we can (a regular file's folder), in place for /dev/termination-log itself."""
-    data = text.encode()[: protocol.MAX_TERMINATION_MESSAGE]
+    data = text.encode()[: conventions.MAX_TERMINATION_MESSAGE]
     try:
         write_atomic(path, data)
     except OSError:  # /dev not writable, or the kubelet's bind-mounted file cannot be replaced

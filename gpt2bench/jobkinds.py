@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpt2bench.protocol import (
+from gpt2bench.conventions import (
     LAUNCHER_CONTAINER,
     MPIJOB_API,
     PYTORCH_CONTAINER,

@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 
 from gpt2bench.collect import summary_json
+from gpt2bench.conventions import MAX_TERMINATION_MESSAGE, SSH_PORT, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 from gpt2bench.diagnosis import executable_not_found, exit_how, last_meaningful_line, rank_said
 from gpt2bench.files import DEFAULT_TERMINATION_LOG, termination_log_path, write_termination_message
-from gpt2bench.protocol import MAX_TERMINATION_MESSAGE, SSH_PORT, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 
 HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"  # where mpi-operator and Trainer v2's MPI plugin put the hostfile
 POLL_SECONDS, REPORT_EVERY_SECONDS = 2.0, 30.0

@@ -27,10 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpt2bench.conventions import OUTPUT_ENV
 from gpt2bench.jobkinds import JOB_KINDS, job_kind_for, max_job_name_length, resolve_backend
-from gpt2bench.protocol import OUTPUT_ENV
-from gpt2bench.spec.expansion import escape
-from gpt2bench.spec.model import MAX_SEED, Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
+from gpt2bench.specification.expansion import escape
+from gpt2bench.specification.model import MAX_SEED, Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
 from gpt2bench.trainer.config import ProcessOptions, TrainConfig
 
 # Job names must be DNS-1035 labels (<= 63). The Kubeflow operators derive pod and Service names from

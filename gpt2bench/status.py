@@ -1,6 +1,6 @@
 """The GPT2Benchmark status and the local results document: one definition of both.
 
-The CRD's status schema is generated from these models (`gpt2bench.spec.crd`), and everything that writes or
+The CRD's status schema is generated from these models (`gpt2bench.specification.crd`), and everything that writes or
 reads a status goes through them: `collect` builds run entries, the operator's `reconcile` decides on
 them, the local runner keeps them in `results.json`, and the report reads them back. A field that is not
 declared here cannot be written (extra fields are errors), so status and schema cannot drift apart.

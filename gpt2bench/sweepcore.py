@@ -20,7 +20,7 @@ from typing import Any
 from gpt2bench import collect
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.report.sequential import next_round, race_stops, rounds_done
-from gpt2bench.spec.model import Benchmark
+from gpt2bench.specification.model import Benchmark
 from gpt2bench.status import (
     FAILED,
     PENDING,

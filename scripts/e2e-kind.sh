@@ -66,7 +66,7 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 HELM=${HELM:-helm}
 
-# The Kubeflow operators, pinned (docs/quickstart.md's step 0 and operator/controller/jobkinds.py tell users the
+# The Kubeflow operators, pinned (docs/quickstart.md's step 0 and operator/controller/followedkinds.py tell users the
 # same; tests/test_versions.py keeps them equal). pytorchjob: the training operator v1.9.0 (PyTorchJob
 # kubeflow.org/v1) without its own MPIJob (manifests/kubeflow/training-operator), and the MPI operator v0.8.2
 # (MPIJob kubeflow.org/v2beta1). trainjob: Kubeflow Trainer v2.3.0 with JobSet, on Kubernetes 1.32 (Trainer v2
@@ -269,7 +269,7 @@ wait_seconds() {
   local runs
   runs=$("$PYTHON" -c 'import sys
 from gpt2bench.plan import plan_runs
-from gpt2bench.spec.validation import load_benchmarks_file
+from gpt2bench.specification.validation import load_benchmarks_file
 (benchmark,) = load_benchmarks_file(sys.argv[1])
 print(len(plan_runs(benchmark, rounds=benchmark.spec.sweep.max_repeats)))' "$1")
   echo $((runs * ${E2E_SECONDS_PER_RUN:-180}))

@@ -24,7 +24,7 @@ import generate_manifests  # scripts/ is this script's folder, first on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "gpt2bench"
-PUBLISHED = "ghcr.io/gpt2bench"  # the registry the checkout names (gpt2bench.spec.model.TRAINER_REPOSITORY's)
+PUBLISHED = "ghcr.io/gpt2bench"  # the registry the checkout names (gpt2bench.specification.model.TRAINER_REPOSITORY's)
 # Where the chart names its images: the repositories of image and trainerImage.
 VALUES = CHART / "values.yaml"
 REPOSITORY = re.compile(rf"^(  repository: ){re.escape(PUBLISHED)}/", re.M)

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from gpt2bench.conventions import FORKSERVER_ENV
 from gpt2bench.local import forkclient, forkserver
 from gpt2bench.local.replicas import free_port
-from gpt2bench.protocol import FORKSERVER_ENV
 
 # A tiny, fast, real run: tiny GPT-2 narrowed to 32 wide on the first State of the Union addresses. The width is
 # most of a CPU step's cost (the 50,304-row embedding, LM head and its Adam state scale with it): 32 instead of the

@@ -30,8 +30,8 @@ from gpt2bench.report.noise import (
     logs,
     ratio,
 )
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.validation import SpecError, validate_spec
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.validation import SpecError, validate_spec
 from gpt2bench.status import Recommendation, RunStatus
 
 GIB = 2**30

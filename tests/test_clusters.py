@@ -16,7 +16,7 @@ from test_render_fabric import pods_of, trains
 
 from gpt2bench.plan import gpu_hours, plan_runs
 from gpt2bench.render import render_all
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs" / "clusters.md").read_text(encoding="utf-8")
@@ -159,7 +159,7 @@ def test_the_tcpxo_fragment_is_refused_at_admission_with_the_reason():
     from kube.semantics import ApiError, validate_custom_resource
     from test_validation_rules import VERSION
 
-    from gpt2bench.spec.validation import SpecError
+    from gpt2bench.specification.validation import SpecError
 
     fragment = yaml.safe_load(REFUSED["gke-a3-mega"])["spec"]
     document = {**EXAMPLE, "spec": merged(EXAMPLE["spec"], fragment)}

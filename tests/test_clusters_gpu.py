@@ -9,7 +9,7 @@ from test_clusters import EXAMPLE, FRAGMENTS, cluster_benchmark, merged
 from test_render_fabric import pods_of, trains
 
 from gpt2bench.render import render_all
-from gpt2bench.spec.validation import SpecError, load_benchmark
+from gpt2bench.specification.validation import SpecError, load_benchmark
 
 
 def tolerates(pod_spec: dict, taint: dict) -> bool:

@@ -18,7 +18,7 @@ from pod_security import violations
 
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 KUSTOMIZATION = ROOT / "manifests" / "kubeflow" / "training-operator"

@@ -17,10 +17,10 @@ from gpt2bench.collect import (
     run_entry,
     summary_results,
 )
+from gpt2bench.conventions import SUMMARY_PREFIX
 from gpt2bench.plan import plan_runs
-from gpt2bench.protocol import SUMMARY_PREFIX
-from gpt2bench.spec import crd
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification import crd
+from gpt2bench.specification.validation import load_benchmark
 from gpt2bench.status import RunResults
 
 

@@ -1,4 +1,4 @@
-"""The collectives probe (trainer/collectives.py): nccl-tests' timing and busbw, sizes agreed over the ranks, the
+"""The collectives probe (trainer/collective_probe.py): nccl-tests' timing and busbw, sizes agreed over the ranks, the
 slowest rank's time; its place in the summary and the report. Real gloo collectives in-process; the probe inside
 real ddp / fsdp / horovod runs is checked in tests/test_trainer_breakdown.py."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from gpt2bench.trainer import collectives
+from gpt2bench.trainer import collective_probe
 from gpt2bench.trainer.breakdown import CommTimer
-from gpt2bench.trainer.collectives import (
+from gpt2bench.trainer.collective_probe import (
     Backend,
     Timing,
     c10d_backend,
@@ -54,7 +54,7 @@ def fake_backend(clock: FakeClock, ranks: int, per_call: float, peer: list[float
 
 def test_time_collective_is_nccl_tests_busbw(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(collectives.time, "perf_counter", clock)
+    monkeypatch.setattr(collective_probe.time, "perf_counter", clock)
     timing = time_collective(fake_backend(clock, 4, 0.01), "allreduce", 4_000_000, warmup=2, iters=5)
     assert timing.bytes == 4_000_000 and timing.seconds == pytest.approx(0.01)
     assert timing.algbw == pytest.approx(4e8)
@@ -65,7 +65,7 @@ def test_time_collective_is_nccl_tests_busbw(monkeypatch):
 
 def test_time_collective_rounds_to_a_shardable_buffer_and_reports_what_it_ran(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(collectives.time, "perf_counter", clock)
+    monkeypatch.setattr(collective_probe.time, "perf_counter", clock)
     backend = fake_backend(clock, 3, 0.001)
     timing = time_collective(backend, "reduce_scatter", 1000, warmup=1, iters=1)
     assert backend.calls == [("reduce_scatter", 249)]  # 250 floats rounded down to a multiple of 3 ranks
@@ -77,7 +77,7 @@ def test_time_collective_rounds_to_a_shardable_buffer_and_reports_what_it_ran(mo
 def test_probe_agrees_sizes_and_keeps_the_slowest_rank(monkeypatch):
     """Ranks that saw different sizes run the largest; the reported time is the slowest rank's."""
     clock = FakeClock()
-    monkeypatch.setattr(collectives.time, "perf_counter", clock)
+    monkeypatch.setattr(collective_probe.time, "perf_counter", clock)
     # agree_max calls: the sizes (allreduce, allgather, reduce_scatter), then one per kind probed
     backend = fake_backend(clock, 2, 0.01, peer=[[1000.0, 0.0, 0.0], [0.5], [0.0]])
     timings = probe(backend, {"allreduce": 400, "allgather": 800, "push": 10}, warmup=0, iters=2)
@@ -93,7 +93,7 @@ def test_probe_runs_real_gloo_collectives_of_every_kind(tmp_path):
         import torch
 
         backend = c10d_backend(torch.device("cpu"))
-        timings = [time_collective(backend, kind, 64 << 10, warmup=1, iters=2) for kind in collectives.PROBED]
+        timings = [time_collective(backend, kind, 64 << 10, warmup=1, iters=2) for kind in collective_probe.PROBED]
         assert backend.agree_max([1.0, 3.0]) == [1.0, 3.0]
     finally:
         dist.destroy_process_group()

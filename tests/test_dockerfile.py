@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2bench.protocol import SSH_PORT, TRAINER_HOME, TRAINER_UID
+from gpt2bench.conventions import SSH_PORT, TRAINER_HOME, TRAINER_UID
 from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
 from gpt2bench.render.pods import WRITABLE_PATHS
 

@@ -15,8 +15,8 @@ from conftest import TINY_N_EMBD
 
 from gpt2bench.local import cli as run_cli
 from gpt2bench.render.cli import main as render_main
-from gpt2bench.spec import documents
-from gpt2bench.spec.validation import SpecError, load_benchmark_file
+from gpt2bench.specification import documents
+from gpt2bench.specification.validation import SpecError, load_benchmark_file
 
 VALID = b"apiVersion: gpt2bench.io/v1alpha1\nkind: GPT2Benchmark\nmetadata: {name: ok}\nspec:\n" \
         b"  sweep: {strategies: [{name: ddp}]}\n"
@@ -259,7 +259,7 @@ def benchmark_document(name: str) -> dict:
 def test_a_kind_list_is_expanded_as_kubectl_expands_it(cluster, tmp_path):
     """`kubectl get -o yaml` writes several objects as a v1 List; `kubectl apply -f` takes its items, and so do
     render, run and validate, in the same order; a List in a List, which kubectl refuses, is refused too."""
-    from gpt2bench.spec.validation import load_benchmarks_file
+    from gpt2bench.specification.validation import load_benchmarks_file
 
     text = list_of(benchmark_document("first"), benchmark_document("second"), benchmark_document("third"))
     path = tmp_path / "list.yaml"

@@ -17,7 +17,7 @@ from gpt2bench.local.executor import JobSpecError, execute_job, job_replicas
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
 from gpt2bench.render.runtimes import project_runtimes
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 
 def trainjob(strategy: str, nodes: int, procs: int, command: list[str], **spec) -> dict:

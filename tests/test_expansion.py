@@ -1,5 +1,5 @@
 """`$(VAR)` expansion as the kubelet does it, one implementation for the renderer's escape and the local runner
-(gpt2bench/spec/expansion.py), and a user's strings reaching the trainer as written on every kind of job."""
+(gpt2bench/specification/expansion.py), and a user's strings reaching the trainer as written on every kind of job."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from gpt2bench.local.executor import job_replicas
 from gpt2bench.local.replicas import container_env
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
-from gpt2bench.spec.expansion import escape, expand
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.expansion import escape, expand
+from gpt2bench.specification.validation import load_benchmark
 from gpt2bench.trainer.config import TrainConfig
 
 # The test table of k8s.io/kubernetes third_party/forked/golang/expansion/expand_test.go (doExpansionTest), as

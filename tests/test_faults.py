@@ -42,7 +42,7 @@ from gpt2bench.local import sweep as local_sweep
 from gpt2bench.local.replicas import free_port
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
-from gpt2bench.spec.validation import load_benchmark_file
+from gpt2bench.specification.validation import load_benchmark_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(240)]
 
@@ -530,7 +530,7 @@ def chart_memory_limit_mib() -> float:
     """The operator's memory limit as the Helm chart sets it (values.yaml: operator.resources.limits.memory), in
     MiB: what the kubelet would OOM-kill it at, so what the memory tests hold it to (issue 37, item 8: they
     allowed 400 MiB against a 256 MiB limit)."""
-    from gpt2bench.spec.kubesyntax import quantity_value
+    from gpt2bench.specification.kubesyntax import quantity_value
 
     values = yaml.safe_load((REPO / "helm" / "gpt2bench" / "values.yaml").read_text())
     return float(quantity_value(values["operator"]["resources"]["limits"]["memory"])) / 2**20

@@ -26,8 +26,8 @@ import yaml
 from conftest import narrowed
 from fault_figures import FIGURES
 
+from gpt2bench.conventions import RUNNER_PID_ENV
 from gpt2bench.local.replicas import free_port
-from gpt2bench.protocol import RUNNER_PID_ENV
 from gpt2bench.status import ABANDONED
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(300)]

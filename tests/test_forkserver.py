@@ -26,8 +26,8 @@ import pytest
 import yaml
 from conftest import alive, narrowed, runner_environment
 
+from gpt2bench.conventions import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
 from gpt2bench.local import forkclient, forkserver
-from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV
 
 PROBE = """#!{python}
 import json, os, signal, sys, tempfile, time

@@ -133,7 +133,7 @@ def test_a_full_disk_at_the_report_step_exits_3_saying_so_with_every_run_kept(tm
     report's writes: the test does not fill a disk at that exact moment): one line naming the disk, exit 3,
     results.json as it was, and what to run once there is room."""
     from gpt2bench.local import cli as local_cli
-    from gpt2bench.spec.validation import load_benchmarks_file
+    from gpt2bench.specification.validation import load_benchmarks_file
 
     spec = sweep_file(tmp_path)
     out = tmp_path / "out"

@@ -25,7 +25,7 @@ from kubeflow_crds import validate_job
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
 from gpt2bench.render.runtimes import project_runtimes
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = yaml.safe_load((REPO / "manifests" / "examples" / "gpu-papers.yaml").read_text())

@@ -151,7 +151,7 @@ def test_all_namespaces_uses_cluster_roles_and_digests_pin_the_images(rendered) 
     assert "--trainer-image-gpu=ghcr.io/gpt2bench/gpt2bench@sha256:" + "3" * 64 in container["args"]
     # the operator accepts what the chart passes, and a run takes it as its image
     from gpt2bench.controller import main
-    from gpt2bench.spec.validation import validate_spec
+    from gpt2bench.specification.validation import validate_spec
 
     args = main.parse_args(container["args"][1:])
     spec = validate_spec({"sweep": {"strategies": [{"name": "single"}]}, "images": {"cpu": args.trainer_image_cpu}})
@@ -258,7 +258,7 @@ def test_service_monitor_selects_the_operator_service(rendered) -> None:
 def test_pod_monitor_selects_the_trainer_pods_the_operator_renders(rendered) -> None:
     from gpt2bench.plan import plan_runs
     from gpt2bench.render import render_job
-    from gpt2bench.spec.validation import load_benchmark_file
+    from gpt2bench.specification.validation import load_benchmark_file
 
     docs = rendered["monitoring-values.yaml"]
     monitor = one(docs, "PodMonitor")
@@ -376,7 +376,7 @@ def test_chart_crd_equals_manifests_crd() -> None:
     chart_crds = sorted((CHART / "crds").glob("*.yaml")) if (CHART / "crds").is_dir() else []
     manifest = ROOT / "manifests" / "crd.yaml"
     if not chart_crds or not manifest.exists():
-        pytest.skip("CRD files not generated yet (python -m gpt2bench.spec.crd --write)")
+        pytest.skip("CRD files not generated yet (python -m gpt2bench.specification.crd --write)")
     assert [p.name for p in chart_crds] == ["gpt2benchmarks.gpt2bench.io.yaml"]
     assert yaml.safe_load(chart_crds[0].read_text()) == yaml.safe_load(manifest.read_text())
 
@@ -385,7 +385,7 @@ def test_chart_version_and_trainer_images_match_the_package() -> None:
     """The chart's default trainer images are the ones GPT2Benchmarks default to, at the package's version,
     so gpu-papers.yaml (no image) gets the CUDA image with the chart's defaults as without an operator flag."""
     import gpt2bench
-    from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
+    from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == gpt2bench.__version__
@@ -442,7 +442,7 @@ def test_trainer_runtimes_run_the_charts_trainer_images_and_gang_schedule_on_req
     from gpt2bench.render.pods import run_pods
     from gpt2bench.render.runtimes import project_runtimes, runtime_problems
     from gpt2bench.render.trainjob import render_trainjob
-    from gpt2bench.spec.validation import load_benchmark
+    from gpt2bench.specification.validation import load_benchmark
 
     docs = render("--set", "trainerRuntimes.install=true", "--set", "trainerImage.repository=registry.example/g2b",
                   "--set", "trainerImage.tag=v7", "--set", f"trainerRuntimes.podGroupPolicy={gang}",

@@ -439,7 +439,7 @@ def test_the_waits_end_either_way_and_their_timeouts_cover_the_examples_planned_
     then rounds only while they fit its budget (sweep.budget.wallSeconds; each a round of at most every
     configuration), or every round up to maxRepeats where it has no budget."""
     from gpt2bench.plan import plan_runs
-    from gpt2bench.spec.validation import load_benchmarks_file
+    from gpt2bench.specification.validation import load_benchmarks_file
 
     (example,) = load_benchmarks_file(str(EXAMPLE))
     per_run = int(re.search(r"\$\{E2E_SECONDS_PER_RUN:-(\d+)\}", SCRIPT.read_text()).group(1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gpt2bench import jobkinds
-from gpt2bench.controller import reconcile
+from gpt2bench.controller import decide
 from gpt2bench.jobkinds import (
     JobState,
     job_kind_for,
@@ -22,7 +22,7 @@ from gpt2bench.jobkinds import (
 )
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 COMPLETION = "batch.kubernetes.io/job-completion-index"
 
@@ -239,9 +239,9 @@ V1_CONDITION_LISTS = [
 
 @pytest.mark.parametrize("conditions", V1_CONDITION_LISTS)
 def test_v1_jobs_map_as_the_operator_does(conditions):
-    """Phase 2 moves the operator onto this table: the v1 mapping must be the operator's (reconcile.py)."""
+    """Phase 2 moves the operator onto this table: the v1 mapping must be the operator's (decide.py)."""
     for kind in ("PyTorchJob", "MPIJob"):
         job = {"kind": kind, "status": {"conditions": conditions}}
-        mine, operators = job_state(job), reconcile.job_state(job)
+        mine, operators = job_state(job), decide.job_state(job)
         assert (mine.phase, mine.message if mine.phase != "Pending" else "") == (
             operators.phase, operators.message if operators.phase != "Pending" else "")

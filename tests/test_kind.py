@@ -59,8 +59,8 @@ import pytest
 import yaml
 from kube.tools import find_kubectl
 
+from gpt2bench.conventions import MPIJOB_API, PYTORCHJOB_API, TRAINJOB_API
 from gpt2bench.jobkinds import PYTORCHJOB, TRAINJOB, resolve_backend, served_job_kinds
-from gpt2bench.protocol import MPIJOB_API, PYTORCHJOB_API, TRAINJOB_API
 from gpt2bench.render.runtimes import MPI_RUNTIME, TORCH_RUNTIME
 
 ROOT = Path(__file__).resolve().parent.parent

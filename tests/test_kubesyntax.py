@@ -1,4 +1,4 @@
-"""Kubernetes syntax rules (gpt2bench.spec.kubesyntax) against cases from apimachinery's own tests and the upstream
+"""Kubernetes syntax rules (gpt2bench.specification.kubesyntax) against cases from apimachinery's own tests and the upstream
 Kubeflow CRD's resource.Quantity pattern."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeflow_crds import crd_dir
 
-from gpt2bench.spec import kubesyntax as k
+from gpt2bench.specification import kubesyntax as k
 
 
 @functools.cache

@@ -183,7 +183,7 @@ def test_the_rendered_launcher_command_runs_through_the_console_script(tmp_path)
     dispatch it, and a command that prints no summary still leaves a failed summary saying so."""
     from gpt2bench.plan import plan_runs
     from gpt2bench.render.mpijob import mpirun_command
-    from gpt2bench.spec.validation import load_benchmark
+    from gpt2bench.specification.validation import load_benchmark
 
     run = plan_runs(load_benchmark({"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark",
                                     "metadata": {"name": "b"},

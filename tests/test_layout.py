@@ -83,17 +83,16 @@ SOURCES = {"gpt2bench": REPO / "gpt2bench", "gpt2bench.trainer": REPO / "trainer
 # drivers (the local runner and the operator) come after report because they run every stage in turn, and
 # they never import each other.
 STAGES = [
-    ("gpt2bench.protocol",),
+    ("gpt2bench.conventions",),
     ("gpt2bench.files",),
     ("gpt2bench.status",),
     ("gpt2bench.jobkinds",),
-    ("gpt2bench.spec",),
+    ("gpt2bench.specification",),
     ("gpt2bench.trainer",),
     ("gpt2bench.plan",),
     ("gpt2bench.render",),
     ("gpt2bench.collect",),
     ("gpt2bench.diagnosis",),
-    ("gpt2bench.startwait",),
     ("gpt2bench.launch",),
     ("gpt2bench.report",),
     ("gpt2bench.sweepcore",),  # the rules both drivers ask; it asks neither
@@ -166,14 +165,14 @@ def test_dependencies_point_one_way():
 def test_the_dependency_rule_catches_an_import_against_the_flow():
     assert dependency_violations({"gpt2bench.trainer.metrics": {"gpt2bench.collect.SUMMARY_PREFIX"}}) == [
         "gpt2bench.trainer.metrics imports gpt2bench.collect.SUMMARY_PREFIX"]
-    assert dependency_violations({"gpt2bench.local.sweep": {"gpt2bench.controller.reconcile"}})
-    assert dependency_violations({"gpt2bench.protocol": {"gpt2bench.spec.model"}})
-    assert dependency_violations({"gpt2bench.spec.crd": {"gpt2bench.plan"}}) == [
-        "gpt2bench.spec.crd imports gpt2bench.plan"]
+    assert dependency_violations({"gpt2bench.local.sweep": {"gpt2bench.controller.decide"}})
+    assert dependency_violations({"gpt2bench.conventions": {"gpt2bench.specification.model"}})
+    assert dependency_violations({"gpt2bench.specification.crd": {"gpt2bench.plan"}}) == [
+        "gpt2bench.specification.crd imports gpt2bench.plan"]
     assert dependency_violations({"gpt2bench.report.build": {"gpt2bench.local.sweep"}})
     assert dependency_violations({"gpt2bench.controller.sweep": {"gpt2bench.render", "gpt2bench.status",
                                                                  "gpt2bench.report.build"}}) == []
-    assert dependency_violations({"gpt2bench.spec.validation": {"gpt2bench.spec.model", "gpt2bench"}}) == []
+    assert dependency_violations({"gpt2bench.specification.validation": {"gpt2bench.specification.model", "gpt2bench"}}) == []
 
 
 def import_circles(modules: dict[str, set[str]]) -> list[list[str]]:

@@ -19,12 +19,12 @@ import pytest
 import yaml
 from conftest import alive, narrowed
 
+from gpt2bench.conventions import METRICS_ADDRESS_ENV, RUNNER_PID_ENV
 from gpt2bench.files import FolderBusy, held, holding
 from gpt2bench.local.replicas import free_port
 from gpt2bench.local.sweep import FolderRefused, prepare_folder, spec_document
 from gpt2bench.plan import plan_runs
-from gpt2bench.protocol import METRICS_ADDRESS_ENV, RUNNER_PID_ENV
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 from gpt2bench.status import ABANDONED, LocalRun, ResultsDocument, settle_abandoned
 
 ROOT = Path(__file__).resolve().parents[1]

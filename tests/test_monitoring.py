@@ -356,7 +356,7 @@ def test_recording_rules_evaluate_in_real_prometheus(prometheus) -> None:
 def test_real_trainer_metrics_reach_prometheus(tmp_path: Path, start_trainer) -> None:
     """`gpt2bench train --metrics-port` (the conftest's tiny run, one process on one core, forked as the local
     runner's are) scraped by a real Prometheus."""
-    pytest.importorskip("gpt2bench.trainer.train", reason="the trainer is not installed")
+    pytest.importorskip("gpt2bench.trainer.cli", reason="the trainer is not installed")
 
     port = free_port()
     scrape = [{"job_name": "gpt2bench-trainer", "static_configs": [

@@ -15,7 +15,7 @@ from kubeflow_crds import strict
 from test_render_fabric import FABRIC, every_kind, pods_of
 
 from gpt2bench.render.openshift import openshift_objects
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 DATA = Path(__file__).resolve().parent / "data" / "openshift"
 DEFAULT_SCCS = yaml.safe_load((DATA / "default-sccs.yaml").read_text())

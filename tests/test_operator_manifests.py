@@ -15,7 +15,7 @@ import yaml
 from pod_security import violations
 
 from gpt2bench.controller import main
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
+from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "manifests" / "operator.yaml"

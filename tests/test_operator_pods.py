@@ -26,7 +26,7 @@ from gpt2bench.collect import collect_run
 from gpt2bench.local.executor import execute_job
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 pytestmark = pytest.mark.timeout(180)
 STARTUP = 2  # runPolicy.startupSeconds and queueSeconds here: the operator polls every 0.3 s

@@ -20,7 +20,7 @@ from kube.trainer_v2 import serve_builtins
 from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
 
 from gpt2bench.controller import kube, prerequisites
-from gpt2bench.controller.jobkinds import (
+from gpt2bench.controller.followedkinds import (
     MPI_OPERATOR_INSTALL,
     RUNTIMES_INSTALL,
     TRAINER_V2_INSTALL,

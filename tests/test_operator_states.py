@@ -418,8 +418,8 @@ def test_an_edit_of_a_started_sweep_is_ignored_once_though_a_call_fails(cluster,
 def pinned_benchmark(spec_changes: dict | None = None, pinned_by: str = "9.9.0") -> dict:
     """A started sweep as stored: its pinned spec (with `spec_changes`, as a later version may pin it), the
     version that pinned it, and status as initial_status writes it."""
+    from gpt2bench.controller import decide as rc
     from gpt2bench.controller import pinning
-    from gpt2bench.controller import reconcile as rc
     from gpt2bench.plan import plan_runs
 
     body = benchmark("held", [{"name": "single"}, {"name": "ddp"}], backend="pytorchjob")

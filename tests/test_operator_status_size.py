@@ -16,11 +16,11 @@ from kube import EmulatedCluster
 from kube.fixtures import CRD, Benchmarks, api_client, kopf_operator, wait_for
 
 from gpt2bench import collect
-from gpt2bench.controller import reconcile as rc
+from gpt2bench.controller import decide as rc
 from gpt2bench.plan import plan_runs
-from gpt2bench.spec import model as spec
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.validation import validate_spec
+from gpt2bench.specification import model as spec
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.validation import validate_spec
 from gpt2bench.status import STATUS_BYTES_BUDGET, STATUS_RUNS_BUDGET, BenchmarkStatus, RunResults
 
 pytestmark = pytest.mark.timeout(300)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpt2bench.plan import MAX_NAME_LENGTH, dns_label, fit_name, order_seed, plan_runs, round_order
-from gpt2bench.spec.validation import load_benchmark, load_benchmark_file
+from gpt2bench.specification.validation import load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"

@@ -30,7 +30,7 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job, render_objects, render_run
 from gpt2bench.render.mpijob import LAUNCHER_RESOURCES
 from gpt2bench.render.runtimes import project_runtimes
-from gpt2bench.spec.validation import load_benchmark, load_benchmark_file
+from gpt2bench.specification.validation import load_benchmark, load_benchmark_file
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))

@@ -11,7 +11,7 @@ import yaml
 
 from gpt2bench.local import cli as run_cli
 from gpt2bench.local import preflight as checks
-from gpt2bench.spec.validation import validate_spec
+from gpt2bench.specification.validation import validate_spec
 
 
 def spec(data: str = "sotu", pretrained: str | None = None):

@@ -259,7 +259,7 @@ def test_a_configuration_with_a_long_name_keeps_racing_past_round_nine():
     strip to different names: the next round is planned by configuration, not by name."""
     from gpt2bench.plan import plan_runs, stopped_configurations
     from gpt2bench.report.sequential import race_stops
-    from gpt2bench.spec.validation import load_benchmark
+    from gpt2bench.specification.validation import load_benchmark
 
     name = "a-benchmark-whose-name-is-long-enough-to-be-shortened"
     bench = load_benchmark({"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": {"name": name},

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from kubeflow_crds import assert_each_mutation_rejected, validate_job
 from pod_security import pod_templates, violations
 
+from gpt2bench.conventions import OUTPUT_DIR
 from gpt2bench.plan import plan_runs
-from gpt2bench.protocol import OUTPUT_DIR
 from gpt2bench.render import render_all, render_job
 from gpt2bench.render.cli import main
 from gpt2bench.render.pods import OUTPUT_BASE_MIB, STEP_RECORD_BYTES, output_size_limit
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, STRATEGIES
-from gpt2bench.spec.validation import SpecError, load_benchmark, load_benchmark_file
+from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, STRATEGIES
+from gpt2bench.specification.validation import SpecError, load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"

@@ -10,7 +10,7 @@ from kubeflow_crds import validate_job
 from test_render_fabric import pods_of, trains
 
 from gpt2bench.render import render_all
-from gpt2bench.spec.validation import SpecError, load_benchmark
+from gpt2bench.specification.validation import SpecError, load_benchmark
 
 CLAIMS = [{"name": "efa", "resourceClaimTemplateName": "efa-all"},
           {"name": "rdma", "resourceClaimName": "shared-rdma"}]

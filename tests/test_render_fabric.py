@@ -16,7 +16,7 @@ from trainer_v2_rules import restricted_problems
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_all, render_job
 from gpt2bench.render.runtimes import project_runtimes
-from gpt2bench.spec.validation import SpecError, load_benchmark
+from gpt2bench.specification.validation import SpecError, load_benchmark
 
 RUNTIMES = project_runtimes()
 FABRIC = {
@@ -316,7 +316,7 @@ def test_gpudirect_is_checked_where_the_pods_env_promises_it(env, fabric, expect
     FI_EFA_USE_DEVICE_RDMA=1) but none asked the trainer to check it, so a run on NET/IB without /GDRDMA
     (nvidia-peermem not loaded) measured a degraded path."""
     from gpt2bench.render.pods import fabric_env
-    from gpt2bench.spec.validation import load_benchmark
+    from gpt2bench.specification.validation import load_benchmark
 
     bench = load_benchmark({"apiVersion": "gpt2bench.io/v1alpha1", "kind": "GPT2Benchmark", "metadata": {"name": "g"},
                             "spec": {"fabric": fabric, "sweep": {"strategies": [{"name": "ddp"}]},

@@ -13,7 +13,7 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.render.pods import run_pods
 from gpt2bench.render.runtimes import project_runtimes, runtime_problems
 from gpt2bench.render.trainjob import render_trainjob
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 POLICIES = {"coscheduling": ({"coscheduling": {"scheduleTimeoutSeconds": 60}}, "scheduler-plugins-scheduler"),
             "volcano": ({"volcano": {}}, "volcano")}

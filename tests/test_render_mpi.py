@@ -16,7 +16,7 @@ from test_clusters import cluster_benchmark
 from test_render_fabric import pods_of
 
 from gpt2bench.render import render_all
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 
 def mca(command: list[str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ import pytest
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_objects
 from gpt2bench.render.netpol import NAMESPACE_NAME_LABEL
-from gpt2bench.spec.validation import SpecError, load_benchmark
+from gpt2bench.specification.validation import SpecError, load_benchmark
 
 NAMESPACE = "bench"
 # The namespace's own policy, as the Kubernetes docs' "default deny all egress traffic" example writes it.

@@ -15,8 +15,8 @@ from kube.trainer_v2 import build_jobset
 from kubeflow_crds import assert_each_mutation_rejected, job_problems, validate_job
 from trainer_v2_rules import jobset_spec_problems, restricted_problems
 
+from gpt2bench.conventions import OUTPUT_DIR
 from gpt2bench.plan import plan_runs
-from gpt2bench.protocol import OUTPUT_DIR
 from gpt2bench.render import render_all, render_job
 from gpt2bench.render.cli import main
 from gpt2bench.render.pods import output_size_limit
@@ -31,8 +31,8 @@ from gpt2bench.render.runtimes import (
     runtime_problems,
 )
 from gpt2bench.render.trainjob import pod_patch, trainjob_caveats
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
-from gpt2bench.spec.validation import SpecError, load_benchmark, load_benchmark_file
+from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
+from gpt2bench.specification.validation import SpecError, load_benchmark, load_benchmark_file
 from gpt2bench.trainer.config import TrainConfig
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"

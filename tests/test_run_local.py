@@ -28,8 +28,8 @@ from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
 from gpt2bench.report.steps import read_steps
 from gpt2bench.report.table import results_table_markdown
-from gpt2bench.spec.model import STRATEGIES
-from gpt2bench.spec.validation import load_benchmark_file
+from gpt2bench.specification.model import STRATEGIES
+from gpt2bench.specification.validation import load_benchmark_file
 from gpt2bench.status import ResultsDocument
 
 ROOT = Path(__file__).resolve().parents[1]

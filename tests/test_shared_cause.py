@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpt2bench import startwait
-from gpt2bench.diagnosis import holds
+from gpt2bench.diagnosis import holds, startup
 from gpt2bench.status import FAILED, PENDING, RUNNING, SUCCEEDED, RunStatus
 
 SOCKETS = ("pod b-ddp-2x8g-worker-0 (container pytorch) exited with code 1: NCCL reached the other nodes over sockets "
@@ -122,18 +121,18 @@ def event(message: str, reason: str = "FailedCreatePod", type_: str = "Warning",
 
 
 @pytest.mark.parametrize(("answer", "kind"), [
-    ('violates PodSecurity "restricted:latest": runAsNonRoot != true', startwait.START),
-    ("maximum cpu usage per Container is 4, but limit is 8", startwait.START),  # a LimitRange
+    ('violates PodSecurity "restricted:latest": runAsNonRoot != true', startup.START),
+    ("maximum cpu usage per Container is 4, but limit is 8", startup.START),  # a LimitRange
     ("exceeded quota: gpu, requested: requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=0, "
-     "limited: requests.nvidia.com/gpu=4", startwait.START),  # more than the whole quota: never
+     "limited: requests.nvidia.com/gpu=4", startup.START),  # more than the whole quota: never
     ("exceeded quota: compute, requested: requests.cpu=500m,requests.memory=2Gi, used: requests.cpu=8,"
-     "requests.memory=30Gi, limited: requests.cpu=8,requests.memory=32Gi", startwait.CAPACITY),  # others use it up
+     "requests.memory=30Gi, limited: requests.cpu=8,requests.memory=32Gi", startup.CAPACITY),  # others use it up
 ])
 def test_a_pod_the_api_server_refused_is_read_from_the_jobs_own_events(answer, kind):
-    wait = startwait.refused_creation([event("old", reason="Pulled", type_="Normal"), event(answer)])
+    wait = startup.refused_creation([event("old", reason="Pulled", type_="Normal"), event(answer)])
     assert wait.kind == kind
     assert wait.words == f'pytorchjob-controller FailedCreatePod: Error creating: pods "x-worker-0" is forbidden: {answer}'
-    assert startwait.refused_creation([event(answer, reason="SuccessfulCreatePod", type_="Normal")]) is None
+    assert startup.refused_creation([event(answer, reason="SuccessfulCreatePod", type_="Normal")]) is None
 
 
 @pytest.mark.parametrize("flags", [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], ids=["sockets", "no-gpudirect", "both"])
@@ -152,4 +151,4 @@ def test_the_trainers_own_memlock_reason_is_recognised():
 
     problems = PinnedMemory(8 * 2**20, False, []).problems()
     failed = entry("met", phase=FAILED, reason="spec.fabric.require rdma, but " + "; and ".join(problems))
-    assert holds.environment_cause(failed).kind == holds.RDMA  # the words trainer/train.py prepare_fabric raises
+    assert holds.environment_cause(failed).kind == holds.RDMA  # the words trainer/cli.py prepare_fabric raises

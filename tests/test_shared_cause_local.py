@@ -17,7 +17,7 @@ from kube.training import trainer_summary
 from gpt2bench.local import sweep as local_sweep
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 pytestmark = pytest.mark.timeout(120)
 

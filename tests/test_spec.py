@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpt2bench.spec.model import STRATEGIES
-from gpt2bench.spec.validation import SpecError, load_benchmark, load_benchmark_file, validate_spec
+from gpt2bench.specification.model import STRATEGIES
+from gpt2bench.specification.validation import SpecError, load_benchmark, load_benchmark_file, validate_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 
@@ -234,7 +234,7 @@ def test_validate_does_not_mutate_its_input():
 @pytest.mark.parametrize("name", ["cpu-sweep.yaml", "gpu-papers.yaml"])
 def test_a_spec_as_results_json_holds_it_validates_again(name):
     """results.json keeps the spec dumped by alias; `report` checks it with the same validation."""
-    from gpt2bench.spec.validation import results_spec
+    from gpt2bench.specification.validation import results_spec
 
     spec = load_benchmark_file(str(EXAMPLES / name)).spec
     dumped = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -245,7 +245,7 @@ def test_a_spec_as_results_json_holds_it_validates_again(name):
 
 
 def test_python_builds_models_by_field_name_documents_use_camel_case():
-    from gpt2bench.spec.model import ScaleSpec, TrainingSpec
+    from gpt2bench.specification.model import ScaleSpec, TrainingSpec
 
     assert TrainingSpec(micro_batch_size=8).micro_batch_size == 8
     assert ScaleSpec(devices_per_node=2).procs_per_node == 2

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from gpt2bench.collect import decode_steps, find_steps, steps_jsonl
-from gpt2bench.protocol import MAX_STEPS_JSON, MAX_STEPS_LINE, STEPS_COLUMNS, STEPS_PREFIX
+from gpt2bench.conventions import MAX_STEPS_JSON, MAX_STEPS_LINE, STEPS_COLUMNS, STEPS_PREFIX
 from gpt2bench.trainer.summary import publish_steps, steps_line
 
 

@@ -13,12 +13,12 @@ import pytest
 from kubeflow_crds import validate_job
 
 from gpt2bench.collect import MAX_REASON
-from gpt2bench.controller.reconcile import initial_status
+from gpt2bench.controller.decide import initial_status
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_all
-from gpt2bench.spec.kubesyntax import ANNOTATIONS_MAX_BYTES
-from gpt2bench.spec.model import MAX_RUNS
-from gpt2bench.spec.validation import MAX_OBJECT_BYTES, SpecError, load_benchmark
+from gpt2bench.specification.kubesyntax import ANNOTATIONS_MAX_BYTES
+from gpt2bench.specification.model import MAX_RUNS
+from gpt2bench.specification.validation import MAX_OBJECT_BYTES, SpecError, load_benchmark
 from gpt2bench.status import BenchmarkStatus, BestRun, RunResults, RunStatus
 
 ETCD_MAX_OBJECT_BYTES = 1536 * 1024  # etcd's default --max-request-bytes

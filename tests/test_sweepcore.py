@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 from gpt2bench import collect, sweepcore
 from gpt2bench.plan import plan_runs
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 from gpt2bench.status import FAILED, PARTIALLY_SUCCEEDED, RUNNING, SUCCEEDED, RunResults
 
 NOW = datetime(2026, 11, 1, 1, tzinfo=timezone.utc)

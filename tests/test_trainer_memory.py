@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_trainer_units import FakeClock
 
-from gpt2bench.protocol import MAX_STEPS_LINE
+from gpt2bench.conventions import MAX_STEPS_LINE
 from gpt2bench.trainer import aggregates
 from gpt2bench.trainer.aggregates import StepTimes, ThinnedSteps, fold
 from gpt2bench.trainer.breakdown import PHASES, summarize_breakdown
@@ -161,7 +161,7 @@ def old_steps_line(records, limit=MAX_STEPS_LINE):
     import gzip
     import json
 
-    from gpt2bench.protocol import STEPS_COLUMNS, STEPS_PREFIX
+    from gpt2bench.conventions import STEPS_COLUMNS, STEPS_PREFIX
     from gpt2bench.trainer.aggregates import finite
 
     stride = max(1, len(records) // 4096)

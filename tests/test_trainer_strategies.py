@@ -168,7 +168,7 @@ import json, sys, torch, torch.distributed as dist
 from gpt2bench.trainer.config import TrainConfig
 from gpt2bench.trainer.env import detect_env
 from gpt2bench.trainer.parallel import strategy_class
-from gpt2bench.trainer.trainer import Trainer
+from gpt2bench.trainer.loop import Trainer
 
 calls = {"reduce_scatter": 0}
 original = dist.reduce_scatter_single

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2bench.trainer import train
+from gpt2bench.trainer import cli as trainer_cli
 from gpt2bench.trainer.config import ConfigError, TrainConfig, parse_config
 from gpt2bench.trainer.data import ShardedBatches, load_tokens
 from gpt2bench.trainer.env import detect_env
@@ -35,7 +35,7 @@ from gpt2bench.trainer.summary import COMPACT_LIMIT_BYTES, compact, percentile, 
 )
 def test_bad_option_exits_2_naming_it(argv, option, capsys):
     try:
-        code = train.main(argv)
+        code = trainer_cli.main(argv)
     except SystemExit as exc:  # argparse's own errors
         code = exc.code
     assert code == 2
@@ -43,7 +43,7 @@ def test_bad_option_exits_2_naming_it(argv, option, capsys):
 
 
 def test_every_spec_option_is_a_trainer_flag_and_flags_round_trip():
-    from gpt2bench.spec.model import DataSpec, ModelSpec, StrategySpec, TrainingSpec
+    from gpt2bench.specification.model import DataSpec, ModelSpec, StrategySpec, TrainingSpec
     from gpt2bench.trainer.config import OPTIONS
 
     flags = {(option.section, option.field) for option in OPTIONS}
@@ -66,7 +66,7 @@ def test_every_spec_option_is_a_trainer_flag_and_flags_round_trip():
     ],
 )
 def test_the_trainer_rejects_what_the_spec_rejects(argv, option, spec):
-    from gpt2bench.spec.validation import SpecError, validate_spec
+    from gpt2bench.specification.validation import SpecError, validate_spec
 
     with pytest.raises(ConfigError) as caught:
         parse_config(argv)
@@ -316,7 +316,7 @@ def test_cores_are_the_affinity_capped_by_the_containers_cpu_quota(tmp_path, mon
 
 def test_a_bad_budget_exits_2_naming_the_variable(monkeypatch, capsys):
     monkeypatch.setenv("GPT2BENCH_POD_CPUS", "lots")
-    assert train.main(["--model", "tiny", "--steps", "2", "--warmup-steps", "1"]) == 2
+    assert trainer_cli.main(["--model", "tiny", "--steps", "2", "--warmup-steps", "1"]) == 2
     assert "GPT2BENCH_POD_CPUS='lots'" in capsys.readouterr().err
 
 
@@ -346,12 +346,12 @@ def test_an_emulated_precision_run_is_skipped_by_every_rank_with_the_reason(monk
     monkeypatch.setattr(devices, "cpu_emulation_reason", lambda precision, flags=None: f"{precision} emulated here")
     monkeypatch.setenv("GPT2BENCH_TERMINATION_LOG", str(tmp_path / "termination-log"))
     args = ["--model", "tiny", "--steps", "2", "--warmup-steps", "1", "--precision", "bf16", "--output", str(tmp_path)]
-    assert train.main(args) == 0
+    assert trainer_cli.main(args) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["status"], summary["reason"]) == ("skipped", "bf16 emulated here")
     assert "skipped: bf16 emulated here" in capsys.readouterr().err
     assert json.loads((tmp_path / "termination-log").read_text())["status"] == "skipped"  # what the operator reads
-    assert train.main([*args, "--allow-emulated-precision", "--fail-at-step", "1"]) == 1  # opted in: it trains
+    assert trainer_cli.main([*args, "--allow-emulated-precision", "--fail-at-step", "1"]) == 1  # opted in: it trains
 
 
 def test_a_run_without_test_hooks_has_no_injected_faults_and_each_hook_fires_on_its_worker():

@@ -35,7 +35,7 @@ from gpt2bench.jobkinds import (
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import dump_jobs, render_job
 from gpt2bench.render.runtimes import project_runtimes
-from gpt2bench.spec.validation import load_benchmark
+from gpt2bench.specification.validation import load_benchmark
 
 SPEC = {
     "model": {"preset": "tiny"},

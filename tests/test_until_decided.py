@@ -11,12 +11,12 @@ from datetime import datetime, timezone
 
 import pytest
 
+from gpt2bench.conventions import FORKSERVER_SWITCH_ENV, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 from gpt2bench.local import sweep as local_sweep
 from gpt2bench.plan import order_seed, plan_runs
-from gpt2bench.protocol import FORKSERVER_SWITCH_ENV, SUMMARY_PREFIX, TERMINATION_LOG_ENV
 from gpt2bench.render import render_job
 from gpt2bench.report.sequential import next_round
-from gpt2bench.spec.validation import SpecError, load_benchmark
+from gpt2bench.specification.validation import SpecError, load_benchmark
 from gpt2bench.status import RunStatus
 
 

@@ -22,10 +22,10 @@ from pydantic import BaseModel
 
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_job
-from gpt2bench.spec import crd, documents
-from gpt2bench.spec.model import GPT2BenchmarkSpec
-from gpt2bench.spec.validation import SpecError, load_benchmark, validate_spec
-from gpt2bench.spec.values import SpecModel
+from gpt2bench.specification import crd, documents
+from gpt2bench.specification.model import GPT2BenchmarkSpec
+from gpt2bench.specification.validation import SpecError, load_benchmark, validate_spec
+from gpt2bench.specification.values import SpecModel
 
 pytestmark = pytest.mark.timeout(300)  # a hang fails the test; `deadline` fails a slow example
 # The same examples on every run, so that CI is reproducible; GPT2BENCH_FUZZ_EXAMPLES=5000 searches afresh

@@ -18,9 +18,9 @@ import pytest
 from kube.semantics import ApiError, validate_custom_resource
 from kubeflow_crds import strict
 
-from gpt2bench.spec import crd
-from gpt2bench.spec.model import MAX_RUNS, PRECISIONS, STRATEGIES
-from gpt2bench.spec.validation import SpecError, load_benchmark
+from gpt2bench.specification import crd
+from gpt2bench.specification.model import MAX_RUNS, PRECISIONS, STRATEGIES
+from gpt2bench.specification.validation import SpecError, load_benchmark
 
 BASE = {"sweep": {"strategies": [{"name": "ddp"}]}}
 VERSION = crd.build_crd()["spec"]["versions"][0]
@@ -259,7 +259,7 @@ LOCAL_ONLY = [
                                                                        "scales": [{"processesPerNode": 2}]}),
      "spec.metrics.port", "depends on the sweep as planned (processes per pod)"),
     ("env-reserved-name", with_(pods={"env": [{"name": "MASTER_ADDR", "value": "x"}]}), "spec.pods.env[0].name",
-     "a set of names and prefixes, kept in one place (spec/pods.py) with the renderers that set them"),
+     "a set of names and prefixes, kept in one place (specification/pods.py) with the renderers that set them"),
     ("volume-reserved-name", with_(pods={"volumes": [{"name": "dshm", "mountPath": "/d", "emptyDir": {}}]}),
      "spec.pods.volumes[0].name", "the renderers' own volumes"),
     ("volume-reserved-path", with_(pods={"volumes": [{"name": "d", "mountPath": "/tmp/", "emptyDir": {}}]}),
@@ -345,7 +345,7 @@ def _all_rules() -> list[dict]:
 
 @pytest.mark.parametrize("example", ["cpu-sweep.yaml", "gpu-papers.yaml"])
 def test_the_examples_pass_both(example):
-    from gpt2bench.spec.documents import read_document
+    from gpt2bench.specification.documents import read_document
 
     doc = read_document(str(crd.REPO / "manifests" / "examples" / example))
     load_benchmark(doc)

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 import gpt2bench
-from gpt2bench.controller import jobkinds
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
+from gpt2bench.controller import followedkinds
+from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "gpt2bench"
@@ -112,10 +112,10 @@ def _script_default(name: str) -> str:
 def test_the_e2e_installs_the_operator_versions_the_operator_tells_users_to_install() -> None:
     kustomization = yaml.safe_load((ROOT / "manifests" / "kubeflow" / "training-operator" / "kustomization.yaml")
                                    .read_text())
-    assert kustomization["resources"] == [jobkinds.TRAINING_OPERATOR_OVERLAY]
-    assert "-k manifests/kubeflow/training-operator " in jobkinds.TRAINING_OPERATOR_INSTALL
-    assert _script_default("MPI_OPERATOR") in jobkinds.MPI_OPERATOR_INSTALL
-    assert _script_default("TRAINER_V2") in jobkinds.TRAINER_V2_INSTALL
+    assert kustomization["resources"] == [followedkinds.TRAINING_OPERATOR_OVERLAY]
+    assert "-k manifests/kubeflow/training-operator " in followedkinds.TRAINING_OPERATOR_INSTALL
+    assert _script_default("MPI_OPERATOR") in followedkinds.MPI_OPERATOR_INSTALL
+    assert _script_default("TRAINER_V2") in followedkinds.TRAINER_V2_INSTALL
     assert re.fullmatch(r"kindest/node:v1\.(3[1-9]|[4-9]\d)\.\d+", _script_default("TRAINER_V2_NODE_IMAGE")), (
         "Trainer v2 needs Kubernetes 1.31 or later")
 

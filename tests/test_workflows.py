@@ -26,7 +26,7 @@ from kube.tools import kubectl as kubectl_for_tests
 from packaging.specifiers import SpecifierSet
 
 import gpt2bench
-from gpt2bench.spec.model import DEFAULT_IMAGE, Backend
+from gpt2bench.specification.model import DEFAULT_IMAGE, Backend
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"

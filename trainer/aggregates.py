@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from gpt2bench.protocol import MAX_STEPS_LINE, STEPS_COLUMNS, STEPS_PREFIX
-from gpt2bench.trainer.breakdown import BreakdownTotals
-from gpt2bench.trainer.stationarity import halves_ratio
+from gpt2bench.conventions import MAX_STEPS_LINE, STEPS_COLUMNS, STEPS_PREFIX
+
+from .breakdown import BreakdownTotals
+from .stationarity import halves_ratio
 
 _SIGN = np.uint64(1 << 63)
 _DIGIT_BITS = 16
@@ -130,7 +131,7 @@ def _six_digits(value: Any) -> Any:
 
 
 class ThinnedSteps:
-    """The curve columns (protocol.STEPS_COLUMNS) of every k-th step and of the last one, at most CAPACITY + 1 rows."""
+    """The curve columns (conventions.STEPS_COLUMNS) of every k-th step and of the last one, at most CAPACITY + 1 rows."""
 
     CAPACITY = 4096  # more rows than a 16,000-character line can carry
 

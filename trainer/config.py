@@ -1,6 +1,6 @@
 """`gpt2bench train` options: the GPT2Benchmark spec's own sections, plus what only a process needs.
 
-Each training option is declared once, in `gpt2bench.spec.model`: `TrainConfig.model` is a `ModelSpec`,
+Each training option is declared once, in `gpt2bench.specification.model`: `TrainConfig.model` is a `ModelSpec`,
 `.data` a `DataSpec`, `.training` a `TrainingSpec` and `.strategy` a `StrategySpec`, so an option's type,
 bounds, default, help text and cross-field rules are the spec's, in the CRD, in `gpt2bench render` and
 here alike. `ProcessOptions` holds what only a trainer process has (output folder, metrics port, labels,
@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpt2bench.spec.model import (
+from gpt2bench.specification.model import (
     DataSpec,
     MetricsPort,
     ModelSpec,

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt2bench.trainer.model import EOS_TOKEN_ID, VOCAB_SIZE, load_tokenizer, tokenizer_dir
+from .model import EOS_TOKEN_ID, VOCAB_SIZE, load_tokenizer, tokenizer_dir
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 

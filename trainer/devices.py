@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from gpt2bench.protocol import POD_CPUS_ENV
-from gpt2bench.trainer.cores import available_cpus
-from gpt2bench.trainer.cpuflags import cpu_emulation_reason
+from gpt2bench.conventions import POD_CPUS_ENV
+
+from .cores import available_cpus
+from .cpuflags import cpu_emulation_reason
 
 
 def device_name(device: torch.device) -> str:
@@ -211,7 +212,7 @@ def emulated_precision(precision: str, device_type: str, flags: set[str] | None 
 
 def device_sync(device: torch.device) -> None:
     """Wait for `device`'s queued work (no-op on CPU): outside measured steps only, e.g. before a peer reads a
-    buffer (ps) or at the end of timed collectives (collectives.py)."""
+    buffer (ps) or at the end of timed collectives (collective_probe.py)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

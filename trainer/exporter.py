@@ -17,8 +17,9 @@ import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gpt2bench.protocol import DEFAULT_METRICS_ADDRESS, METRICS_ADDRESS_ENV
-from gpt2bench.trainer.env import launcher_pid
+from gpt2bench.conventions import DEFAULT_METRICS_ADDRESS, METRICS_ADDRESS_ENV
+
+from .env import launcher_pid
 
 log = logging.getLogger("gpt2bench.trainer")
 

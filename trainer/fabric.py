@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.protocol import FABRIC_ENV, GPUDIRECT_RDMA_ENV, NCCL_ENV_SCRIPT_ENV, NODE_NAME_ENV
-from gpt2bench.trainer.memlock import pinned_memory_summary
+from gpt2bench.conventions import FABRIC_ENV, GPUDIRECT_RDMA_ENV, NCCL_ENV_SCRIPT_ENV, NODE_NAME_ENV
+
+from .memlock import pinned_memory_summary
 
 NCCL_LOG_FOLDER = "nccl"
 # The net plugins NCCL and its plugins name, and the transport family each is (the names NCCL prints after

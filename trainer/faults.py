@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from gpt2bench.trainer.config import ProcessOptions
+from .config import ProcessOptions
 
 log = logging.getLogger("gpt2bench.trainer")
 

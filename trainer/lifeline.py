@@ -3,7 +3,7 @@
 The runner starts each replica with a parent-death signal (gpt2bench/local/processes.py), but that reaches only its
 own children (torchrun, `gpt2bench launch`): a signal armed with prctl is not passed on to their children, and a
 launcher killed at the wrong moment leaves its ranks under PID 1, training on. So the runner also puts its pid in
-every replica's environment (protocol.RUNNER_PID_ENV), which torchrun and mpirun hand down to every rank, and each
+every replica's environment (conventions.RUNNER_PID_ENV), which torchrun and mpirun hand down to every rank, and each
 `gpt2bench train` watches that process from a daemon thread: once it has exited (or is a zombie, or its pid now
 belongs to another process), the trainer says so on stderr and ends itself. In a pod the variable is not set and
 nothing is watched: the kubelet ends a pod's processes.
@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from gpt2bench.protocol import RUNNER_PID_ENV
+from gpt2bench.conventions import RUNNER_PID_ENV
 
 POLL_SECONDS = 1.0
 KILL_AFTER_SECONDS = 5.0  # SIGTERM first (its default action ends the process at once); SIGKILL if it was caught

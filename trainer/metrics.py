@@ -32,12 +32,13 @@ from typing import Any
 
 import torch
 
-from gpt2bench.protocol import STEPS_FILE
-from gpt2bench.trainer.aggregates import StepTotals, finite
-from gpt2bench.trainer.breakdown import CommTimer, StepComm, StepPhases, resolve
-from gpt2bench.trainer.devices import PeakMemory, StepClock
-from gpt2bench.trainer.energy import EnergyLog, EnergyMeter, Unavailable
-from gpt2bench.trainer.exporter import PrometheusExporter
+from gpt2bench.conventions import STEPS_FILE
+
+from .aggregates import StepTotals, finite
+from .breakdown import CommTimer, StepComm, StepPhases, resolve
+from .devices import PeakMemory, StepClock
+from .energy import EnergyLog, EnergyMeter, Unavailable
+from .exporter import PrometheusExporter
 
 BREAKDOWN_FIELDS = ("data_seconds", "forward_seconds", "backward_seconds", "optimizer_seconds", "other_seconds",
                     "comm_seconds", "comm_exposed_seconds", "comm_bytes", "comm_kind_seconds", "comm_bus_bandwidth")

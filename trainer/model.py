@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
-from gpt2bench.spec.model import PRESETS
-from gpt2bench.trainer.config import TrainConfig
+from gpt2bench.specification.model import PRESETS
+
+from .config import TrainConfig
 
 VOCAB_SIZE = 50257
 EOS_TOKEN_ID = 50256

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
+from gpt2bench.conventions import MAX_STEPS_LINE, MAX_TERMINATION_MESSAGE, SUMMARY_FILE, SUMMARY_PREFIX
 from gpt2bench.files import termination_log_path, write_atomic, write_termination_message
-from gpt2bench.protocol import MAX_STEPS_LINE, MAX_TERMINATION_MESSAGE, SUMMARY_FILE, SUMMARY_PREFIX
-from gpt2bench.trainer.aggregates import ThinnedSteps, finite, fold
-from gpt2bench.trainer.fabric import fabric_summary
+
+from .aggregates import ThinnedSteps, finite, fold
+from .fabric import fabric_summary
 
 COMPACT_LIMIT_BYTES = MAX_TERMINATION_MESSAGE
 
@@ -231,7 +232,7 @@ def build_summary(config, env, parallel, payloads: list[dict[str, Any]], *, stat
 def breakdown_summary(config, parallel, figures: dict[str, Any]) -> dict[str, Any]:
     """Worker 0's step breakdown over its measured steps (`BreakdownTotals.figures`; docs/metrics.md, Step
     breakdown)."""
-    from gpt2bench.trainer.breakdown import PHASES
+    from .breakdown import PHASES
 
     keys = [f"{name}_seconds_mean" for name in PHASES] + [
         "comm_seconds_mean", "comm_exposed_seconds_mean", "comm_hidden_ratio", "comm_bytes_per_step",

@@ -5,7 +5,7 @@ stand for those pods):
 
 1. `pods.py`: how each pod ended badly (`PodEnd`: OOMKilled, killed by a signal, an exit code, evicted, stuck
    Terminating with its node) or why it has not started (`PodWait`: the scheduler's and the kubelet's words);
-2. `said.py`: what its failed container said last (its log's last meaningful line, a launcher's rank first; the
+2. `lastwords.py`: what its failed container said last (its log's last meaningful line, a launcher's rank first; the
    trainer's own reason; the runtime's words for a command it could not start);
 3. `pods.first_failure`: which pod is the cause: the first by time, within the same second by how it ended (a
    peer that failed because of it comes last), so the same fault reads the same on a laptop and on a cluster;
@@ -14,6 +14,16 @@ stand for those pods):
 Everything is importable from here (`from gpt2bench import diagnosis; diagnosis.first_failure(...)`).
 """
 
+from .lastwords import (
+    LINE_LIMIT,
+    START_FAILURES,
+    container_said,
+    executable_not_found,
+    last_meaningful_line,
+    rank_said,
+    start_failure,
+    terminated_said,
+)
 from .pods import (
     PEER_FAILURE,
     PREEMPTED,
@@ -41,16 +51,6 @@ from .pods import (
     startup_reason,
     stuck_terminating,
     waiting_for,
-)
-from .said import (
-    LINE_LIMIT,
-    START_FAILURES,
-    container_said,
-    executable_not_found,
-    last_meaningful_line,
-    rank_said,
-    start_failure,
-    terminated_said,
 )
 
 __all__ = [

@@ -13,7 +13,7 @@ Who shares a cause (`Scope`), precisely:
 | cause | recognised by (the run's reason) | held |
 |---|---|---|
 | `fabric`: NCCL between nodes off the fabric | the trainer's fabric check (`trainer/fabric.py`, `fallback_reason`: `NET/Socket`, no GPUDirect RDMA; NCCL's `No device found`) | every run on 2+ nodes |
-| `rdma`: memory RDMA cannot register, no RDMA device | `spec.fabric.require rdma, but ...` (`trainer/train.py`, `prepare_fabric`) | every run (they all carry `spec.fabric.require: rdma` and land on the same nodes) |
+| `rdma`: memory RDMA cannot register, no RDMA device | `spec.fabric.require rdma, but ...` (`trainer/cli.py`, `prepare_fabric`) | every run (they all carry `spec.fabric.require: rdma` and land on the same nodes) |
 | `driver`: no usable GPU in the pod, a driver below the image's CUDA | `no CUDA device is visible`, CUDA's `driver version is insufficient`, torch's `NVIDIA driver on your system is too old` | every GPU run (one image per device type, the same GPU nodes) |
 | `admission`: a pod refused by Pod Security | the job controller's `FailedCreatePod` quoted in the reason: `violates PodSecurity` | a Worker of a PyTorchJob (the training operator's `init-pytorch`): every PyTorchJob run on 2+ nodes; else every run of that job kind |
 | `disk`: the disk a run writes to is full | `No space left on device` (ENOSPC) in the run's reason: a trainer that could not write its records | every run (they write to the same folder, or the same node's disk) |

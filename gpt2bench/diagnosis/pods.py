@@ -3,7 +3,7 @@ use for it (the operator reads pods as the API returns them; the local runner bu
 processes).
 
 - `PodEnd`: a pod's container that ended badly (or the pod itself: evicted, lost with its node), when, and
-  the last meaningful line it printed (`said.py`). `first_failure` picks the first by time, and within the same
+  the last meaningful line it printed (`lastwords.py`). `first_failure` picks the first by time, and within the same
   second by how it ended (`end_rank`): the cause, not the peers that failed because of it.
 - `PodWait`: a pod that has not started, and why (not scheduled, an image not pulled, a bad config ...), in
   the scheduler's and the kubelet's own words.
@@ -24,7 +24,7 @@ from typing import Any
 
 from gpt2bench.collect import clean_reason
 
-from .said import START_FAILURES, start_failure
+from .lastwords import START_FAILURES, start_failure
 
 # A pod still Terminating this long after its grace period ended (metadata.deletionTimestamp is the time the
 # grace period ends) is stuck: no kubelet confirms that its containers stopped, so its node is likely gone.

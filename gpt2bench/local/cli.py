@@ -39,8 +39,8 @@ from gpt2bench.local.sweep import (
 )
 from gpt2bench.plan import plan_runs
 from gpt2bench.report.export import RESULTS_CSV
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.validation import SpecError, load_benchmarks_file
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.validation import SpecError, load_benchmarks_file
 from gpt2bench.status import (
     FAILED,
     INTERRUPTED,

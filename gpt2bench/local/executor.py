@@ -46,6 +46,7 @@ from typing import Any
 
 from gpt2bench import diagnosis
 from gpt2bench import jobkinds as kinds
+from gpt2bench.conventions import FORKED_COMMANDS, FORKSERVER_ENV, TRAINJOB_CONTAINER
 from gpt2bench.local import forkclient
 from gpt2bench.local.processes import die_with_parent, kill_tree, private_tmpdir
 from gpt2bench.local.replicas import (
@@ -58,7 +59,6 @@ from gpt2bench.local.replicas import (
     share_machine,
 )
 from gpt2bench.local.trainjob import trainjob_replicas
-from gpt2bench.protocol import FORKED_COMMANDS, FORKSERVER_ENV, TRAINJOB_CONTAINER
 
 KILL_GRACE_SECONDS = 5.0
 
@@ -228,7 +228,7 @@ def visible_gpus() -> list[str]:
 
 # What kube-scheduler says of a pod that a one-node cluster (this machine) can never take: too few GPUs in all,
 # not busy ones, so preemption cannot help (NodeResourcesFit's UnschedulableAndUnresolvable, kubernetes#131345).
-# The operator reads these words as a start that will not come (gpt2bench.startwait), as the local runner does.
+# The operator reads these words as a start that will not come (gpt2bench.diagnosis.startup), as the local runner does.
 NO_ROOM_FOR_GPUS = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
                     "1 Preemption is not helpful for scheduling.")
 

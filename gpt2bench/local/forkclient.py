@@ -26,7 +26,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from gpt2bench.protocol import FORKSERVER_ENV
+from gpt2bench.conventions import FORKSERVER_ENV
 
 MAX_MESSAGE = 1 << 20  # an environment is a few KiB
 MAX_FDS = 250  # SCM_RIGHTS carries at most 253 descriptors a message

@@ -60,9 +60,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gpt2bench.conventions import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV, RUNNER_PID_ENV
 from gpt2bench.local import forkclient
 from gpt2bench.local.processes import die_with_parent, kill_tree, private_tmpdir, stop_tree
-from gpt2bench.protocol import FORKSERVER_ENV, FORKSERVER_SWITCH_ENV, RUNNER_PID_ENV
 from gpt2bench.trainer import env as trainer_env
 
 # What a training process imports before its first step, and what torchrun and `gpt2bench launch` import. Not
@@ -73,10 +73,10 @@ PRELOAD = (
     "transformers.models.gpt2.tokenization_gpt2",
     "torch.distributed.run",
     "gpt2bench.launch",
-    "gpt2bench.trainer.train",
-    "gpt2bench.trainer.trainer",
+    "gpt2bench.trainer.cli",
+    "gpt2bench.trainer.loop",
     "gpt2bench.trainer.data",
-    "gpt2bench.trainer.collectives",
+    "gpt2bench.trainer.collective_probe",
     "gpt2bench.trainer.parallel.ddp",
     "gpt2bench.trainer.parallel.dataparallel",
     "gpt2bench.trainer.parallel.fsdp",
@@ -534,7 +534,7 @@ def finish(code: int, interrupted: bool = False) -> NoReturn:
     `logging`'s handlers, standard streams flushed; killed by SIGINT after an uncaught KeyboardInterrupt), without
     its teardown of every module and object: in a child holding the server's imports that takes seconds (each object
     written to is a page copied) and serves nothing a program relies on, but a file it left open and unflushed (none
-    of this project's: `gpt2bench train` itself ends with os._exit, trainer/train.py)."""
+    of this project's: `gpt2bench train` itself ends with os._exit, trainer/cli.py)."""
     threading._shutdown()  # what Py_FinalizeEx does first (the threading module's own hook)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -1,6 +1,6 @@
 """What `gpt2bench run` checks on this machine before it starts any process: the inputs the trainers read.
 
-The spec's validation (gpt2bench.spec.validation) says whether a GPT2Benchmark is well formed anywhere; this
+The spec's validation (gpt2bench.specification.validation) says whether a GPT2Benchmark is well formed anywhere; this
 says whether its data and weights are where the local trainers will look (relative paths from the current
 folder, as the replicas inherit it). On a cluster those paths are inside the image, so the operator
 cannot check them; locally a missing file would otherwise surface only after every replica started.
@@ -20,8 +20,8 @@ import os
 import re
 from pathlib import Path
 
-from gpt2bench.spec.kubesyntax import shown
-from gpt2bench.spec.model import GPT2BenchmarkSpec
+from gpt2bench.specification.kubesyntax import shown
+from gpt2bench.specification.model import GPT2BenchmarkSpec
 
 # What trainer/data.py reads (its TEXT_SUFFIXES; a test keeps the two equal without importing torch here).
 TEXT_SUFFIXES = (".txt", ".jsonl")

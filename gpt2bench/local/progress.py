@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Self
 
+from gpt2bench.conventions import STEPS_FILE
 from gpt2bench.plan import Run
-from gpt2bench.protocol import STEPS_FILE
 from gpt2bench.status import SKIPPED, SUCCEEDED, LocalRun, status_label
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.protocol import (
+from gpt2bench.conventions import (
     METRICS_ADDRESS_ENV,
     OUTPUT_ENV,
     POD_CPUS_ENV,
@@ -20,7 +20,7 @@ from gpt2bench.protocol import (
     TERMINATION_LOG_ENV,
     TRAINER_HOME,
 )
-from gpt2bench.spec.expansion import expand
+from gpt2bench.specification.expansion import expand
 from gpt2bench.trainer.cores import available_cpus
 
 
@@ -49,7 +49,7 @@ class Replica:
 
 def container_env(container: dict[str, Any], injected: dict[str, str], pod: dict[str, str]) -> dict[str, str]:
     """The container's env in order, each value expanded against the ones before it (the kubelet's rules,
-    `gpt2bench.spec.expansion`), then the operator-injected variables, which override same-named entries."""
+    `gpt2bench.specification.expansion`), then the operator-injected variables, which override same-named entries."""
     env: dict[str, str] = {}
     for item in container.get("env") or []:
         name = item["name"]
@@ -71,7 +71,7 @@ def container_env(container: dict[str, Any], injected: dict[str, str], pod: dict
 
 def share_machine(replicas: list[Replica], pods_each: int = 1) -> list[Replica]:
     """Pods that would each have a node's CPUs share this machine's: each replica gets cores ÷ replicas as its
-    pod's budget (protocol.POD_CPUS_ENV), capped by the budget the job rendered. An MPI launcher stands for the
+    pod's budget (conventions.POD_CPUS_ENV), capped by the budget the job rendered. An MPI launcher stands for the
     `pods_each` worker pods whose ranks it starts here, so its cap is theirs together."""
     share = available_cpus() / max(1, len(replicas))  # a container's CPU quota counts, as in the trainer
     for replica in replicas:

@@ -29,16 +29,16 @@ from typing import Any
 import yaml
 
 from gpt2bench import collect, sweepcore
+from gpt2bench.conventions import STEPS_FILE
 from gpt2bench.diagnosis import holds
 from gpt2bench.files import held, holding, write_atomic
 from gpt2bench.local import forkserver
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
 from gpt2bench.local.progress import Display
 from gpt2bench.plan import Run, order_seed, plan_runs, stopped_configurations
-from gpt2bench.protocol import STEPS_FILE
 from gpt2bench.render import render_job
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.validation import validate_spec
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.validation import validate_spec
 from gpt2bench.status import (
     FAILED,
     INTERRUPTED,

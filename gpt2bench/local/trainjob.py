@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt2bench import jobkinds as kinds
+from gpt2bench.conventions import TRAINJOB_CONTAINER
 from gpt2bench.local.replicas import JobSpecError, Replica, free_port, make_replica, share_machine
-from gpt2bench.protocol import TRAINJOB_CONTAINER
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 

@@ -23,7 +23,7 @@ from gpt2bench.render.netpol import render_network_policy
 from gpt2bench.render.pods import label_value, run_pods
 from gpt2bench.render.pytorchjob import render_pytorchjob
 from gpt2bench.render.trainjob import render_trainjob
-from gpt2bench.spec.model import Benchmark
+from gpt2bench.specification.model import Benchmark
 
 # Each kind's renderer writes its job in one pass over the run's shared pod template (pods.run_pods).
 RENDERERS = {"PyTorchJob": render_pytorchjob, "MPIJob": render_mpijob, "TrainJob": render_trainjob}

@@ -24,10 +24,10 @@ from gpt2bench.render import dump_jobs, render_objects
 from gpt2bench.render.openshift import openshift_objects
 from gpt2bench.render.runtimes import project_runtimes
 from gpt2bench.render.trainjob import trainjob_caveats
-from gpt2bench.spec.fielderrors import field_path
-from gpt2bench.spec.kubesyntax import dns1123_label_problem
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, cross_field_errors
-from gpt2bench.spec.validation import SpecError, load_benchmarks_file
+from gpt2bench.specification.fielderrors import field_path
+from gpt2bench.specification.kubesyntax import dns1123_label_problem
+from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, cross_field_errors
+from gpt2bench.specification.validation import SpecError, load_benchmarks_file
 
 
 def backend_line(requested: str, flag: str | None, resolved: str) -> str:

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpt2bench.plan import Run
-from gpt2bench.protocol import (
+from gpt2bench.conventions import (
     LAUNCHER_CONTAINER,
     MPIJOB_API,
     NODE_NAME_ENV,
@@ -27,6 +26,7 @@ from gpt2bench.protocol import (
     TRAINER_HOME,
     WORKER_CONTAINER,
 )
+from gpt2bench.plan import Run
 from gpt2bench.render.pods import RunPods, forwarded_env
 
 SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"

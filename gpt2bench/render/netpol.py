@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpt2bench.conventions import BENCHMARK_LABEL, RUN_LABEL
 from gpt2bench.plan import Run
-from gpt2bench.protocol import BENCHMARK_LABEL, RUN_LABEL
 from gpt2bench.render.pods import job_labels, label_value
-from gpt2bench.spec.model import Benchmark
+from gpt2bench.specification.model import Benchmark
 
 NETWORK_POLICY_API = "networking.k8s.io/v1"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.21+)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpt2bench.render.pods import label_value
-from gpt2bench.spec.model import Benchmark
+from gpt2bench.specification.model import Benchmark
 
 SCC_API = "security.openshift.io/v1"
 NONROOT_V2 = "nonroot-v2"

@@ -16,8 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gpt2bench.plan import Run
-from gpt2bench.protocol import (
+from gpt2bench.conventions import (
     BENCHMARK_LABEL,
     COMPONENT_LABEL,
     FABRIC_ENV,
@@ -37,9 +36,10 @@ from gpt2bench.protocol import (
     TRAINER_HOME,
     TRAINER_ROLE,
 )
-from gpt2bench.spec.kubesyntax import quantity_value
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.pods import PodsSpec, VolumeSpec
+from gpt2bench.plan import Run
+from gpt2bench.specification.kubesyntax import quantity_value
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.pods import PodsSpec, VolumeSpec
 
 
 def label_value(text: str) -> str:
@@ -135,7 +135,7 @@ def container_resources(benchmark: Benchmark, gpus: int, processes: int) -> dict
 
 
 def budget_env(benchmark: Benchmark) -> dict[str, str]:
-    """A training pod's CPU budget in cores (protocol.POD_CPUS_ENV): its CPU limit, else its request, else
+    """A training pod's CPU budget in cores (conventions.POD_CPUS_ENV): its CPU limit, else its request, else
     nothing (the trainer then divides what it can see). Every container of the job gets the training pods'
     value, so that an MPI launcher forwards the workers' budget, not its own."""
     resources = benchmark.spec.resources

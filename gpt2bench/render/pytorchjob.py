@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gpt2bench.protocol import PYTORCH_CONTAINER, PYTORCHJOB_API
+from gpt2bench.conventions import PYTORCH_CONTAINER, PYTORCHJOB_API
 from gpt2bench.render.pods import RunPods
 
 # The training operator's default rendezvous port; named so that it never guesses.

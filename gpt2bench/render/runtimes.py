@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpt2bench.conventions import GANG_ANNOTATION, SSH_PORT, TRAINJOB_API, TRAINJOB_CONTAINER, VOLCANO_QUEUE_ANNOTATION
 from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB
-from gpt2bench.protocol import GANG_ANNOTATION, SSH_PORT, TRAINJOB_API, TRAINJOB_CONTAINER, VOLCANO_QUEUE_ANNOTATION
 from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
 from gpt2bench.render.pods import container_security_context, pod_security_context
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MetricsSpec
+from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MetricsSpec
 
 TORCH_RUNTIME = "gpt2bench-torch"
 MPI_RUNTIME = "gpt2bench-mpi"
@@ -52,7 +52,7 @@ FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"  # how upstream's runtimes sa
 RUNTIME_IMAGE_PULL_POLICY = "IfNotPresent"
 RUNTIME_METRICS_PORT = MetricsSpec.model_fields["port"].default  # the trainer's default, 9400
 # Non-root sshd, as in the Dockerfile (and mpi-operator's base image, which Trainer's runtimes reuse).
-# (SSH_PORT, SSH_AUTH_MOUNT_PATH and SSHD_COMMAND are the MPIJob's: gpt2bench.protocol, render/mpijob.py.)
+# (SSH_PORT, SSH_AUTH_MOUNT_PATH and SSHD_COMMAND are the MPIJob's: gpt2bench.conventions, render/mpijob.py.)
 
 
 def _container(image: str, **extra: Any) -> dict[str, Any]:

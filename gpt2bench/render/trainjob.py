@@ -28,15 +28,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB, trainjob_pods
-from gpt2bench.plan import Run
-from gpt2bench.protocol import (
+from gpt2bench.conventions import (
     GANG_ANNOTATION,
     RESULT_REPLICATED_JOB_ANNOTATION,
     TRAINJOB_API,
     TRAINJOB_CONTAINER,
     VOLCANO_QUEUE_ANNOTATION,
 )
+from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB, trainjob_pods
+from gpt2bench.plan import Run
 from gpt2bench.render.mpijob import launcher_command
 from gpt2bench.render.pods import RunPods, container_security_context, pod_security_context
 from gpt2bench.render.runtimes import (
@@ -47,7 +47,7 @@ from gpt2bench.render.runtimes import (
     RUNTIME_METRICS_PORT,
     runtime_for,
 )
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, Benchmark
+from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, Benchmark
 
 PATCH_MANAGER = "gpt2bench.io/render"  # a runtimePatch's manager must be a domain-prefixed path (webhook)
 # What a runtimePatch may set on a pod and on a container (the TrainJob CRD's PodSpecPatch/ContainerPatch).

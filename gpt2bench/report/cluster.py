@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpt2bench.protocol import BENCHMARK_LABEL, COMPONENT_LABEL, RUN_LABEL, STEPS_COMPONENT, STEPS_CONFIGMAP_KEY
+from gpt2bench.conventions import BENCHMARK_LABEL, COMPONENT_LABEL, RUN_LABEL, STEPS_COMPONENT, STEPS_CONFIGMAP_KEY
 from gpt2bench.status import ResultsDocument
 
 
@@ -28,7 +28,7 @@ def fetch_cluster_doc(name: str, namespace: str | None,
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
 
-    from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
+    from gpt2bench.specification.model import API_GROUP, API_VERSION, PLURAL
 
     kubeconfig = os.environ.get("KUBECONFIG")  # the client reads it at import time; read it now, as kubectl does
     try:

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 
 from gpt2bench.report.noise import ALPHA, CONFIDENCE
-from gpt2bench.spec.model import PRECISIONS, STRATEGIES
+from gpt2bench.specification.model import PRECISIONS, STRATEGIES
 from gpt2bench.status import OBJECTIVES as WHAT
 from gpt2bench.status import Recommendation
 

@@ -11,9 +11,7 @@ import kopf
 
 from gpt2bench import collect
 from gpt2bench import jobkinds as kinds
-from gpt2bench.diagnosis import holds
-from gpt2bench.plan import Run
-from gpt2bench.protocol import (
+from gpt2bench.conventions import (
     BENCHMARK_LABEL,
     COMPONENT_LABEL,
     MANAGED_BY,
@@ -24,12 +22,14 @@ from gpt2bench.protocol import (
     STEPS_CONFIGMAP_KEY,
     STEPS_CONFIGMAP_SUFFIX,
 )
+from gpt2bench.diagnosis import holds
+from gpt2bench.plan import Run
 from gpt2bench.render import label_value, render_run
-from gpt2bench.spec.model import API_GROUP, KIND, Benchmark
+from gpt2bench.specification.model import API_GROUP, KIND, Benchmark
 from gpt2bench.status import RunStatus
 
+from . import decide as rc
 from . import events, kube, metrics
-from . import reconcile as rc
 
 # The user says a held cause is fixed (docs/operator.md, One cause, one stop): any value; the operator removes it.
 RESUME_ANNOTATION = f"{API_GROUP}/resume"

@@ -11,8 +11,8 @@ import kopf
 from gpt2bench.diagnosis import holds
 from gpt2bench.status import BenchmarkStatus, RunStatus, fabric_warnings
 
+from . import decide as rc
 from . import metrics
-from . import reconcile as rc
 
 
 def post(body: dict[str, Any], type_: str, reason: str, message: str) -> None:

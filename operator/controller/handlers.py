@@ -24,12 +24,12 @@ from typing import Any
 
 import kopf
 
-from gpt2bench.protocol import MANAGED_BY, MANAGED_BY_LABEL
-from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
+from gpt2bench.conventions import MANAGED_BY, MANAGED_BY_LABEL
+from gpt2bench.specification.model import API_GROUP, API_VERSION, PLURAL
 
 from . import apiclient, create, kube, liveness, metrics, poll, prerequisites, recovery, sweep, watchguard
-from . import reconcile as rc
-from .jobkinds import JOB_KINDS
+from . import decide as rc
+from .followedkinds import JOB_KINDS
 
 # How often a running sweep is looked at without a job event, and a sweep that could not start is tried again.
 # Read at import: kopf fixes timer intervals then.

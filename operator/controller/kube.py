@@ -17,13 +17,13 @@ from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__
 from gpt2bench import jobkinds as kinds
-from gpt2bench.protocol import BENCHMARK_LABEL, TRAINJOB_API
+from gpt2bench.conventions import BENCHMARK_LABEL, TRAINJOB_API
 from gpt2bench.render import label_value
 from gpt2bench.render.runtimes import RUNTIME_KIND, RUNTIME_PLURAL, runtime_problems
-from gpt2bench.spec.model import API_GROUP, API_VERSION, PLURAL
+from gpt2bench.specification.model import API_GROUP, API_VERSION, PLURAL
 
-from . import apiclient, reconcile
-from .jobkinds import JOB_KINDS, FollowedKind, missing_kind_reason, missing_runtime_reason
+from . import apiclient, decide
+from .followedkinds import JOB_KINDS, FollowedKind, missing_kind_reason, missing_runtime_reason
 
 _client: kubernetes.client.ApiClient | None = None
 # Errors worth another try later (the API server or the network, not the request): 401 too, as it is the
@@ -219,7 +219,7 @@ def create_job(job: dict[str, Any], owner_uid: str | None) -> Created | Refused:
         if exc.status == 404 and not served(kind):
             return Refused(missing_reason(kind), kind_missing=True)
         reason, message = api_message(exc)
-        return Refused(reconcile.refused_reason(name, kind.kind, exc.status, reason, message))
+        return Refused(decide.refused_reason(name, kind.kind, exc.status, reason, message))
     return Created(new=True)
 
 
@@ -248,9 +248,9 @@ def _runtime_refusal(job: dict[str, Any]) -> Refused | None:
 
 def _existing(kind: FollowedKind, namespace: str, name: str, owner_uid: str | None) -> Created | Refused:
     existing = _custom().get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name)
-    if owner_uid is None or reconcile.controller_uid(existing) == owner_uid:
+    if owner_uid is None or decide.controller_uid(existing) == owner_uid:
         return Created(new=False)
-    return Refused(reconcile.foreign_reason(name, kind.kind, namespace, reconcile.owner_description(existing),
+    return Refused(decide.foreign_reason(name, kind.kind, namespace, decide.owner_description(existing),
                                             owner_uid))
 
 
@@ -267,14 +267,14 @@ def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Crea
         if exc.status == 409:
             response = _request("GET", NETWORK_POLICIES + "/{name}", {"namespace": namespace, "name": name})
             existing = json.loads(response.data)
-            if owner_uid is None or reconcile.controller_uid(existing) == owner_uid:
+            if owner_uid is None or decide.controller_uid(existing) == owner_uid:
                 return Created(new=False)
             return Refused(f"a NetworkPolicy named {name} already exists in {namespace} and belongs to "
-                           f"{reconcile.owner_description(existing)}, not to this GPT2Benchmark (uid {owner_uid}): "
+                           f"{decide.owner_description(existing)}, not to this GPT2Benchmark (uid {owner_uid}): "
                            f"the run's pods would be fenced by rules it does not set. Delete that NetworkPolicy, "
                            f"or give this benchmark another name")
         reason, message = api_message(exc)
-        return Refused(reconcile.refused_reason(name, "NetworkPolicy", exc.status, reason, message)
+        return Refused(decide.refused_reason(name, "NetworkPolicy", exc.status, reason, message)
                        + " (spec.networkPolicy.enabled: false runs without it)")
     return Created(new=True)
 
@@ -438,5 +438,5 @@ def save_configmap(config_map: dict[str, Any], owner_uid: str | None) -> bool:
         if exc.status != 409:
             raise
         response = _request("GET", CONFIG_MAPS + "/{name}", {"namespace": namespace, "name": name})
-        return reconcile.controller_uid(json.loads(response.data)) == owner_uid
+        return decide.controller_uid(json.loads(response.data)) == owner_uid
     return True

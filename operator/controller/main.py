@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 import kopf
 
-from gpt2bench.protocol import TRAINER_IMAGE_CPU_ENV, TRAINER_IMAGE_GPU_ENV
-from gpt2bench.spec.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MIN_TTL_SECONDS
+from gpt2bench.conventions import TRAINER_IMAGE_CPU_ENV, TRAINER_IMAGE_GPU_ENV
+from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MIN_TTL_SECONDS
 
 from .apiclient import DEFAULT_API_TIMEOUT, MAX_CONNECT_SECONDS
 from .leader import DEFAULT_LEASE_SECONDS, MIN_LEASE_SECONDS

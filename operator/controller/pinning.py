@@ -11,17 +11,17 @@ from typing import Any
 
 from gpt2bench import __version__
 from gpt2bench import jobkinds as kinds
-from gpt2bench.plan import Run, plan_runs, stopped_configurations
-from gpt2bench.protocol import (
+from gpt2bench.conventions import (
     TRAINER_IMAGE_CPU_ENV,
     TRAINER_IMAGE_GPU_ENV,
 )
-from gpt2bench.spec.model import API_GROUP, Benchmark
-from gpt2bench.spec.validation import SpecError, validate_spec
+from gpt2bench.plan import Run, plan_runs, stopped_configurations
+from gpt2bench.specification.model import API_GROUP, Benchmark
+from gpt2bench.specification.validation import SpecError, validate_spec
 from gpt2bench.status import BenchmarkStatus
 
+from . import decide as rc
 from . import events, kube
-from . import reconcile as rc
 
 # The spec a sweep started with: later spec edits do not change a running sweep (docs/operator.md).
 SWEEP_SPEC_ANNOTATION = f"{API_GROUP}/sweep-spec"

@@ -4,7 +4,7 @@ and why a failed one failed. The words are `gpt2bench.diagnosis`'s, which the lo
 - A queued run (its job suspended by Kueue) that its queue has not admitted within `runPolicy.queueSeconds`
   ends Failed; a run whose pods have not all started ends Failed after `runPolicy.capacitySeconds` of waiting
   for capacity that may still come (a scale-up, busy nodes, a gang, an image pulling), or after
-  `runPolicy.startupSeconds` in a state that will not pass by waiting (gpt2bench.startwait tells them apart
+  `runPolicy.startupSeconds` in a state that will not pass by waiting (gpt2bench.diagnosis.startup tells them apart
   from the pods' states and events); a pod the API server refused to create (the job controller's own
   `FailedCreatePod` Event: Pod Security, a LimitRange, a quota the pod exceeds alone) ends it at once, in the API
   server's words (a quota other pods use up is capacity). Its job is deleted (its pods with it) and the sweep goes on. Until then
@@ -21,14 +21,15 @@ import dataclasses
 import datetime
 from typing import Any
 
-from gpt2bench import diagnosis, startwait
+from gpt2bench import diagnosis
 from gpt2bench import jobkinds as kinds
+from gpt2bench.diagnosis import startup
 from gpt2bench.plan import Run
-from gpt2bench.spec.model import GPT2BenchmarkSpec
+from gpt2bench.specification.model import GPT2BenchmarkSpec
 from gpt2bench.status import QUEUED, RUNNING, RunStatus
 
+from . import decide as rc
 from . import kube
-from . import reconcile as rc
 
 LOG_LINES, LOG_BYTES = 200, 64 * 1024  # of a failed container's log: its last meaningful line is in there
 TIED_LOGS = 8  # logs read of the pods that failed in the same second (a 64-node job's peers all fail in one)
@@ -63,7 +64,7 @@ def starting_since(job: dict[str, Any]) -> datetime.datetime | None:
 
 def follow_start(run: Run, entry: RunStatus, job: dict[str, Any], spec: GPT2BenchmarkSpec, now: str) -> RunStatus:
     """A queued or running run's entry, updated from its job and pods: what it waits for (capacity that may come,
-    or a start that will not: gpt2bench.startwait), when its pods had all started, or Failed (its job deleted)
+    or a start that will not: gpt2bench.diagnosis.startup), when its pods had all started, or Failed (its job deleted)
     when it waited longer than that kind's limit. A pod re-created after the run started is followed alike."""
     policy, at = spec.run_policy, _time(now)
     if entry.phase == QUEUED:
@@ -107,19 +108,19 @@ def _waited(run: Run, entry: RunStatus, job: dict[str, Any], pods: list[dict[str
     policy, at = spec.run_policy, _time(now)
     live = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
     # a pod missing: its controller's own Events say whether the API server refused it (Pod Security, a quota ...)
-    refused = startwait.refused_creation(kube.pod_events(job)) if expected is None or len(live) < expected else None
-    if refused is not None and refused.kind == startwait.START:  # waiting will not change the answer: say it now
+    refused = startup.refused_creation(kube.pod_events(job)) if expected is None or len(live) < expected else None
+    if refused is not None and refused.kind == startup.START:  # waiting will not change the answer: say it now
         kube.delete_job(job)
         return rc.failed_entry(run, entry, diagnosis.refused_reason(prefix + refused.words), now)
     events = {pod["metadata"]["name"]: kube.pod_events(pod) for pod in pods if not diagnosis.pod_started(pod)}
-    wait = refused or startwait.classify(pods, expected, events)
+    wait = refused or startup.classify(pods, expected, events)
     words = prefix + wait.words
     same = entry.waiting_kind == wait.kind and entry.waiting_since
     kind_since = _time(entry.waiting_since) if same else (since if entry.waiting_kind is None else at)
-    if wait.kind == startwait.CAPACITY and (at - since).total_seconds() > policy.capacity_seconds:
+    if wait.kind == startup.CAPACITY and (at - since).total_seconds() > policy.capacity_seconds:
         kube.delete_job(job)
-        return rc.failed_entry(run, entry, startwait.capacity_reason(words, policy.capacity_seconds), now)
-    if wait.kind == startwait.START and (at - kind_since).total_seconds() > policy.startup_seconds:
+        return rc.failed_entry(run, entry, startup.capacity_reason(words, policy.capacity_seconds), now)
+    if wait.kind == startup.START and (at - kind_since).total_seconds() > policy.startup_seconds:
         kube.delete_job(job)
         return rc.failed_entry(run, entry, diagnosis.startup_reason(words, policy.startup_seconds), now)
     return entry.model_copy(update={"waiting": words, "waiting_kind": wait.kind,

@@ -38,7 +38,7 @@ import kopf
 from gpt2bench.status import BenchmarkStatus
 
 from . import apiclient, kube, metrics, watchguard
-from . import reconcile as rc
+from . import decide as rc
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from gpt2bench import jobkinds as kinds
 from gpt2bench.render.runtimes import MPI_GPU_RUNTIME, MPI_ONE_NODE_RUNTIME, MPI_RUNTIME, TORCH_RUNTIME
 
 from . import kube
-from .jobkinds import JOB_KINDS, RUNTIMES_INSTALL, FollowedKind
+from .followedkinds import JOB_KINDS, RUNTIMES_INSTALL, FollowedKind
 
 RUNTIMES = [TORCH_RUNTIME, MPI_RUNTIME, MPI_GPU_RUNTIME, MPI_ONE_NODE_RUNTIME]
 V1_KINDS = ("PyTorchJob", "MPIJob")

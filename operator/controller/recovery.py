@@ -23,8 +23,8 @@ import kopf
 
 from gpt2bench.status import BenchmarkStatus
 
+from . import decide as rc
 from . import kube
-from . import reconcile as rc
 from .events import run_events, sweep_event
 
 # kube-apiserver's default --event-ttl: an Event older than this is deleted by the API server.

@@ -28,12 +28,12 @@ from gpt2bench import __version__, sweepcore
 from gpt2bench import jobkinds as kinds
 from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run, configuration_of, plan_runs
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.validation import SpecError
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.validation import SpecError
 from gpt2bench.status import BenchmarkStatus, RunStatus
 
 from . import create, events, kube, liveness, metrics, pinning, pods
-from . import reconcile as rc
+from . import decide as rc
 
 # How often a sweep that could not start is tried again (handlers.py sets it from --poll-interval).
 RETRY_SECONDS = 30.0

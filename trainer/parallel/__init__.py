@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from gpt2bench.trainer.parallel.base import Parallelism
+from .base import Parallelism
 
 # strategy name -> "module:Class" under gpt2bench.trainer.parallel
 STRATEGIES: dict[str, str] = {

@@ -1,6 +1,6 @@
 """The interface every data-parallel strategy implements.
 
-The training loop (`gpt2bench.trainer.trainer.Trainer`) is strategy-agnostic: it only calls the
+The training loop (`gpt2bench.trainer.loop.Trainer`) is strategy-agnostic: it only calls the
 hooks below, in this order, so that a strategy is one class in one module and the loop has no
 `if strategy == ...` branches.
 
@@ -56,10 +56,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:  # only for annotations; avoids an import cycle
-    from gpt2bench.trainer.breakdown import CommTimer
-    from gpt2bench.trainer.collectives import Backend
-    from gpt2bench.trainer.config import TrainConfig
-    from gpt2bench.trainer.env import DistEnv
+    from ..breakdown import CommTimer
+    from ..collective_probe import Backend
+    from ..config import TrainConfig
+    from ..env import DistEnv
 
 
 class Parallelism:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from gpt2bench.trainer.parallel.base import Parallelism
+from .base import Parallelism
 
 
 class AutocastForward(torch.nn.Module):

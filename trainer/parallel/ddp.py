@@ -22,8 +22,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt2bench.trainer.breakdown import CommTimer
-from gpt2bench.trainer.parallel.collective import CollectiveParallelism
+from ..breakdown import CommTimer
+from .c10d_group import CollectiveParallelism
 
 
 class DDPParallelism(CollectiveParallelism):

@@ -34,8 +34,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-from gpt2bench.trainer.breakdown import CommTimer
-from gpt2bench.trainer.parallel.collective import CollectiveParallelism
+from ..breakdown import CommTimer
+from .c10d_group import CollectiveParallelism
 
 
 class FSDPParallelism(CollectiveParallelism):

@@ -39,9 +39,9 @@ except ImportError as exc:  # the registry imports this module only for --strate
         f"--strategy horovod needs Horovod built against this torch (scripts/install.sh builds it): {exc}"
     ) from exc
 
-from gpt2bench.trainer.breakdown import CommTimer
-from gpt2bench.trainer.parallel.base import Parallelism, distinct_tensors, update_scaler
-from gpt2bench.trainer.summary import publish_summary
+from ..breakdown import CommTimer
+from ..summary import publish_summary
+from .base import Parallelism, distinct_tensors, update_scaler
 
 log = logging.getLogger("gpt2bench.trainer")
 
@@ -70,7 +70,7 @@ class HorovodParallelism(Parallelism):
             torch.cuda.set_device(self.device)
 
     def collectives_backend(self):
-        from gpt2bench.trainer.collectives import horovod_backend
+        from ..collective_probe import horovod_backend
 
         backend = horovod_backend(self.device)
         bound = self.watchdog.bounded  # the probe's collectives wait for every rank too

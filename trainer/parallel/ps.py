@@ -51,11 +51,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from gpt2bench.trainer.breakdown import CommTimer
-from gpt2bench.trainer.devices import PeakMemory, device_sync
-from gpt2bench.trainer.fabric import GLOO_TCP
-from gpt2bench.trainer.parallel.base import Parallelism, adamw, state_bytes
-from gpt2bench.trainer.parallel.ps_memory import SharedBuffer, open_shared, shm_room
+from ..breakdown import CommTimer
+from ..devices import PeakMemory, device_sync
+from ..fabric import GLOO_TCP
+from .base import Parallelism, adamw, state_bytes
+from .ps_memory import SharedBuffer, open_shared, shm_room
 
 # Message tags (one stream per kind, so an any-source receive only ever matches a push header).
 TAG_PUSH_HEADER, TAG_PUSH_GRAD, TAG_REPLY_HEADER, TAG_REPLY_PARAM = 11, 12, 13, 14

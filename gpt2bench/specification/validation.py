@@ -2,14 +2,14 @@
 
 - `load_benchmarks_file(path, name)`: every GPT2Benchmark of a file (`---` between them, or the items of a
   `kind: List`), as `run` and `validate` read it, or the one named; `load_benchmark_file(path)`: the one GPT2Benchmark of a file, as
-  `render` reads it (how a file is read, and its limits: gpt2bench.spec.documents);
+  `render` reads it (how a file is read, and its limits: gpt2bench.specification.documents);
 - `load_benchmark(document)`: a whole resource as `kubectl apply` sends it: apiVersion, kind, metadata
   (names, labels, annotations as the API server checks them), spec, and its size;
 - `validate_spec(spec)`: the spec alone, as the operator gets it from the API server;
 - `results_spec(document)`: the spec of a results document, for `gpt2bench report`.
 
 Each raises `SpecError` listing every problem as (field path as written, message). The models and their
-rules are in gpt2bench.spec.model, which re-exports these names. Rules and where each is enforced:
+rules are in gpt2bench.specification.model, which re-exports these names. Rules and where each is enforced:
 docs/validation.md.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gpt2bench.spec import documents, kubesyntax
-from gpt2bench.spec.fielderrors import field_errors, field_path
-from gpt2bench.spec.kubesyntax import shown
-from gpt2bench.spec.model import API_GROUP, API_VERSION, KIND, Benchmark, GPT2BenchmarkSpec
-from gpt2bench.spec.values import SpecModel
+from gpt2bench.specification import documents, kubesyntax
+from gpt2bench.specification.fielderrors import field_errors, field_path
+from gpt2bench.specification.kubesyntax import shown
+from gpt2bench.specification.model import API_GROUP, API_VERSION, KIND, Benchmark, GPT2BenchmarkSpec
+from gpt2bench.specification.values import SpecModel
 
 # A GPT2Benchmark without its status, as compact JSON. `kubectl apply` copies the object into an annotation
 # and the operator keeps two more copies of its spec in annotations; the API server allows 256 KiB of

@@ -1,4 +1,4 @@
-"""The building blocks of the spec's models (gpt2bench/spec/model.py): the base model, value types, CEL rules.
+"""The building blocks of the spec's models (gpt2bench/specification/model.py): the base model, value types, CEL rules.
 
 - `SpecModel`: camelCase fields, unknown fields refused, JSON types without coercion, finite numbers, and
   null taken for "not given", as the API server prunes it;
@@ -22,8 +22,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from gpt2bench.spec import kubesyntax
-from gpt2bench.spec.kubesyntax import LABEL_VALUE_PATTERN, QUANTITY_PATTERN
+from gpt2bench.specification import kubesyntax
+from gpt2bench.specification.kubesyntax import LABEL_VALUE_PATTERN, QUANTITY_PATTERN
 
 
 def whole_number(value: Any) -> Any:

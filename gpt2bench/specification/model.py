@@ -1,8 +1,8 @@
 """The GPT2Benchmark spec: the one source of truth for the API.
 
-The CRD's openAPIV3Schema is generated from these models (`gpt2bench.spec.crd`); `gpt2bench render`, `run`,
+The CRD's openAPIV3Schema is generated from these models (`gpt2bench.specification.crd`); `gpt2bench render`, `run`,
 `report` and the operator validate with the same functions (`load_benchmark_file`, `load_benchmark`,
-`validate_spec`, in gpt2bench.spec.validation and importable from here), and every error names the field as
+`validate_spec`, in gpt2bench.specification.validation and importable from here), and every error names the field as
 the user wrote it (`spec.sweep.scales[1].nodes`). The rules, their bounds and where each is enforced:
 docs/validation.md.
 
@@ -10,10 +10,10 @@ Three layers of checks, each as close to the API server as it can be:
 - field checks (JSON types without coercion, enums, bounds, patterns, required, unknown or snake_case
   fields) live in the models, so the CRD schema has them and the API server enforces them;
 - cross-field rules CEL can express are declared on the models as `x-kubernetes-validations` (see
-  `gpt2bench.spec.values.cel`) and checked again by the model validators, so `kubectl apply` and the
+  `gpt2bench.specification.values.cel`) and checked again by the model validators, so `kubectl apply` and the
   local tools agree;
 - what neither can express (map keys, quantities compared, derived ports, the sweep's size) is checked
-  by the model validators only, and object sizes and metadata by gpt2bench.spec.validation: the operator and
+  by the model validators only, and object sizes and metadata by gpt2bench.specification.validation: the operator and
   the local tools run both.
 
 As in the API server, a null means "not given" (it is dropped, so a default applies), except where
@@ -31,10 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpt2bench import __version__
-from gpt2bench.spec import kubesyntax
-from gpt2bench.spec.fabric import FabricSpec
-from gpt2bench.spec.fielderrors import RuleError
-from gpt2bench.spec.kubesyntax import (
+from gpt2bench.specification import kubesyntax
+from gpt2bench.specification.fabric import FabricSpec
+from gpt2bench.specification.fielderrors import RuleError
+from gpt2bench.specification.kubesyntax import (
     DIGEST_PATTERN,
     DNS1123_LABEL_PATTERN,
     DNS1123_SUBDOMAIN_PATTERN,
@@ -42,8 +42,8 @@ from gpt2bench.spec.kubesyntax import (
     pinned_image,
     shown,
 )
-from gpt2bench.spec.pods import AffinitySpec, JobMetadataSpec, PodsSpec
-from gpt2bench.spec.values import Annotations, Labels, LabelValue, ResourceList, SpecModel, cel
+from gpt2bench.specification.pods import AffinitySpec, JobMetadataSpec, PodsSpec
+from gpt2bench.specification.values import Annotations, Labels, LabelValue, ResourceList, SpecModel, cel
 
 API_GROUP = "gpt2bench.io"
 API_VERSION = "v1alpha1"

@@ -15,10 +15,10 @@ from typing import Annotated, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from gpt2bench.protocol import NODE_NAME_ENV, OUTPUT_DIR, OUTPUT_ENV, POD_CPUS_ENV, TRAINER_HOME, TRAINER_UID
-from gpt2bench.spec import kubesyntax
-from gpt2bench.spec.fielderrors import RuleError
-from gpt2bench.spec.kubesyntax import (
+from gpt2bench.conventions import NODE_NAME_ENV, OUTPUT_DIR, OUTPUT_ENV, POD_CPUS_ENV, TRAINER_HOME, TRAINER_UID
+from gpt2bench.specification import kubesyntax
+from gpt2bench.specification.fielderrors import RuleError
+from gpt2bench.specification.kubesyntax import (
     ABSOLUTE_PATH_PATTERN,
     CAPABILITY_PATTERN,
     CONFIG_KEY_PATTERN,
@@ -27,7 +27,7 @@ from gpt2bench.spec.kubesyntax import (
     ENV_NAME_PATTERN,
     shown,
 )
-from gpt2bench.spec.values import Annotations, Labels, LabelValue, Quantity, SpecModel, cel
+from gpt2bench.specification.values import Annotations, Labels, LabelValue, Quantity, SpecModel, cel
 
 DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN)]
 QualifiedKey = Annotated[str, Field(min_length=1, max_length=kubesyntax.DNS1123_SUBDOMAIN_MAX + 1 + 63)]

@@ -13,7 +13,7 @@ stops within a minute saying why, instead of measuring TCP for hours (docs/clust
   /usr/local/gib/scripts/set_nccl_env.sh), sourced by every rank before NCCL starts, so that its values,
   which change with the plugin's version, are the node's and not a copy.
 
-The trainer reads them from its environment (gpt2bench.protocol, render/pods.py): gpt2bench/trainer/fabric.py.
+The trainer reads them from its environment (gpt2bench.conventions, render/pods.py): gpt2bench/trainer/fabric.py.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from gpt2bench.spec.fielderrors import RuleError
-from gpt2bench.spec.kubesyntax import ABSOLUTE_PATH_PATTERN
-from gpt2bench.spec.values import SpecModel, cel
+from gpt2bench.specification.fielderrors import RuleError
+from gpt2bench.specification.kubesyntax import ABSOLUTE_PATH_PATTERN
+from gpt2bench.specification.values import SpecModel, cel
 
 FabricRequire = Literal["auto", "rdma", "none"]
 # NCCL_NET_GDR_LEVEL values that turn GPUDirect RDMA off (NCCL env docs: LOC, or 0, "never").

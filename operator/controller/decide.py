@@ -17,7 +17,7 @@ from gpt2bench import collect, diagnosis, sweepcore
 from gpt2bench import jobkinds as kinds
 from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run, seed_for
-from gpt2bench.spec.model import GPT2BenchmarkSpec
+from gpt2bench.specification.model import GPT2BenchmarkSpec
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     COMPLETE,
     FAILED,

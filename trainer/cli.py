@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from gpt2bench.trainer.config import ConfigError, parse_config
-from gpt2bench.trainer.devices import apply_cpu_budget, bound_compile_threads, emulated_precision
-from gpt2bench.trainer.env import detect_env, process_start_time
-from gpt2bench.trainer.exporter import PrometheusExporter
-from gpt2bench.trainer.fabric import (
+from .config import ConfigError, parse_config
+from .devices import apply_cpu_budget, bound_compile_threads, emulated_precision
+from .env import detect_env, process_start_time
+from .exporter import PrometheusExporter
+from .fabric import (
     NO_GPUDIRECT,
     FabricPolicy,
     apply_nccl_env_script,
@@ -30,11 +30,11 @@ from gpt2bench.trainer.fabric import (
     rank_payload,
     transport_problems,
 )
-from gpt2bench.trainer.lifeline import watch_runner
-from gpt2bench.trainer.memlock import PinnedMemory, read_pinned_memory
-from gpt2bench.trainer.model import build_model
-from gpt2bench.trainer.parallel import strategy_class
-from gpt2bench.trainer.summary import build_summary, publish_steps, publish_summary
+from .lifeline import watch_runner
+from .memlock import PinnedMemory, read_pinned_memory
+from .model import build_model
+from .parallel import strategy_class
+from .summary import build_summary, publish_steps, publish_summary
 
 log = logging.getLogger("gpt2bench.trainer")
 
@@ -170,7 +170,7 @@ def check_transport_at_start(parallel, nccl_log: Path | None, policy: FabricPoli
 
 def train_worker(config, parallel, exporter, process_started: float) -> dict:
     """Build, train, and return this worker's payload; a non-finite loss fails it (all workers alike)."""
-    from gpt2bench.trainer.trainer import Trainer, TrainingFailed
+    from .loop import Trainer, TrainingFailed
 
     trainer = Trainer(config, parallel, exporter=exporter)
     first_step_at: list[float] = []
@@ -192,8 +192,8 @@ def train_worker(config, parallel, exporter, process_started: float) -> dict:
 
 
 def probe_network(parallel, message_bytes: dict[str, int]) -> dict:
-    """What the network gives the strategy's own messages, timed after training (collectives.py)."""
-    from gpt2bench.trainer.collectives import probe, summary_fields
+    """What the network gives the strategy's own messages, timed after training (collective_probe.py)."""
+    from .collective_probe import probe, summary_fields
 
     backend = parallel.collectives_backend()
     return summary_fields(probe(backend, message_bytes) if backend is not None else [])

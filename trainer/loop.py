@@ -18,16 +18,16 @@ from typing import Any
 
 import torch
 
-from gpt2bench.trainer.config import TrainConfig
-from gpt2bench.trainer.data import BatchLoader, ShardedBatches, load_tokens
-from gpt2bench.trainer.devices import allow_tf32, device_name, math_precision, peak_flops_per_device
-from gpt2bench.trainer.energy import energy_meter
-from gpt2bench.trainer.exporter import PrometheusExporter
-from gpt2bench.trainer.faults import injected
-from gpt2bench.trainer.loss import cross_entropy
-from gpt2bench.trainer.metrics import CompileWatch, MetricsProcessor
-from gpt2bench.trainer.model import build_model, count_params, flops_per_token, vocab_sizes
-from gpt2bench.trainer.parallel.base import Parallelism
+from .config import TrainConfig
+from .data import BatchLoader, ShardedBatches, load_tokens
+from .devices import allow_tf32, device_name, math_precision, peak_flops_per_device
+from .energy import energy_meter
+from .exporter import PrometheusExporter
+from .faults import injected
+from .loss import cross_entropy
+from .metrics import CompileWatch, MetricsProcessor
+from .model import build_model, count_params, flops_per_token, vocab_sizes
+from .parallel.base import Parallelism
 
 log = logging.getLogger("gpt2bench.trainer")
 

@@ -1,12 +1,12 @@
-"""Waiting for capacity told apart from never starting (gpt2bench.startwait), on pods and events as the scheduler,
+"""Waiting for capacity told apart from never starting (gpt2bench.diagnosis.startup), on pods and events as the scheduler,
 the kubelet, cluster-autoscaler, Karpenter and the gang schedulers write them (their sources are quoted in the
-module). The operator's use of it, against the emulated API: tests/test_operator_startwait.py."""
+module). The operator's use of it, against the emulated API: tests/test_operator_startup.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpt2bench.startwait import CAPACITY, START, classify
+from gpt2bench.diagnosis.startup import CAPACITY, START, classify
 
 BUSY = ("0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: 3 No preemption "
         "victims found for incoming pod.")

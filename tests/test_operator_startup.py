@@ -1,6 +1,6 @@
 """Waiting for capacity is not failing to start (docs/operator.md, Starting runs): the real kopf operator against the
 emulated API (tests/kube), the test playing the training operator, the scheduler, the kubelet and
-cluster-autoscaler in their own words (tests/kube/kubelet.py; gpt2bench.startwait quotes their sources).
+cluster-autoscaler in their own words (tests/kube/kubelet.py; gpt2bench.diagnosis.startup quotes their sources).
 
 - a pod waiting for a node the autoscaler is adding outlives runPolicy.startupSeconds and fails only at
   runPolicy.capacitySeconds, both times saying so in the autoscaler's words;
@@ -19,7 +19,7 @@ from fault_figures import seconds_since
 from kube.fixtures import benchmark, wait_for
 
 from gpt2bench import diagnosis
-from gpt2bench.startwait import capacity_reason
+from gpt2bench.diagnosis.startup import capacity_reason
 
 pytestmark = pytest.mark.timeout(180)
 STARTUP, CAPACITY = 3, 8

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from gpt2bench import jobkinds as kinds
+from gpt2bench.controller import decide as rc
 from gpt2bench.controller import kube
-from gpt2bench.controller import reconcile as rc
-from gpt2bench.controller.jobkinds import JOB_KINDS, missing_kind_reason
+from gpt2bench.controller.followedkinds import JOB_KINDS, missing_kind_reason
 from gpt2bench.plan import plan_runs
-from gpt2bench.spec.model import Benchmark
-from gpt2bench.spec.validation import validate_spec
+from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.validation import validate_spec
 from gpt2bench.status import BenchmarkStatus, RunStatus
 
 NOW = "2026-11-22T00:00:00Z"

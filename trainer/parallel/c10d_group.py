@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpt2bench.trainer.parallel.base import Parallelism
+from .base import Parallelism
 
 
 class CollectiveParallelism(Parallelism):
@@ -21,7 +21,7 @@ class CollectiveParallelism(Parallelism):
         self.init_process_group()
 
     def collectives_backend(self):
-        from gpt2bench.trainer.collectives import c10d_backend
+        from ..collective_probe import c10d_backend
 
         return c10d_backend(self.device)
 

@@ -1,7 +1,7 @@
 """`gpt2bench validate FILE.yaml [--name NAME]`: check a file as `kubectl apply` and the operator would, run nothing.
 
-The file is read as the API server reads YAML (gpt2bench.spec.documents) and each GPT2Benchmark in it (documents
-separated by `---`) is validated as the operator validates it (gpt2bench.spec.validation). One line per benchmark
+The file is read as the API server reads YAML (gpt2bench.specification.documents) and each GPT2Benchmark in it (documents
+separated by `---`) is validated as the operator validates it (gpt2bench.specification.validation). One line per benchmark
 on stdout when all are valid; one line per problem on stderr otherwise, naming the file, the document (when
 there are several), the field and the problem. Exit code: 0 valid, 2 not (or unreadable).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2bench.spec.validation import SpecError, load_benchmarks_file
+from gpt2bench.specification.validation import SpecError, load_benchmarks_file
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt2bench.trainer.breakdown import bus_factor
-from gpt2bench.trainer.devices import device_sync
+from .breakdown import bus_factor
+from .devices import device_sync
 
 PROBED = ("allreduce", "allgather", "reduce_scatter")  # push / pull / broadcast: not ring collectives
 PROBE_WARMUP, PROBE_ITERS = 2, 5

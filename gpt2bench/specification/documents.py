@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from gpt2bench.spec.fielderrors import field_path
+from gpt2bench.specification.fielderrors import field_path
 
 MAX_FILE_BYTES = 3 * 1024 * 1024
 MAX_DEPTH = 100

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from gpt2bench.collect import CollectError, clean_reason, parse_termination_message, summary_failure
-from gpt2bench.protocol import STEPS_PREFIX, SUMMARY_PREFIX
+from gpt2bench.conventions import STEPS_PREFIX, SUMMARY_PREFIX
 
 # Line length kept of a log line in a reason.
 LINE_LIMIT = 300

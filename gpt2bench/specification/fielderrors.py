@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
-from gpt2bench.spec.kubesyntax import PATTERN_MEANINGS, Location, shown
+from gpt2bench.specification.kubesyntax import PATTERN_MEANINGS, Location, shown
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLAIN_KEY = re.compile(r"^[!-~]+$")  # printable ASCII, no spaces: shown as [key]
