@@ -20,7 +20,7 @@ from typing import Any
 from gpt2bench import collect
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.report.sequential import next_round, race_stops, rounds_done
-from gpt2bench.specification.model import Benchmark
+from gpt2bench.specification.model import Benchmark, GPT2BenchmarkSpec
 from gpt2bench.status import (
     FAILED,
     PENDING,
@@ -35,9 +35,9 @@ from gpt2bench.status import (
 )
 
 
-def spec_document(benchmark: Benchmark) -> dict[str, Any]:
+def spec_document(spec: GPT2BenchmarkSpec) -> dict[str, Any]:
     """The spec in camelCase without unset fields: results.json's `spec`, and what the race's rules read."""
-    return benchmark.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return spec.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def add_round(benchmark: Benchmark, entries: list[RunStatus], rounds: Rounds, st
     None: nothing to decide yet (no sweep.maxRepeats, or a run has not finished)."""
     if benchmark.spec.sweep.max_repeats is None or any(e.phase not in TERMINAL_RUN_PHASES for e in entries):
         return None
-    step = next_round(entries, spec_document(benchmark), start_time, now)
+    step = next_round(entries, spec_document(benchmark.spec), start_time, now)
     if not step.add:
         return RoundStep(Rounds(rounds.planned, step.rounds_done, step.reason, 0, step.dropped or None), [], [])
     planned = (rounds.planned or 0) + 1

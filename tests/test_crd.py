@@ -314,7 +314,7 @@ def test_invalid_specs_are_rejected_by_the_generated_schema(schema, spec, where)
 def operator_status() -> dict:
     """A finished sweep's status, built by the operator's own functions (one run succeeded, one failed)."""
     from gpt2bench.collect import collect_run
-    from gpt2bench.controller import decide as rc
+    from gpt2bench.controller import sweepstatus
     from gpt2bench.plan import plan_runs
     from gpt2bench.specification.model import Benchmark
     from gpt2bench.specification.validation import validate_spec
@@ -322,11 +322,11 @@ def operator_status() -> dict:
     spec = validate_spec({"sweep": {"strategies": [{"name": "ddp"}, {"name": "ps"}], "scales": [{"processesPerNode": 2}]}})
     runs = plan_runs(Benchmark(name="b", spec=spec))
     now = "2026-11-22T00:00:00Z"
-    status = rc.initial_status(runs, 1, now)
+    status = sweepstatus.initial_status(runs, 1, now)
     summary = '{"status": "ok", "tokensPerSecond": 10.5, "worldSize": 2, "mfu": 0.1}'
     done = [collect_run(runs[0], job_succeeded=True, termination_message=summary),
             collect_run(runs[1], job_succeeded=False, termination_message=None, job_reason="injected")]
-    return {**status.dump(), **rc.summarize(status, done, now).dump()}
+    return {**status.dump(), **sweepstatus.summarize(status, done, now).dump()}
 
 
 def test_status_as_the_operator_writes_it_is_accepted(schema):

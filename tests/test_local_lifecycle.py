@@ -197,7 +197,7 @@ def earlier_sweep(tmp_path: Path, phases: list[str], bench=None) -> Path:
     runs = plan_runs(bench)
     directory = tmp_path / "out"
     directory.mkdir(exist_ok=True)
-    doc = ResultsDocument(benchmark=bench.name, spec=spec_document(bench), phase="Running",
+    doc = ResultsDocument(benchmark=bench.name, spec=spec_document(bench.spec), phase="Running",
                           start_time="2026-11-26T05:00:00Z",
                           runs=[entry(run, phase, reason="boom" if phase == "Failed" else None)
                                 for run, phase in zip(runs, phases, strict=True)])

@@ -418,14 +418,14 @@ def test_an_edit_of_a_started_sweep_is_ignored_once_though_a_call_fails(cluster,
 def pinned_benchmark(spec_changes: dict | None = None, pinned_by: str = "9.9.0") -> dict:
     """A started sweep as stored: its pinned spec (with `spec_changes`, as a later version may pin it), the
     version that pinned it, and status as initial_status writes it."""
-    from gpt2bench.controller import decide as rc
-    from gpt2bench.controller import pinning
+    from gpt2bench.clock import SYSTEM_CLOCK
+    from gpt2bench.controller import pinning, sweepstatus
     from gpt2bench.plan import plan_runs
 
     body = benchmark("held", [{"name": "single"}, {"name": "ddp"}], backend="pytorchjob")
     body["metadata"].update(namespace="default", uid="u-1", generation=1)
     runs = plan_runs(pinning.benchmark_of(body, body["spec"]))
-    body["status"] = rc.initial_status(runs, 1, rc.now_rfc3339()).dump()
+    body["status"] = sweepstatus.initial_status(runs, 1, SYSTEM_CLOCK.stamp()).dump()
     body["metadata"]["annotations"] = {pinning.SWEEP_SPEC_ANNOTATION: json.dumps({**body["spec"], **(spec_changes or {})}),
                                        pinning.SWEEP_SPEC_VERSION_ANNOTATION: pinned_by}
     return body

@@ -16,7 +16,7 @@ from kube import EmulatedCluster
 from kube.fixtures import CRD, Benchmarks, api_client, kopf_operator, wait_for
 
 from gpt2bench import collect
-from gpt2bench.controller import decide as rc
+from gpt2bench.controller import decide, sweepstatus
 from gpt2bench.plan import plan_runs
 from gpt2bench.specification import model as spec
 from gpt2bench.specification.model import Benchmark
@@ -50,19 +50,19 @@ def test_every_entry_at_its_largest_still_fits_the_budget(monkeypatch):
     monkeypatch.setattr(spec, "MAX_RUNS", STATUS_RUNS_BUDGET)
     runs = plan_runs(Benchmark(name="b" * 253, spec=validate_spec(largest_sweep(STATUS_RUNS_BUDGET))))
     assert STATUS_RUNS_BUDGET - 12 < len(runs) <= STATUS_RUNS_BUDGET
-    start = rc.initial_status(runs, 1, NOW)
-    failed = [rc.failed_entry(r, e, "x" * 10_000, NOW) for r, e in zip(runs, start.runs, strict=True)]
+    start = sweepstatus.initial_status(runs, 1, NOW)
+    failed = [decide.failed_entry(r, e, "x" * 10_000, NOW) for r, e in zip(runs, start.runs, strict=True)]
     figures = RunResults(world_size=1024, tokens_per_second=123456789.123456789, tokens_per_second_per_device=1.0 / 3,
                          step_time_p50_seconds=2.0 / 3, step_time_p95_seconds=0.123456789123, peak_memory_bytes=2**40,
                          train_seconds=12345.678901234, startup_seconds=123.456789012, final_loss=3.14159265358979,
                          grad_norm=1.41421356237, mfu=0.456789123456, device_name="N" * 200,
                          transport="T" * 200, nodes_used=1024)  # the collector cuts strings at 200
-    succeeded = [rc.compact(collect.run_entry(r, phase="Succeeded", results=figures, start_time=NOW,
+    succeeded = [decide.compact(collect.run_entry(r, phase="Succeeded", results=figures, start_time=NOW,
                                               completion_time=NOW)) for r in runs]
     for entries in (failed, succeeded):
-        status = BenchmarkStatus.read({**start.dump(), **rc.summarize(start, entries, NOW).dump()})
+        status = BenchmarkStatus.read({**start.dump(), **sweepstatus.summarize(start, entries, NOW).dump()})
         assert compact_size(status) <= STATUS_BYTES_BUDGET, compact_size(status)
-    assert {len(e.reason) for e in failed} == {rc.STATUS_REASON_LIMIT}
+    assert {len(e.reason) for e in failed} == {decide.STATUS_REASON_LIMIT}
     assert succeeded[0].results.tokens_per_second == 123457000.0, "figures kept to 6 significant digits"
 
 

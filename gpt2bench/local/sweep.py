@@ -109,7 +109,7 @@ class Sweep:
         self.doc = ResultsDocument(
             benchmark=benchmark.name,
             namespace=benchmark.namespace,
-            spec=spec_document(benchmark),
+            spec=spec_document(benchmark.spec),
             runs=[self.kept.get(run.name) or local_entry(collect.run_entry(run, phase=PENDING)) for run in runs],
             phase=RUNNING,
             start_time=start_time or rfc3339(),
@@ -391,8 +391,8 @@ def prepare_folder(benchmark: Benchmark, plan: list[Run], chosen: list[Run], dir
             f"{directory} already holds results of {previous.benchmark} ({previous.phase}: {len(finished)} of "
             f"{len(previous.runs)} runs finished): --resume keeps them and runs the rest, --overwrite starts "
             "again, or give another --output")
-    if previous.benchmark != benchmark.name or previous.spec != spec_document(benchmark):
-        differences = "; ".join(_differences(previous.spec, spec_document(benchmark))[:3]) or "metadata.name"
+    if previous.benchmark != benchmark.name or previous.spec != spec_document(benchmark.spec):
+        differences = "; ".join(_differences(previous.spec, spec_document(benchmark.spec))[:3]) or "metadata.name"
         raise FolderRefused(f"--resume: {directory} holds a sweep of another spec ({differences}); run the same "
                             "file with the same --steps, or --overwrite")
     if benchmark.spec.sweep.max_repeats and (previous.rounds_planned or 0) > benchmark.spec.sweep.repeats:

@@ -28,8 +28,7 @@ from gpt2bench.render import label_value, render_run
 from gpt2bench.specification.model import API_GROUP, KIND, Benchmark
 from gpt2bench.status import RunStatus
 
-from . import decide as rc
-from . import events, kube, metrics
+from . import decide, events, kube, metrics
 
 # The user says a held cause is fixed (docs/operator.md, One cause, one stop): any value; the operator removes it.
 RESUME_ANNOTATION = f"{API_GROUP}/resume"
@@ -82,11 +81,11 @@ def start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], ent
                     current = entries_by_name(holds.hold(list(current.values()), cause, name, RETRY_WORDS))
                 continue
             if isinstance(outcome, kube.Refused):
-                current[name] = rc.failed_entry(run, entry, outcome.reason, now)
+                current[name] = decide.failed_entry(run, entry, outcome.reason, now)
                 if outcome.kind_missing:  # every run of that kind would meet the same answer
                     for other, pending in current.items():
-                        if pending.job_kind == run.job_kind and pending.phase == rc.PENDING:
-                            current[other] = rc.failed_entry(by_name[other], pending, outcome.reason, now)
+                        if pending.job_kind == run.job_kind and pending.phase == decide.PENDING:
+                            current[other] = decide.failed_entry(by_name[other], pending, outcome.reason, now)
                 continue
             if outcome.new:
                 metrics.RUNS_STARTED.labels(benchmark.namespace).inc()
@@ -94,7 +93,7 @@ def start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], ent
             if holds.held(entry):  # created again: the runs held by the same refusal go on
                 current = entries_by_name(holds.release(list(current.values()), reason=entry.reason))
                 entry = current[name]
-            current[name] = rc.mark_running(entry, now)
+            current[name] = decide.mark_running(entry, now)
     return [current[entry.name] for entry in entries]
 
 
@@ -115,12 +114,12 @@ def entries_by_name(entries: list[RunStatus]) -> dict[str, RunStatus]:
 def to_start(current: dict[str, RunStatus], present: dict[str, dict], concurrency: int, tried: set[str]) -> list[str]:
     """The runs to create now: those that may start (plan order, concurrency), else, with a slot free, the first
     run held by a refused creation, to try it again."""
-    chosen = [name for name in rc.runs_to_start(list(current.values()), present, concurrency) if name not in tried]
+    chosen = [name for name in decide.runs_to_start(list(current.values()), present, concurrency) if name not in tried]
     retry = holds.retry_candidate(current.values())
     if chosen or retry is None or retry.name in tried:
         return chosen
     again = holds.release(list(current.values()), reason=retry.reason)
-    return [retry.name] if retry.name in rc.runs_to_start(again, present, concurrency) else []
+    return [retry.name] if retry.name in decide.runs_to_start(again, present, concurrency) else []
 
 
 def without_strays(owner: dict[str, Any], jobs: dict[str, dict], entries: list[RunStatus],

@@ -11,8 +11,7 @@ import kopf
 from gpt2bench.diagnosis import holds
 from gpt2bench.status import BenchmarkStatus, RunStatus, fabric_warnings
 
-from . import decide as rc
-from . import metrics
+from . import decide, metrics
 
 
 def post(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -40,19 +39,19 @@ GROUPED_EVENTS_FROM = 4
 def post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs: list[RunStatus],
                      summary: BenchmarkStatus, phase_before: str | None) -> None:
     namespace = body["metadata"].get("namespace") or "default"
-    changed = rc.transitions(old_runs, new_runs)
+    changed = decide.transitions(old_runs, new_runs)
     failures: dict[str, list[str]] = {}
     for entry, _ in changed:
-        if entry.phase == rc.FAILED:
+        if entry.phase == decide.FAILED:
             failures.setdefault(entry.reason or "", []).append(entry.name)
     for reason, names in failures.items():
         if len(names) >= GROUPED_EVENTS_FROM:
             listed = ", ".join(names[:3]) + f" and {len(names) - 3} more"
             post(body, "Warning", "RunFailed", f"{len(names)} runs ({listed}): {reason}")
     for entry, before in changed:
-        if entry.phase == rc.SUCCEEDED:
+        if entry.phase == decide.SUCCEEDED:
             metrics.RUNS_SUCCEEDED.labels(namespace).inc()
-        elif entry.phase == rc.FAILED:
+        elif entry.phase == decide.FAILED:
             metrics.RUNS_FAILED.labels(namespace).inc()
             if len(failures[entry.reason or ""]) >= GROUPED_EVENTS_FROM:
                 continue  # said by the grouped Event
@@ -60,7 +59,7 @@ def post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs: 
             post(body, type_, reason, message)
     for type_, reason, message in held_events(old_runs, new_runs):
         post(body, type_, reason, message)
-    if summary.phase != rc.RUNNING and phase_before in (rc.RUNNING, rc.PENDING):
+    if summary.phase != decide.RUNNING and phase_before in (decide.RUNNING, decide.PENDING):
         post(body, *sweep_event(summary))
 
 
@@ -79,22 +78,22 @@ def held_events(old_runs: list[RunStatus], new_runs: list[RunStatus]) -> list[tu
 
 def run_events(entry: RunStatus, before: str | None) -> list[tuple[str, str, str]]:
     """(type, reason, message) of the Events a run's new phase posts (`before`: its phase before)."""
-    if entry.phase == rc.RUNNING and before == rc.QUEUED:
+    if entry.phase == decide.RUNNING and before == decide.QUEUED:
         return [("Normal", "RunAdmitted", f"{entry.name}: job {entry.job_name} resumed")]
-    if entry.phase == rc.RUNNING:
+    if entry.phase == decide.RUNNING:
         return [("Normal", "RunStarted", f"{entry.name}: job {entry.job_name} created")]
-    if entry.phase == rc.QUEUED:
+    if entry.phase == decide.QUEUED:
         return [("Normal", "RunQueued", f"{entry.name}: job {entry.job_name} is suspended, waiting for its queue")]
-    if entry.phase == rc.SUCCEEDED:
+    if entry.phase == decide.SUCCEEDED:
         tps = entry.results.tokens_per_second if entry.results else None
         # a figure that is not what its scale says (docs/clusters.md)
         return [("Normal", "RunSucceeded", f"{entry.name}: {tps} tokens/s"),
                 *(("Warning", "RunOffItsFabric", warning) for warning in fabric_warnings(entry))]
-    if entry.phase == rc.FAILED:
+    if entry.phase == decide.FAILED:
         return [("Warning", "RunFailed", f"{entry.name}: {entry.reason}")]
-    if entry.phase == rc.PENDING and (entry.reason or "").startswith(rc.RERUN):
+    if entry.phase == decide.PENDING and (entry.reason or "").startswith(decide.RERUN):
         return [("Warning", "RunPreempted", f"{entry.name}: {entry.reason}")]
-    if entry.phase == rc.SKIPPED:  # the trainer chose not to train (e.g. emulated bf16): not a failure
+    if entry.phase == decide.SKIPPED:  # the trainer chose not to train (e.g. emulated bf16): not a failure
         return [("Normal", "RunSkipped", f"{entry.name}: {entry.reason}")]
     return []
 
@@ -103,4 +102,4 @@ def sweep_event(summary: BenchmarkStatus) -> tuple[str, str, str]:
     """(type, reason, message) of a finished sweep's Event."""
     best = summary.best
     text = f"{summary.message}; best: {best.run if best else None} ({best.tokens_per_second if best else None} tokens/s)"
-    return "Normal" if summary.phase == rc.SUCCEEDED else "Warning", f"Sweep{summary.phase}", text
+    return "Normal" if summary.phase == decide.SUCCEEDED else "Warning", f"Sweep{summary.phase}", text

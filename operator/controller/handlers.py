@@ -1,5 +1,5 @@
 """kopf handlers for GPT2Benchmarks and their jobs: thin, each hands over to `sweep` (wiring) and
-`reconcile` (decisions).
+`decide` (decisions); what the operator keeps between them is in kopf's memo (`state.OperatorState`).
 
 - startup: all settings in one place (timeouts on every API request: kopf's and the client's), then
   what the cluster lacks for the runs, in the log (`prerequisites`);
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -27,9 +28,9 @@ import kopf
 from gpt2bench.conventions import MANAGED_BY, MANAGED_BY_LABEL
 from gpt2bench.specification.model import API_GROUP, API_VERSION, PLURAL
 
-from . import apiclient, create, kube, liveness, metrics, poll, prerequisites, recovery, sweep, watchguard
-from . import decide as rc
+from . import apiclient, create, decide, kube, liveness, metrics, poll, prerequisites, recovery, sweep, watchguard
 from .followedkinds import JOB_KINDS
+from .state import OperatorState
 
 # How often a running sweep is looked at without a job event, and a sweep that could not start is tried again.
 # Read at import: kopf fixes timer intervals then.
@@ -41,7 +42,7 @@ RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 
 def _not_finished(status: kopf.Status, **_: Any) -> bool:
     """Pending (a start to try again) or Running (a sweep to follow): the states the poll looks after."""
-    return status.get("phase") in (rc.PENDING, rc.RUNNING)
+    return status.get("phase") in (decide.PENDING, decide.RUNNING)
 
 
 @contextlib.contextmanager
@@ -62,7 +63,7 @@ def _handling(namespace: str) -> Iterator[None]:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"  # no handler adds it: kopf removes an earlier one
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -81,7 +82,7 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     settings.networking.request_timeout = 2 * timeouts.read
     kube.configure(pool_size=workers, timeouts=timeouts)
     watchguard.install()  # a watch's error is retried, not the end of the operator (issue 50)
-    sweep.RETRY_SECONDS = POLL_SECONDS
+    memo.operator = OperatorState(retry_seconds=POLL_SECONDS)  # every handler's state (state.py), one clock
     port = os.environ.get("GPT2BENCH_OPERATOR_METRICS_PORT", "")
     if port and port != "0":
         logger.info("metrics on :%d/metrics", metrics.serve(int(port)))
@@ -105,32 +106,30 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-_poll: poll.Poll | None = None
-_poll_task: asyncio.Task | None = None
-
-
 @kopf.index(*RESOURCE, when=_not_finished)
-async def unfinished(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+async def unfinished(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """The benchmarks the poll looks after, kept by kopf from its watch (no API call, no finalizer)."""
-    if _poll is not None:
-        _poll.keep_context()
+    state: OperatorState | None = getattr(memo, "operator", None)
+    if state is not None and state.poll is not None:
+        state.poll.keep_context()
     return {(body.metadata.namespace or "default", body.metadata.name): poll.reference(body)}
 
 
 @kopf.on.startup()
-async def start_poll(unfinished: kopf.Index, settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _poll, _poll_task
-    _poll = poll.Poll(unfinished, POLL_SECONDS, sweep.advance, settings)
+async def start_poll(unfinished: kopf.Index, settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    state: OperatorState = memo.operator
+    state.poll = poll.Poll(unfinished, POLL_SECONDS, functools.partial(sweep.advance, state), settings, state.clock)
     watchguard.WATCHES.reset()
-    watchguard.WATCHES.on_relisted = _poll.relisted  # a job event lost in a watch gap: step now
-    watchguard.WATCHES.on_failing = _poll.watch_failed
-    _poll_task = asyncio.get_running_loop().create_task(_poll.run(), name="gpt2bench-poll")
+    watchguard.WATCHES.on_relisted = state.poll.relisted  # a job event lost in a watch gap: step now
+    watchguard.WATCHES.on_failing = state.poll.watch_failed
+    state.poll_task = asyncio.get_running_loop().create_task(state.poll.run(), name="gpt2bench-poll")
 
 
 @kopf.on.cleanup()
-async def stop_poll(**_: Any) -> None:
-    if _poll_task is not None:
-        _poll_task.cancel()
+async def stop_poll(memo: kopf.Memo, **_: Any) -> None:
+    state: OperatorState | None = getattr(memo, "operator", None)
+    if state is not None and state.poll_task is not None:
+        state.poll_task.cancel()
 
 
 @kopf.on.cleanup()
@@ -140,31 +139,31 @@ def stop_metrics(**_: Any) -> None:
 
 # Retried without limit (kopf's default): a start that cannot even write why it waits must not stop trying.
 @kopf.on.create(*RESOURCE)
-def start_sweep(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+def start_sweep(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     namespace, name = body.metadata.namespace or "default", body.metadata.name
     with _handling(namespace):
-        sweep.advance(namespace, name, logger)
+        sweep.advance(memo.operator, namespace, name, logger)
 
 
 @kopf.on.resume(*RESOURCE)
-def resume_sweep(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+def resume_sweep(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """At the operator's start: first the Events the last one recorded in status and a crash lost, then on."""
     namespace, name = body.metadata.namespace or "default", body.metadata.name
-    recovery.post_missing(namespace, name, logger)
+    recovery.post_missing(memo.operator, namespace, name, logger)
     with _handling(namespace):
-        sweep.advance(namespace, name, logger)
+        sweep.advance(memo.operator, namespace, name, logger)
 
 
 def _job_event_matters(type: str | None, body: kopf.Body, **_: Any) -> bool:
-    return rc.job_event_matters(type, body)
+    return decide.job_event_matters(type, body)
 
 
-def job_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+def job_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     owner = create.owner_of(body)
     if owner is not None:
         namespace = body.metadata.namespace or "default"
         with _handling(namespace):
-            sweep.advance(namespace, owner["name"], logger)
+            sweep.advance(memo.operator, namespace, owner["name"], logger)
 
 
 # Every job kind the operator creates, watched alike (a kind whose CRD is missing is served once it appears).
@@ -173,14 +172,14 @@ for _kind in JOB_KINDS.values():
 
 
 @kopf.on.update(*RESOURCE, field="spec")
-def spec_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+def spec_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     namespace, name = body.metadata.namespace or "default", body.metadata.name
     with _handling(namespace):
-        sweep.spec_changed(namespace, name, logger)
+        sweep.spec_changed(memo.operator, namespace, name, logger)
 
 
 @kopf.on.event(*RESOURCE)
-def forget_deleted(type: str | None, body: kopf.Body, **_: Any) -> None:
-    if type == "DELETED":  # its gate and its recommendation series go with it
-        sweep.forget(body.metadata.namespace or "default", body.metadata.name)
+def forget_deleted(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED":  # its turn and its recommendation series go with it
+        memo.operator.forget(body.metadata.namespace or "default", body.metadata.name)
         metrics.export_recommendations(body.metadata.namespace or "", body.metadata.name, None)

@@ -6,7 +6,6 @@ Counters are labelled by namespace only (low cardinality: never by benchmark or 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
+from gpt2bench.clock import parse_rfc3339
 from gpt2bench.status import Analysis
 
 REGISTRY = prometheus_client.CollectorRegistry(auto_describe=True)
@@ -80,12 +80,12 @@ def export_recommendations(namespace: str, benchmark: str, analysis: Analysis | 
             _exported[(namespace, benchmark)] = series
 
 
-def observe_first_job(creation_timestamp: str | None) -> float | None:
-    """Record CR → first job latency; the timestamp has 1 s resolution, so sub-second values round down."""
-    if not creation_timestamp:
+def observe_first_job(creation_timestamp: str | None, now: str) -> float | None:
+    """Record CR → first job latency; the timestamps have 1 s resolution, so sub-second values round down."""
+    created, at = parse_rfc3339(creation_timestamp), parse_rfc3339(now)
+    if created is None or at is None:
         return None
-    created = datetime.datetime.fromisoformat(creation_timestamp.replace("Z", "+00:00"))
-    latency = max((datetime.datetime.now(datetime.UTC) - created).total_seconds(), 0.0)
+    latency = max((at - created).total_seconds(), 0.0)
     JOB_CREATION_LATENCY.observe(latency)
     return latency
 

@@ -20,8 +20,7 @@ from gpt2bench.specification.model import API_GROUP, Benchmark
 from gpt2bench.specification.validation import SpecError, validate_spec
 from gpt2bench.status import BenchmarkStatus
 
-from . import decide as rc
-from . import events, kube
+from . import decide, events, kube, sweepstatus
 
 # The spec a sweep started with: later spec edits do not change a running sweep (docs/operator.md).
 SWEEP_SPEC_ANNOTATION = f"{API_GROUP}/sweep-spec"
@@ -74,16 +73,16 @@ def version(obj: dict[str, Any]) -> str | None:
     return (obj.get("metadata") or {}).get("resourceVersion")
 
 
-def ignore_edit(fresh: dict[str, Any]) -> None:
+def ignore_edit(fresh: dict[str, Any], now: str) -> None:
     """A started sweep keeps the spec it started with: a Warning Event, and the condition (written by the
     step while Running, here once the sweep is finished)."""
     metadata, stored = fresh["metadata"], fresh.get("status") or {}
-    condition = rc.spec_ignored_condition(metadata.get("generation") or 0, stored.get("observedGeneration"),
-                                          rc.now_rfc3339())
-    if stored.get("phase") != rc.RUNNING:
+    condition = sweepstatus.spec_ignored_condition(metadata.get("generation") or 0, stored.get("observedGeneration"),
+                                                   now)
+    if stored.get("phase") != decide.RUNNING:
         conditions = BenchmarkStatus.read({"conditions": stored.get("conditions") or []}).conditions
         kube.patch_status(metadata.get("namespace") or "default", metadata["name"],
-                          {"conditions": [c.dump() for c in rc.set_condition(conditions or [], condition)]},
+                          {"conditions": [c.dump() for c in sweepstatus.set_condition(conditions or [], condition)]},
                           version(fresh))
     events.post(fresh, "Warning", "SpecChangeIgnored", condition.message)
 
@@ -96,7 +95,7 @@ def pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run]
 
 def read_pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list[Run], list[str]]:
     """A started sweep's status, pinned spec and plan, as this version reads them, and what another writer changed
-    that the plan restores (runs renamed in status: `rc.renamed_back`); Unreadable when it cannot (a later
+    that the plan restores (runs renamed in status: `decide.renamed_back`); Unreadable when it cannot (a later
     version's spec field or status value, a version that plans other runs)."""
     annotations = fresh["metadata"].get("annotations") or {}
     pinned_by = annotations.get(SWEEP_SPEC_VERSION_ANNOTATION)
@@ -105,35 +104,35 @@ def read_pinned(fresh: dict[str, Any]) -> tuple[BenchmarkStatus, Benchmark, list
         benchmark = benchmark_of(fresh, sweep_spec(fresh))
     except SpecError as error:
         what = "; ".join(f"{path}: {message}" for path, message in error.errors)
-        raise Unreadable(rc.unreadable_reason(__version__, pinned_by, what)) from error
+        raise Unreadable(sweepstatus.unreadable_reason(__version__, pinned_by, what)) from error
     except ValueError as error:  # the status (pydantic) or the annotation (JSON)
-        raise Unreadable(rc.unreadable_reason(__version__, pinned_by, " ".join(str(error).split()))) from error
+        raise Unreadable(sweepstatus.unreadable_reason(__version__, pinned_by, " ".join(str(error).split()))) from error
     # with the rounds a sweep added until decided, for the configurations that were still racing
     runs = plan_runs(benchmark, rounds=status.rounds_planned,
                      stopped=stopped_configurations(status.runs or [], status.rounds_planned or 0))
     planned, recorded = [r.name for r in runs], [r.name for r in status.runs or []]
-    restored, renamed = rc.renamed_back(runs, status.runs or [])
+    restored, renamed = decide.renamed_back(runs, status.runs or [])
     if renamed and pinned_by == __version__:  # this version planned them: another writer renamed them
         status = status.model_copy(update={"runs": restored})
         return status, benchmark, runs, renamed
     if planned != recorded:
         missing = sorted(set(recorded) - set(planned)) or sorted(set(planned) - set(recorded)) or recorded
         what = f"it plans other runs than the sweep's ({', '.join(missing[:3])} ...)"
-        raise Unreadable(rc.unreadable_reason(__version__, pinned_by, what))
+        raise Unreadable(sweepstatus.unreadable_reason(__version__, pinned_by, what))
     return status, benchmark, runs, []
 
 
-def hold_unreadable(fresh: dict[str, Any], reason: str, logger: logging.Logger) -> None:
+def hold_unreadable(fresh: dict[str, Any], reason: str, now: str, logger: logging.Logger) -> None:
     """Hold a sweep this version cannot read: the condition and one Warning Event say why and what to do;
     nothing is created or collected, and no handler error repeats it every poll."""
     metadata, stored = fresh["metadata"], fresh.get("status") or {}
     conditions = [c for c in stored.get("conditions") or [] if isinstance(c, dict)]
-    held = next((c for c in conditions if c.get("type") == rc.SPEC_UNREADABLE), None)
+    held = next((c for c in conditions if c.get("type") == decide.SPEC_UNREADABLE), None)
     if held and held.get("status") == "True" and held.get("message") == reason:
         return
-    condition = rc.spec_unreadable_condition(reason, rc.now_rfc3339(), metadata.get("generation"))
+    condition = sweepstatus.spec_unreadable_condition(reason, now, metadata.get("generation"))
     kube.patch_status(metadata.get("namespace") or "default", metadata["name"],
-                      {"message": reason, "conditions": [c for c in conditions if c.get("type") != rc.SPEC_UNREADABLE]
+                      {"message": reason, "conditions": [c for c in conditions if c.get("type") != decide.SPEC_UNREADABLE]
                        + [condition.dump()]}, version(fresh))
     events.post(fresh, "Warning", "SpecUnreadable", reason)
     logger.info("%s", reason)

@@ -28,8 +28,7 @@ from gpt2bench.plan import Run
 from gpt2bench.specification.model import GPT2BenchmarkSpec
 from gpt2bench.status import QUEUED, RUNNING, RunStatus
 
-from . import decide as rc
-from . import kube
+from . import decide, kube
 
 LOG_LINES, LOG_BYTES = 200, 64 * 1024  # of a failed container's log: its last meaningful line is in there
 TIED_LOGS = 8  # logs read of the pods that failed in the same second (a 64-node job's peers all fail in one)
@@ -74,7 +73,7 @@ def follow_start(run: Run, entry: RunStatus, job: dict[str, Any], spec: GPT2Benc
             f" ({state.describe()})" if state.describe() else "")
         if since is not None and (at - since).total_seconds() > policy.queue_seconds:
             kube.delete_job(job)
-            return rc.failed_entry(run, entry, diagnosis.queue_reason(wait, policy.queue_seconds), now)
+            return decide.failed_entry(run, entry, diagnosis.queue_reason(wait, policy.queue_seconds), now)
         return entry.model_copy(update={"waiting": wait})
     if entry.phase != RUNNING:
         return entry
@@ -111,7 +110,7 @@ def _waited(run: Run, entry: RunStatus, job: dict[str, Any], pods: list[dict[str
     refused = startup.refused_creation(kube.pod_events(job)) if expected is None or len(live) < expected else None
     if refused is not None and refused.kind == startup.START:  # waiting will not change the answer: say it now
         kube.delete_job(job)
-        return rc.failed_entry(run, entry, diagnosis.refused_reason(prefix + refused.words), now)
+        return decide.failed_entry(run, entry, diagnosis.refused_reason(prefix + refused.words), now)
     events = {pod["metadata"]["name"]: kube.pod_events(pod) for pod in pods if not diagnosis.pod_started(pod)}
     wait = refused or startup.classify(pods, expected, events)
     words = prefix + wait.words
@@ -119,10 +118,10 @@ def _waited(run: Run, entry: RunStatus, job: dict[str, Any], pods: list[dict[str
     kind_since = _time(entry.waiting_since) if same else (since if entry.waiting_kind is None else at)
     if wait.kind == startup.CAPACITY and (at - since).total_seconds() > policy.capacity_seconds:
         kube.delete_job(job)
-        return rc.failed_entry(run, entry, startup.capacity_reason(words, policy.capacity_seconds), now)
+        return decide.failed_entry(run, entry, startup.capacity_reason(words, policy.capacity_seconds), now)
     if wait.kind == startup.START and (at - kind_since).total_seconds() > policy.startup_seconds:
         kube.delete_job(job)
-        return rc.failed_entry(run, entry, diagnosis.startup_reason(words, policy.startup_seconds), now)
+        return decide.failed_entry(run, entry, diagnosis.startup_reason(words, policy.startup_seconds), now)
     return entry.model_copy(update={"waiting": words, "waiting_kind": wait.kind,
                                     "waiting_since": rfc3339(kind_since)})
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import datetime
 import json
 import logging
 import time
@@ -35,10 +34,10 @@ from typing import Any
 
 import kopf
 
+from gpt2bench.clock import SYSTEM_CLOCK, Clock
 from gpt2bench.status import BenchmarkStatus
 
-from . import apiclient, kube, metrics, watchguard
-from . import decide as rc
+from . import apiclient, kube, metrics, sweepstatus, watchguard
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +72,6 @@ class Streak:
     error: str
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def api_condition(streak: Streak | None, watches: list[watchguard.Failure], interval: float, now: float,
                   job_kinds: list[str]) -> tuple[str, str, str] | None:
     """(status, reason, message) of `ApiFailing` for a benchmark, or None when nothing has failed long enough.
@@ -103,8 +98,9 @@ class Poll:
     Index: (namespace, name) -> the benchmark's `reference`)."""
 
     def __init__(self, index: Any, interval: float, advance: Callable[[str, str, Any], None],
-                 settings: kopf.OperatorSettings):
+                 settings: kopf.OperatorSettings, clock: Clock = SYSTEM_CLOCK):
         self.index, self.interval, self.advance, self.settings = index, interval, advance, settings
+        self.clock = clock
         self.busy: dict[Key, concurrent.futures.Future | asyncio.Future] = {}
         self.not_before: dict[Key, float] = {}  # the API server's Retry-After
         self.context: contextvars.Context | None = None
@@ -191,7 +187,7 @@ class Poll:
             # a Warning Event for the first error of a streak and for a new one; the same again only in the log
             level = logging.INFO if old is not None and old.error == error else logging.WARNING
             logger.log(level, "poll failed, tried again in %g s: %s", max(wait, self.interval), error)
-            self.streaks[key] = Streak(old.since, old.started, error) if old else Streak(_now(), time.monotonic(),
+            self.streaks[key] = Streak(old.since, old.started, error) if old else Streak(self.clock.stamp(), time.monotonic(),
                                                                                        error)
         else:
             self.not_before.pop(key, None)
@@ -208,7 +204,7 @@ class Poll:
             if not final and not (said and said[0] == "True") and ref.get("apiFailing") != "True":
                 return
             wanted = ("False", "ApiAnswering", f"the API server answers this sweep's steps and watches again "
-                                                f"(since {_now()})")
+                                                f"(since {self.clock.stamp()})")
             if said and said[:2] == wanted[:2]:
                 return
         elif said == wanted:
@@ -225,9 +221,9 @@ class Poll:
                 self.said[key], self.refs[key] = wanted, ref
                 return
             conditions = BenchmarkStatus.read({"conditions": stored.get("conditions") or []}).conditions or []
-            new = rc.condition(API_FAILING, wanted[0], wanted[1], wanted[2], _now(),
+            new = sweepstatus.condition(API_FAILING, wanted[0], wanted[1], wanted[2], self.clock.stamp(),
                                (fresh.get("metadata") or {}).get("generation"))
-            kube.patch_status(namespace, name, {"conditions": [c.dump() for c in rc.set_condition(conditions, new)]},
+            kube.patch_status(namespace, name, {"conditions": [c.dump() for c in sweepstatus.set_condition(conditions, new)]},
                               (fresh.get("metadata") or {}).get("resourceVersion"))
             self.said[key], self.refs[key] = wanted, ref
             if wanted[0] == "True":

@@ -21,11 +21,12 @@ from typing import Any
 
 import kopf
 
+from gpt2bench.clock import parse_rfc3339
 from gpt2bench.status import BenchmarkStatus
 
-from . import decide as rc
-from . import kube
+from . import decide, kube, sweepstatus
 from .events import run_events, sweep_event
+from .state import OperatorState
 
 # kube-apiserver's default --event-ttl: an Event older than this is deleted by the API server.
 EVENT_TTL_SECONDS = 3600
@@ -41,12 +42,12 @@ def expected_events(status: BenchmarkStatus, now: datetime.datetime) -> list[tup
     since = now - datetime.timedelta(seconds=EVENT_TTL_SECONDS)
     expected = []
     for entry in status.runs or []:
-        at = entry.completion_time if entry.phase in rc.TERMINAL_RUN_PHASES else entry.start_time
-        if entry.phase not in (*rc.TERMINAL_RUN_PHASES, rc.RUNNING) or not at or rc.parse_rfc3339(at) < since:
+        at = entry.completion_time if entry.phase in decide.TERMINAL_RUN_PHASES else entry.start_time
+        if entry.phase not in (*decide.TERMINAL_RUN_PHASES, decide.RUNNING) or not at or parse_rfc3339(at) < since:
             continue
         expected += [(entry.name, type_, reason, message, at) for type_, reason, message in run_events(entry, None)]
-    if status.phase in rc.FINISHED_PHASES and status.completion_time and \
-            rc.parse_rfc3339(status.completion_time) >= since:
+    if status.phase in decide.FINISHED_PHASES and status.completion_time and \
+            parse_rfc3339(status.completion_time) >= since:
         expected.append((None, *sweep_event(status), status.completion_time))
     return expected
 
@@ -64,27 +65,24 @@ def posted(run: str | None, reason: str, message: str, events: list[dict[str, An
     return False
 
 
-_done: set[tuple[str, str | None]] = set()  # (namespace, uid): once per benchmark and process
-
-
-def post_missing(namespace: str, name: str, logger: logging.Logger) -> int:
+def post_missing(state: OperatorState, namespace: str, name: str, logger: logging.Logger) -> int:
     """Post the Events the stored status recorded and the benchmark lacks; how many. Once per benchmark and
     process (a resume handler tried again must not post them twice). Best effort: a benchmark whose status this
     version cannot read, or whose Events cannot be listed, gets none."""
     try:
         owner = kube.get_benchmark(namespace, name)
-        if owner is None or not rc.sweep_started(owner.get("status") or {}):
+        if owner is None or not sweepstatus.sweep_started(owner.get("status") or {}):
             return 0
         key = (namespace, owner["metadata"].get("uid"))
-        if key in _done:
+        if key in state.recovered:
             return 0
         status = BenchmarkStatus.read(owner["status"])
         events = kube.benchmark_events(namespace, key[1])
-        _done.add(key)
+        state.recovered.add(key)
     except Exception as exc:  # noqa: BLE001 (what was lost stays lost; the sweep is not held for it)
         logger.info("lost Events not looked for: %s: %s", type(exc).__name__, exc)
         return 0
-    now = datetime.datetime.now(datetime.UTC)
+    now = state.clock.now()
     missing = [(type_, reason, message + RESTART_NOTE.format(at=at))
                for run, type_, reason, message, at in expected_events(status, now)
                if not posted(run, reason, message, events)]

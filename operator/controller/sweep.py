@@ -18,26 +18,21 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from gpt2bench import __version__, sweepcore
 from gpt2bench import jobkinds as kinds
+from gpt2bench.clock import parse_rfc3339
 from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run, configuration_of, plan_runs
 from gpt2bench.specification.model import Benchmark
 from gpt2bench.specification.validation import SpecError
 from gpt2bench.status import BenchmarkStatus, RunStatus
 
-from . import create, events, kube, liveness, metrics, pinning, pods
-from . import decide as rc
-
-# How often a sweep that could not start is tried again (handlers.py sets it from --poll-interval).
-RETRY_SECONDS = 30.0
-
+from . import create, decide, events, kube, liveness, metrics, pinning, pods, sweepstatus
+from .state import OperatorState
 
 # Status writes are conditional on the resourceVersion read (kube.patch_status): a write that another writer
 # came before (409) runs the step again on what is stored now, this many times in a row before the error is the
@@ -45,38 +40,11 @@ RETRY_SECONDS = 30.0
 MAX_CONFLICTS = 5
 
 
-@dataclass
-class _Gate:
-    """One benchmark's turn: one thread advances it at a time. `wanted`: a trigger came while it was busy
-    (the holder goes round once more); `edited`: one of them was a spec edit."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    wanted: bool = False
-    edited: bool = False
-
-
-_gates: dict[tuple[str, str], _Gate] = {}
-
-
-_gates_guard = threading.Lock()
-
-
-def _gate(namespace: str, name: str) -> _Gate:
-    with _gates_guard:
-        return _gates.setdefault((namespace, name), _Gate())
-
-
-def forget(namespace: str, name: str) -> None:
-    """A deleted benchmark's gate goes with it."""
-    with _gates_guard:
-        _gates.pop((namespace, name), None)
-
-
-def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = False) -> None:
+def advance(state: OperatorState, namespace: str, name: str, logger: logging.Logger, edited: bool = False) -> None:
     """Move the benchmark on from its current state (module docstring); `edited`: a spec edit triggered it.
     Errors go to the caller's handler (kopf retries it, or the timer tries again)."""
-    gate = _gate(namespace, name)
-    with _gates_guard:
+    gate = state.turn(namespace, name)
+    with state.guard:
         gate.wanted = True
         gate.edited |= edited
     conflicts = 0
@@ -87,15 +55,15 @@ def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = Fa
             return
         finished: list[tuple[dict, Run, dict, dict]] = []
         try:
-            with _gates_guard:
+            with state.guard:
                 if not gate.wanted:
                     return
                 gate.wanted, was_edited, gate.edited = False, gate.edited, False
             try:
                 with liveness.activity(f"step {namespace}/{name}", liveness.STEP_LIMIT):  # each round its own
-                    finished = _advance_once(namespace, name, logger, was_edited)
+                    finished = _advance_once(state, namespace, name, logger, was_edited)
             except Exception as exc:
-                with _gates_guard:
+                with state.guard:
                     gate.edited |= was_edited  # the edit is still to be answered at the next try,
                     gate.wanted |= was_edited  # by the edit's handler if it is waiting (or when kopf retries it)
                     conflicts += kube.conflict(exc)
@@ -107,40 +75,41 @@ def advance(namespace: str, name: str, logger: logging.Logger, edited: bool = Fa
             gate.lock.release()
         for owner, run, job, pod in finished:  # the curves: after the status, off the path to the next run
             create.keep_steps(owner, run, job, pod, logger)
-        with _gates_guard:
+        with state.guard:
             if not gate.wanted:
                 return
 
 
-def spec_changed(namespace: str, name: str, logger: logging.Logger) -> None:
+def spec_changed(state: OperatorState, namespace: str, name: str, logger: logging.Logger) -> None:
     """A spec edit: a sweep that has not started starts with the new spec; a started one keeps its own."""
-    advance(namespace, name, logger, edited=True)
+    advance(state, namespace, name, logger, edited=True)
 
 
-def _advance_once(namespace: str, name: str, logger: logging.Logger,
+def _advance_once(state: OperatorState, namespace: str, name: str, logger: logging.Logger,
                   edited: bool) -> list[tuple[dict, Run, dict, dict]]:
     fresh = kube.get_benchmark(namespace, name)
+    now = state.clock.stamp()  # one moment for the whole step
     if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
         return []  # deleted or being deleted: the garbage collector takes its jobs
     stored = fresh.get("status") or {}
     phase = stored.get("phase")
-    if not rc.sweep_started(stored):
-        if phase != rc.INVALID or edited:  # an Invalid spec waits for an edit
-            _start_or_wait(fresh, logger)
+    if not sweepstatus.sweep_started(stored):
+        if phase != decide.INVALID or edited:  # an Invalid spec waits for an edit
+            _start_or_wait(state, fresh, now, logger)
         return []
-    overwritten = rc.foreign_phase(stored)  # another writer's phase: the runs say the sweep still runs
-    if phase == rc.RUNNING or overwritten:
+    overwritten = decide.foreign_phase(stored)  # another writer's phase: the runs say the sweep still runs
+    if phase == decide.RUNNING or overwritten:
         try:
-            finished = [(fresh, *done) for done in _step(fresh, logger, overwritten)]
+            finished = [(fresh, *done) for done in _step(state, fresh, now, logger, overwritten)]
         except pinning.Unreadable as unreadable:
-            pinning.hold_unreadable(fresh, str(unreadable), logger)
+            pinning.hold_unreadable(fresh, str(unreadable), now, logger)
             finished = []
         if edited:  # said once the step's write is done: a step run again after a 409 does not say it twice
-            pinning.ignore_edit(fresh)
+            pinning.ignore_edit(fresh, now)
         return finished
     if edited:
-        pinning.ignore_edit(fresh)
-    if phase in rc.FINISHED_PHASES:  # a restarted operator serves its metric again
+        pinning.ignore_edit(fresh, now)
+    if phase in decide.FINISHED_PHASES:  # a restarted operator serves its metric again
         try:
             _export(fresh, BenchmarkStatus.read(stored))
         except ValueError as exc:  # written by a later version: nothing to serve
@@ -148,32 +117,32 @@ def _advance_once(namespace: str, name: str, logger: logging.Logger,
     return []
 
 
-def _start_or_wait(fresh: dict[str, Any], logger: logging.Logger) -> None:
+def _start_or_wait(state: OperatorState, fresh: dict[str, Any], now: str, logger: logging.Logger) -> None:
     """Start the sweep from the current spec. Until it has started (its runs in status), any error leaves it
     Pending, saying why, and the timer tries again (kopf retries the handler when not even that can be
     written); from then on it is Running, and an error creating the first jobs is a step's (tried again)."""
     try:
-        started = _commit_start(fresh, logger)
+        started = _commit_start(fresh, now, logger)
     except Exception as exc:
         if kube.conflict(exc):  # another writer came first: the step runs again on what is stored now
             raise
         reason = _error_text(exc)
         metadata = fresh["metadata"]
-        status = rc.pending_status(reason, metadata.get("generation"), rc.now_rfc3339(), RETRY_SECONDS)
+        status = sweepstatus.pending_status(reason, metadata.get("generation"), now, state.retry_seconds)
         stored = fresh.get("status") or {}
         logger.info("sweep not started yet: %s", reason)
         metrics.RECONCILE_ERRORS.labels(metadata.get("namespace") or "").inc()  # not raised: counted here
-        if stored.get("phase") == rc.PENDING and stored.get("message") == status.message:
+        if stored.get("phase") == decide.PENDING and stored.get("message") == status.message:
             return  # said already: the timer tries again, no Event each time
         kube.patch_status(metadata.get("namespace") or "default", metadata["name"],  # raises: kopf retries
-                          rc.replacing(stored, status.dump()), pinning.version(fresh))
+                          sweepstatus.replacing(stored, status.dump()), pinning.version(fresh))
         events.post(fresh, "Warning", "SweepNotStarted", status.message)
         return
     if started is not None:
-        _start_first_runs(fresh, *started, logger)
+        _start_first_runs(fresh, *started, now, logger)
 
 
-def _commit_start(fresh: dict[str, Any], logger: logging.Logger) -> tuple[Benchmark, list[Run],
+def _commit_start(fresh: dict[str, Any], now: str, logger: logging.Logger) -> tuple[Benchmark, list[Run],
                                                                             BenchmarkStatus, dict] | None:
     """Validate (None: Invalid, written), plan, pin the spec and write every run as Pending: from here on
     the sweep has started. No job exists before its run is in status. Returns the benchmark as written too."""
@@ -183,21 +152,21 @@ def _commit_start(fresh: dict[str, Any], logger: logging.Logger) -> tuple[Benchm
     try:
         pinning.benchmark_of(fresh, spec)
     except SpecError as error:
-        _reject(fresh, error)
+        _reject(fresh, error, now)
         return None
     spec = pinning.with_resolved_backend(spec)  # after validation: an invalid spec asks the API nothing
     try:
         benchmark = pinning.benchmark_of(fresh, spec)
     except SpecError as error:  # what the backend `auto` resolved to cannot run (a TrainJob has no hostNetwork)
-        _reject(fresh, SpecError([(path, f"{message} (spec.backend auto resolved to {spec['backend']} on this "
+        _reject(fresh, now=now, error=SpecError([(path, f"{message} (spec.backend auto resolved to {spec['backend']} on this "
                                          "cluster)") for path, message in error.errors]))
         return None
     runs = plan_runs(benchmark)
-    status = rc.initial_status(runs, metadata.get("generation"), rc.now_rfc3339())
+    status = sweepstatus.initial_status(runs, metadata.get("generation"), now)
     pinned = kube.annotate_benchmark(namespace, name, {
         pinning.SWEEP_SPEC_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":")),
         pinning.SWEEP_SPEC_VERSION_ANNOTATION: __version__}, pinning.version(fresh))
-    written = kube.patch_status(namespace, name, rc.replacing(fresh.get("status") or {}, status.dump()),
+    written = kube.patch_status(namespace, name, sweepstatus.replacing(fresh.get("status") or {}, status.dump()),
                                 pinning.version(pinned))
     events.post(fresh, "Normal", "SweepPlanned", f"{len(runs)} runs as {status.backend} jobs: "
                                             f"{', '.join(r.name for r in runs)}")
@@ -206,29 +175,28 @@ def _commit_start(fresh: dict[str, Any], logger: logging.Logger) -> tuple[Benchm
 
 
 def _start_first_runs(fresh: dict[str, Any], benchmark: Benchmark, runs: list[Run], status: BenchmarkStatus,
-                      started: dict[str, Any], logger: logging.Logger) -> None:
-    now = rc.now_rfc3339()
+                      started: dict[str, Any], now: str, logger: logging.Logger) -> None:
     # No job listing: none of ours can exist yet; a namesake's answers 409 and is refused (not ours).
     new_runs = create.start_runs(fresh, benchmark, runs, status.runs or [], {}, now, logger)
-    if any(r.phase == rc.RUNNING for r in new_runs):  # a job was created (not only refused)
-        metrics.observe_first_job(fresh["metadata"].get("creationTimestamp"))
-    summary = rc.summarize(status, new_runs, now, benchmark.spec)
+    if any(r.phase == decide.RUNNING for r in new_runs):  # a job was created (not only refused)
+        metrics.observe_first_job(fresh["metadata"].get("creationTimestamp"), now)
+    summary = sweepstatus.summarize(status, new_runs, now, benchmark.spec)
     _export(fresh, summary)
     written = status.dump()
     changed = {key: value for key, value in summary.dump().items() if written.get(key) != value}
     if changed:
         kube.patch_status(benchmark.namespace, benchmark.name, changed, pinning.version(started))
-    events.post_transitions(fresh, status.runs or [], new_runs, summary, rc.PENDING)
+    events.post_transitions(fresh, status.runs or [], new_runs, summary, decide.PENDING)
 
 
-def _reject(fresh: dict[str, Any], error: SpecError) -> None:
+def _reject(fresh: dict[str, Any], error: SpecError, now: str) -> None:
     """Invalid spec: say which fields in status and in an Event, create nothing; an edit starts it again."""
     metadata, stored = fresh["metadata"], fresh.get("status") or {}
-    status = rc.invalid_status(error.errors, metadata.get("generation"), rc.now_rfc3339())
-    if stored.get("phase") == rc.INVALID and stored.get("message") == status.message and \
+    status = sweepstatus.invalid_status(error.errors, metadata.get("generation"), now)
+    if stored.get("phase") == decide.INVALID and stored.get("message") == status.message and \
             stored.get("observedGeneration") == status.observed_generation:
         return  # said already (a retry, a restart)
-    kube.patch_status(metadata.get("namespace") or "default", metadata["name"], rc.replacing(stored, status.dump()),
+    kube.patch_status(metadata.get("namespace") or "default", metadata["name"], sweepstatus.replacing(stored, status.dump()),
                       pinning.version(fresh))
     events.post(fresh, "Warning", "InvalidSpec", status.message)
 
@@ -240,24 +208,24 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _step(fresh: dict[str, Any], logger: logging.Logger, overwritten: str | None = None) -> list[tuple[Run, dict, dict]]:
+def _step(state: OperatorState, fresh: dict[str, Any], now: str, logger: logging.Logger,
+          overwritten: str | None = None) -> list[tuple[Run, dict, dict]]:
     stored = fresh["status"]
     status, benchmark, runs, renamed = pinning.read_pinned(fresh)
     by_name = {run.name: run for run in runs}
     old_runs = list(status.runs or [])
     listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
-    jobs = create.without_strays(fresh, rc.owned_jobs(listed, benchmark.uid), old_runs, logger)
-    now = rc.now_rfc3339()
+    jobs = create.without_strays(fresh, decide.owned_jobs(listed, benchmark.uid), old_runs, logger)
     foreign = _foreign_writes(old_runs, jobs, overwritten, renamed)
     entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
     for entry in old_runs:  # a kind the cluster does not serve: its runs fail now, the others go on
-        if entry.phase not in rc.TERMINAL_RUN_PHASES and entry.job_kind in missing:
-            entries[entry.name] = rc.failed_entry(by_name[entry.name], entry, missing[entry.job_kind], now)
-    seen = rc.observe([entries[e.name] for e in old_runs], jobs)
+        if entry.phase not in decide.TERMINAL_RUN_PHASES and entry.job_kind in missing:
+            entries[entry.name] = decide.failed_entry(by_name[entry.name], entry, missing[entry.job_kind], now)
+    seen = decide.observe([entries[e.name] for e in old_runs], jobs)
     for name in seen.started:
-        entries[name] = rc.mark_running(entries[name], now)
+        entries[name] = decide.mark_running(entries[name], now)
     for name in seen.queued:
-        entries[name] = rc.mark_queued(entries[name], now)
+        entries[name] = decide.mark_queued(entries[name], now)
     collected: list[tuple[Run, dict, dict]] = []
     for finished in seen.finished:
         run, entry = by_name[finished.name], entries[finished.name]
@@ -267,20 +235,20 @@ def _step(fresh: dict[str, Any], logger: logging.Logger, overwritten: str | None
         cause = None
         if not finished.job_succeeded:  # the first pod that failed (OOMKilled ...), then the controller's word
             cause, why = pods.failure(job, finished.job_message, now)
-            finished = rc.Finished(finished.name, False, why or "job failed")
-        entries[finished.name] = rc.after_preemption(run, entry, rc.finish_entry(run, entry, finished, message, now,
+            finished = decide.Finished(finished.name, False, why or "job failed")
+        entries[finished.name] = decide.after_preemption(run, entry, decide.finish_entry(run, entry, finished, message, now,
                                                                                  cause))
-        if entries[finished.name].phase == rc.PENDING:  # preempted: measured nothing, run again once, anew
+        if entries[finished.name].phase == decide.PENDING:  # preempted: measured nothing, run again once, anew
             kube.delete_job(job)
-            _again(benchmark.namespace, benchmark.name)
+            state.again(benchmark.namespace, benchmark.name)
         elif pod:
             collected.append((run, job, pod))
     for name in seen.vanished:
         ttl = benchmark.spec.run_policy.ttl_seconds_after_finished
-        entries[name] = rc.vanished_entry(by_name[name], entries[name], now, ttl)
+        entries[name] = decide.vanished_entry(by_name[name], entries[name], now, ttl)
     done = {finished.name for finished in seen.finished}
     for entry in list(entries.values()):  # queued or starting: what it waits for, and for how long
-        if entry.phase in (rc.RUNNING, rc.QUEUED) and entry.job_name in jobs and entry.name not in done:
+        if entry.phase in (decide.RUNNING, decide.QUEUED) and entry.job_name in jobs and entry.name not in done:
             entries[entry.name] = pods.follow_start(by_name[entry.name], entry, jobs[entry.job_name], benchmark.spec,
                                                     now)
     current = [entries[entry.name] for entry in old_runs]
@@ -290,23 +258,23 @@ def _step(fresh: dict[str, Any], logger: logging.Logger, overwritten: str | None
     current, _ = holds.apply(old_runs, current, create.resume_words(benchmark))  # one cause, one stop
     current, runs, rounds, added = _add_round(benchmark, status, current, runs, now)
     if added:  # a new round's runs are recorded first; the next step creates their jobs (as the start does)
-        _again(benchmark.namespace, benchmark.name)
+        state.again(benchmark.namespace, benchmark.name)
     else:
         current = create.start_runs(fresh, benchmark, runs, current, jobs, now, logger)
-    summary = rc.summarize(status, current, now, benchmark.spec)
+    summary = sweepstatus.summarize(status, current, now, benchmark.spec)
     summary.rounds_planned, summary.rounds_done, summary.stop_reason, summary.racing, summary.dropped = rounds
-    if summary.phase != rc.RUNNING:
+    if summary.phase != decide.RUNNING:
         summary.racing = 0  # nothing runs on
     elif summary.racing is None:  # fixed rounds: every configuration runs every round
         summary.racing = len({configuration_of(entry) for entry in current})
     _export(fresh, summary)
     generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
     if generation > observed:  # written here, not by the update handler: one writer while Running
-        ignored = rc.spec_ignored_condition(generation, observed, now)
-        summary.conditions = rc.set_condition(summary.conditions or [], ignored)
-    if any(c.type == rc.SPEC_UNREADABLE and c.status == "True" for c in summary.conditions or []):
-        readable = rc.spec_readable_condition(__version__, now, generation)  # no longer held
-        summary.conditions = rc.set_condition(summary.conditions or [], readable)
+        ignored = sweepstatus.spec_ignored_condition(generation, observed, now)
+        summary.conditions = sweepstatus.set_condition(summary.conditions or [], ignored)
+    if any(c.type == decide.SPEC_UNREADABLE and c.status == "True" for c in summary.conditions or []):
+        readable = sweepstatus.spec_readable_condition(__version__, now, generation)  # no longer held
+        summary.conditions = sweepstatus.set_condition(summary.conditions or [], readable)
     changed = {key: value for key, value in summary.dump().items() if stored.get(key) != value}
     if changed:  # an idle step writes nothing (100 sweeps polling would otherwise patch every tick)
         kube.patch_status(benchmark.namespace, benchmark.name, changed, pinning.version(fresh))
@@ -333,7 +301,7 @@ def _foreign_writes(entries: list[RunStatus], jobs: dict[str, dict], overwritten
             *(f"run {name} was renamed in status.runs: its planned name is restored" for name in renamed)]
     for entry in entries:
         job = jobs.get(entry.job_name)
-        if job is not None and rc.finished_by_hand(entry, job):
+        if job is not None and decide.finished_by_hand(entry, job):
             kube.delete_job(job)
             said.append(f"run {entry.name} was marked {entry.phase} while its job {entry.job_name} was still "
                         "running: the mark is kept and the job deleted, so that one job runs at a time")
@@ -342,7 +310,7 @@ def _foreign_writes(entries: list[RunStatus], jobs: dict[str, dict], overwritten
 
 def _export(obj: dict[str, Any], status: BenchmarkStatus) -> None:
     """The recommendations as the operator's info metric (for Grafana's table), once the sweep is done."""
-    if status.phase in rc.FINISHED_PHASES:
+    if status.phase in decide.FINISHED_PHASES:
         metadata = obj["metadata"]
         metrics.export_recommendations(metadata.get("namespace") or "", metadata["name"], status.analysis)
 
@@ -356,7 +324,7 @@ def _add_round(benchmark: Benchmark, status: BenchmarkStatus, current: list[RunS
     any of its jobs exists, and its Event posted after that write)."""
     before = sweepcore.Rounds(status.rounds_planned, status.rounds_done, status.stop_reason, status.racing,
                               status.dropped)
-    step = sweepcore.add_round(benchmark, current, before, status.start_time, rc.parse_rfc3339(now))
+    step = sweepcore.add_round(benchmark, current, before, status.start_time, parse_rfc3339(now))
     if step is None:
         return current, runs, _rounds(before), None
     return current + step.entries, runs + step.runs, _rounds(step.rounds), step.added
@@ -364,11 +332,3 @@ def _add_round(benchmark: Benchmark, status: BenchmarkStatus, current: list[RunS
 
 def _rounds(rounds: sweepcore.Rounds) -> tuple:
     return rounds.planned, rounds.done, rounds.stop_reason, rounds.racing, rounds.dropped
-
-
-def _again(namespace: str, name: str) -> None:
-    """Have the thread advancing this benchmark go round once more when its step is done (as a trigger that
-    finds it busy does)."""
-    gate = _gate(namespace, name)
-    with _gates_guard:
-        gate.wanted = True
