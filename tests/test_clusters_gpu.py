@@ -1,11 +1,14 @@
-"""Issue 47's cluster findings, each on the rendered objects of docs/clusters.md's fragments (tests/test_clusters.py
-merges them into the GPU example): placeholders refused, AKS's GPU pool taint tolerated, RoCE's secondary network."""
+"""Cluster findings on the rendered objects of the fabric profiles (manifests/examples/fabrics/, merged into the GPU
+example by tests/test_clusters.py): placeholders refused, AKS's GPU pool taint tolerated, RoCE's secondary network,
+and docs/clusters.md's memlock node fix."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
-from test_clusters import EXAMPLE, FRAGMENTS, cluster_benchmark, merged
+from test_clusters import EXAMPLE, PROFILES, cluster_benchmark, merged, placeholders
 from test_render_fabric import pods_of, trains
 
 from gpt2bench.render import render_all
@@ -28,16 +31,33 @@ def tolerates(pod_spec: dict, taint: dict) -> bool:
     return False
 
 
-def test_a_placeholder_copied_from_the_docs_is_refused_naming_its_field():
-    """The RoCE fragment as written (`NCCL_IB_TC: "<106>"`): refused, naming the env entry, instead of reaching
-    NCCL, which reads it as 0."""
-    document = {**EXAMPLE, "spec": merged(EXAMPLE["spec"], yaml.safe_load(FRAGMENTS["onprem-roce"])["spec"])}
+def value_at(document: dict, path: str):
+    """The value a SpecError's field path names: `spec.pods.env[1].value`, `spec.nodeSelector[a.b/c]`."""
+    value = document
+    for key, index in re.findall(r"([^.\[\]]+)|\[([^\]]+)\]", path):
+        value = value[int(index)] if index.isdigit() else value[key or index]
+    return value
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_a_profiles_placeholders_are_each_refused_naming_their_field(name):
+    """A profile merged as it is written: every value in angle brackets (RoCE's `NCCL_IB_TC: "<106>"`, which NCCL
+    reads as 0; the HCAs; AKS's pool; EKS's image) is refused, naming the field that holds it, instead of reaching
+    NCCL or the scheduler; a profile without one loads as it is."""
+    document = {**EXAMPLE, "spec": merged(EXAMPLE["spec"], yaml.safe_load(PROFILES[name])["spec"])}
+    left = placeholders(document["spec"])
+    if not left:
+        load_benchmark(document)
+        return
     with pytest.raises(SpecError) as refused:
         load_benchmark(document)
-    (path, message), = refused.value.errors
-    assert path == "spec.pods.env[1].value" and message.startswith("'<106>' is a placeholder")
-    assert document["spec"]["pods"]["env"][1]["name"] == "NCCL_IB_TC"
-    # anywhere in the spec, and together with the model's own errors
+    flagged = {path: message for path, message in refused.value.errors if "is a placeholder" in message}
+    assert sorted(value_at(document, path) for path in flagged) == sorted(left)
+    for path, message in flagged.items():
+        assert message.startswith(f"{value_at(document, path)!r} is a placeholder"), (path, message)
+
+
+def test_a_placeholder_is_refused_anywhere_in_the_spec_beside_the_models_own_errors():
     spec = {**EXAMPLE["spec"], "nodeSelector": {"kubernetes.azure.com/agentpool": "<your pool>"},
             "training": {**EXAMPLE["spec"].get("training", {}), "steps": -1}}
     with pytest.raises(SpecError) as refused:
@@ -76,13 +96,11 @@ def test_the_roce_fragment_attaches_its_secondary_network_as_the_infiniband_one_
 def test_the_documented_memlock_node_fix_is_a_valid_daemonset_on_the_gpu_pools():
     """docs/clusters.md's DaemonSet for nodes that cannot be configured before they join (AKS): valid against
     Kubernetes' schema, on the tainted GPU pools, writing the limit the start-up check names (memlock.NODE_FIX)."""
-    import re as regex
-
     from test_clusters import DOC
 
     from gpt2bench.trainer.memlock import NODE_FIX
 
-    (text,) = regex.findall(r"<!-- node-fix: containerd-memlock -->\s*```yaml\n(.*?)```", DOC, regex.S)
+    (text,) = re.findall(r"<!-- node-fix: containerd-memlock -->\s*```yaml\n(.*?)```", DOC, re.S)
     daemonset = yaml.safe_load(text)
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     kubernetes_validate.validate(daemonset, "1.30.0", strict=True)

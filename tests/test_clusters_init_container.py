@@ -1,9 +1,10 @@
-"""The training operator's init container for PyTorchJob Workers, in a Pod Security "restricted" namespace
-(issue 47.2): manifests/kubeflow/training-operator ships a template (init-container.yaml) with a restricted
-securityContext, mounted where `--pytorch-init-container-template-file` names it. Checked as the operator uses
-it (training-operator v1.9.0 pkg/controller.v1/pytorch/initcontainer.go: the file's Go template filled with the
-image, the tries and the Master's name, parsed as a list of containers, appended to every Worker's
-initContainers) on the PyTorchJob gpt2bench renders."""
+"""The training operator's init container for PyTorchJob Workers, in a Pod Security "restricted" namespace, where
+its built-in template (no securityContext) gets every Worker refused: manifests/kubeflow/training-operator ships a
+template (init-container.yaml) with a restricted securityContext, mounted where
+`--pytorch-init-container-template-file` names it. Checked as the operator uses it (training-operator v1.9.0
+pkg/controller.v1/pytorch/initcontainer.go: the file's Go template filled with the image, the tries and the
+Master's name, parsed as a list of containers, appended to every Worker's initContainers) on the PyTorchJob
+gpt2bench renders."""
 
 from __future__ import annotations
 
