@@ -30,6 +30,7 @@ from gpt2bench.conventions import (
     WORKER_CONTAINER,
 )
 from gpt2bench.status import FAILED, PENDING, QUEUED, RUNNING, SUCCEEDED
+from gpt2bench.strategies import traits
 
 # ------------------------------------------------------------------ backends
 
@@ -83,12 +84,16 @@ JOB_KINDS: dict[str, JobKind] = {
 }  # fmt: skip
 
 
+# The training-operator-era kind of each launcher (gpt2bench.strategies): mpi-operator's MPIJob runs mpirun.
+V1_KINDS: dict[str, str] = {"torchrun": "PyTorchJob", "mpirun": "MPIJob"}
+
+
 def job_kind_for(strategy: str, backend: str) -> str:
     """The kind a strategy's run becomes under a resolved backend."""
     if backend == TRAINJOB:
         return "TrainJob"
     if backend == PYTORCHJOB:
-        return "MPIJob" if strategy == "horovod" else "PyTorchJob"
+        return V1_KINDS[traits(strategy).launcher]
     raise ValueError(f"backend {backend!r} is not resolved: one of {', '.join(BACKENDS)}")
 
 
@@ -176,7 +181,12 @@ NODE_JOB, LAUNCHER_JOB = "node", "launcher"
 
 def trainjob_pods(strategy: str, nodes: int) -> dict[str, int]:
     """Pods per replicated job of a run's TrainJob, in runtime order."""
-    if strategy == "horovod":
+    return launcher_pods(traits(strategy).launcher, nodes)
+
+
+def launcher_pods(launcher: str, nodes: int) -> dict[str, int]:
+    """Pods per replicated job of a TrainJob on the project's runtime for `launcher`, in runtime order."""
+    if launcher == "mpirun":
         return {NODE_JOB: nodes - 1, LAUNCHER_JOB: 1} if nodes > 1 else {LAUNCHER_JOB: 1}
     return {NODE_JOB: nodes}
 
@@ -274,8 +284,9 @@ def expected_pods(job: dict[str, Any]) -> int | None:
     nodes = _at(job, ("spec", "trainer", "numNodes"))
     if job.get("kind") != "TrainJob" or RESULT_REPLICATED_JOB_ANNOTATION not in annotations or nodes is None:
         return None
-    strategy = "horovod" if annotations[RESULT_REPLICATED_JOB_ANNOTATION] == LAUNCHER_JOB else "ddp"
-    return sum(trainjob_pods(strategy, int(nodes)).values())
+    # the MPI runtimes' result is their launcher's, torch's a `node`'s (gpt2bench.render.trainjob)
+    launcher = "mpirun" if annotations[RESULT_REPLICATED_JOB_ANNOTATION] == LAUNCHER_JOB else "torchrun"
+    return sum(launcher_pods(launcher, int(nodes)).values())
 
 
 def result_container(job: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ from gpt2bench.conventions import OUTPUT_ENV
 from gpt2bench.jobkinds import JOB_KINDS, job_kind_for, max_job_name_length, resolve_backend
 from gpt2bench.specification.expansion import escape
 from gpt2bench.specification.model import MAX_SEED, Benchmark, GPT2BenchmarkSpec, ScaleSpec, StrategySpec
+from gpt2bench.strategies import traits
 from gpt2bench.trainer.config import ProcessOptions, TrainConfig
 
 # Job names must be DNS-1035 labels (<= 63). The Kubeflow operators derive pod and Service names from
@@ -150,9 +151,10 @@ def run_name(benchmark: str, strategy: str, precision: str, nodes: int, per_node
 
 def _effective(strategy: StrategySpec, scale: ScaleSpec) -> tuple[int, int, int]:
     """(nodes, worker processes per node, GPUs per node) the strategy really uses at this scale."""
-    if strategy.name == "single":
+    footprint = traits(strategy.name).footprint
+    if footprint == "device":
         return 1, 1, min(scale.devices_per_node, 1)
-    if strategy.name == "dataparallel":
+    if footprint == "node":
         return 1, 1, scale.devices_per_node
     return scale.nodes, scale.procs_per_node, scale.devices_per_node
 

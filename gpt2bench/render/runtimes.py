@@ -39,6 +39,7 @@ from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB
 from gpt2bench.render.mpijob import SSH_AUTH_MOUNT_PATH, SSHD_COMMAND
 from gpt2bench.render.pods import container_security_context, pod_security_context
 from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, MetricsSpec
+from gpt2bench.strategies import traits
 
 TORCH_RUNTIME = "gpt2bench-torch"
 MPI_RUNTIME = "gpt2bench-mpi"
@@ -205,7 +206,7 @@ def project_runtimes(image: str = DEFAULT_IMAGE, gpu_image: str = DEFAULT_GPU_IM
 def runtime_for(strategy: str, nodes: int, gpus: bool) -> str:
     """The runtime a run's TrainJob names: torch for every strategy but horovod; horovod on one node runs in
     its launcher alone, on several in sshd pods of the run's image (CPU or CUDA)."""
-    if strategy != "horovod":
+    if traits(strategy).launcher != "mpirun":
         return TORCH_RUNTIME
     if nodes == 1:
         return MPI_ONE_NODE_RUNTIME

@@ -48,6 +48,7 @@ from gpt2bench.render.runtimes import (
     runtime_for,
 )
 from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, Benchmark
+from gpt2bench.strategies import traits
 
 PATCH_MANAGER = "gpt2bench.io/render"  # a runtimePatch's manager must be a domain-prefixed path (webhook)
 # What a runtimePatch may set on a pod and on a container (the TrainJob CRD's PodSpecPatch/ContainerPatch).
@@ -102,13 +103,13 @@ def runtime_patch(pods: RunPods) -> dict[str, Any]:
 
 def render_trainjob(pods: RunPods) -> dict[str, Any]:
     spec, run = pods.benchmark.spec, pods.run
-    horovod = run.strategy.name == "horovod"
+    mpi = traits(run.strategy.name).launcher == "mpirun"
     trainer: dict[str, Any] = {
         "image": pods.image,
         # MPI: mpirun as in the MPIJob (render/mpijob.py), reaching the non-root sshd on port 2222 with
         # `-mca plm_rsh_args` on the command line, which Open MPI ranks above the MPI plugin's own
         # OMPI_MCA_plm_rsh_args (its `-o ConnectionAttempts=10` is kept in ours)
-        "command": launcher_command(pods) if horovod else torchrun_command(run),
+        "command": launcher_command(pods) if mpi else torchrun_command(run),
         "env": copy.deepcopy([*pods.env, *pods.budget]),
         "numNodes": run.nodes,
         # torch: PET_NPROC_PER_NODE (never "auto": the CPU count of a request would be guessed);
@@ -117,7 +118,7 @@ def render_trainjob(pods: RunPods) -> dict[str, Any]:
         "resourcesPerNode": copy.deepcopy(pods.resources),
     }
     annotations = {**pods.metadata.get("annotations", {}),
-                   RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if horovod else NODE_JOB}
+                   RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if mpi else NODE_JOB}
     if spec.scheduling.gang:
         annotations[GANG_ANNOTATION] = "required"
     metadata = {
@@ -164,11 +165,11 @@ def trainjob_caveats(benchmark: Benchmark) -> list[str]:
     if spec.image_pull_policy != RUNTIME_IMAGE_PULL_POLICY:
         caveats.append(f"spec.imagePullPolicy: {spec.image_pull_policy} is not applied: the runtimes set "
                        f"{RUNTIME_IMAGE_PULL_POLICY}")
-    multi_node_horovod = any(s.name == "horovod" for s in spec.sweep.strategies)
+    mpi = [s.name for s in spec.sweep.strategies if traits(s.name).launcher == "mpirun"]
     foreign = {spec.trainer_image(gpus=scale.devices_per_node > 0) for scale in spec.sweep.scales
-               if multi_node_horovod and scale.nodes > 1} - {DEFAULT_IMAGE, DEFAULT_GPU_IMAGE}
+               if mpi and scale.nodes > 1} - {DEFAULT_IMAGE, DEFAULT_GPU_IMAGE}
     if foreign:
-        caveats.append(f"spec.image: horovod's ranks on several nodes run in the {MPI_RUNTIME}/{MPI_GPU_RUNTIME} "
+        caveats.append(f"spec.image: {'/'.join(mpi)}'s ranks on several nodes run in the {MPI_RUNTIME}/{MPI_GPU_RUNTIME} "
                        f"runtimes' sshd pods, whose image is the runtime's, not {', '.join(sorted(foreign))}: "
                        f"install the runtimes with that image (the chart's trainerImage values)")
     return caveats

@@ -44,6 +44,7 @@ from gpt2bench.specification.kubesyntax import (
 )
 from gpt2bench.specification.pods import AffinitySpec, JobMetadataSpec, PodsSpec
 from gpt2bench.specification.values import Annotations, Labels, LabelValue, ResourceList, SpecModel, cel
+from gpt2bench.strategies import STRATEGIES, STRATEGY_TABLE, option_owners, traits, with_servers
 
 API_GROUP = "gpt2bench.io"
 API_VERSION = "v1alpha1"
@@ -52,7 +53,6 @@ PLURAL = "gpt2benchmarks"
 SINGULAR = "gpt2benchmark"
 SHORT_NAMES = ["g2b"]
 
-STRATEGIES = ("single", "dataparallel", "ddp", "fsdp", "horovod", "ps", "ps-sharded")
 PRECISIONS = ("fp32", "fp16", "bf16")
 # (n_layer, n_head, n_embd) as in the GPT-2 paper's released sizes; tiny is for CPU tests; custom gives all three.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -65,7 +65,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 MODEL_PRESETS = tuple(PRESETS)
 
-StrategyName = Literal["single", "dataparallel", "ddp", "fsdp", "horovod", "ps", "ps-sharded"]
+StrategyName = Literal[STRATEGIES]  # type: ignore[valid-type]  # the table's names (gpt2bench.strategies)
 Precision = Literal["fp32", "fp16", "bf16"]
 Backend = Literal["auto", "trainjob", "pytorchjob"]
 Preset = Literal["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "custom"]
@@ -189,16 +189,8 @@ class TrainingSpec(SpecModel):
         return self
 
 
-# Options only the strategies named may set.
-_STRATEGY_OPTIONS = {
-    "bucket_cap_mb": ("ddp",),
-    "static_graph": ("ddp",),
-    "gradient_as_bucket_view": ("ddp",),
-    "reshard_after_forward": ("fsdp",),
-    "ps_servers": ("ps", "ps-sharded"),
-    "ps_mode": ("ps", "ps-sharded"),
-    "ps_server_device": ("ps", "ps-sharded"),
-}
+# Options only the strategies named may set (the table's `options`).
+_STRATEGY_OPTIONS = option_owners()
 
 
 class StrategySpec(SpecModel):
@@ -207,8 +199,8 @@ class StrategySpec(SpecModel):
     model_config = ConfigDict(json_schema_extra=cel(
         *[(f"!has(self.{to_camel(option)}) || self.name in {list(owners)}",
            f"{to_camel(option)} applies to {'/'.join(owners)} only") for option, owners in _STRATEGY_OPTIONS.items()],
-        ("self.name != 'ps-sharded' || !has(self.psServers) || self.psServers >= 2",
-         "psServers: ps-sharded needs at least 2 servers"),
+        *[(f"self.name != '{s.name}' || !has(self.psServers) || self.psServers >= {s.min_servers}",
+           f"psServers: {s.name} needs at least {s.min_servers} servers") for s in with_servers() if s.min_servers > 1],
     ))
 
     name: StrategyName = Field(description="Data-parallel strategy.")
@@ -231,8 +223,9 @@ class StrategySpec(SpecModel):
         errors = [((to_camel(option),), f"applies to {'/'.join(owners)} only, not {self.name}")
                   for option, owners in _STRATEGY_OPTIONS.items()
                   if getattr(self, option) is not None and self.name not in owners]
-        if self.name == "ps-sharded" and self.ps_servers is not None and self.ps_servers < 2:
-            errors.append((("psServers",), f"ps-sharded needs >= 2 servers, got {self.ps_servers}"))
+        fewest = traits(self.name).min_servers
+        if self.ps_servers is not None and self.ps_servers < fewest:
+            errors.append((("psServers",), f"{self.name} needs >= {fewest} servers, got {self.ps_servers}"))
         if errors:
             raise RuleError(errors)
         return self
@@ -240,11 +233,8 @@ class StrategySpec(SpecModel):
     @property
     def servers(self) -> int:
         """Parameter-server processes this strategy adds (0 for non-PS strategies)."""
-        if self.name == "ps":
-            return self.ps_servers or 1
-        if self.name == "ps-sharded":
-            return self.ps_servers or 2
-        return 0
+        default = traits(self.name).servers
+        return (self.ps_servers or default) if default else 0
 
     @property
     def mode(self) -> str:
@@ -295,9 +285,12 @@ _SCALE_FIELDS = ("nodes", "devicesPerNode", "processesPerNode")
 _SCALES_DIFFER = ("!has(self.scales) || self.scales.all(a, self.scales.exists_one(b, "
                   + " && ".join(f"{_scale_field('a', name)} == {_scale_field('b', name)}" for name in _SCALE_FIELDS)
                   + "))")
-_SERVERS_SPREAD = ("!has(self.scales) || self.strategies.all(s, !(s.name in ['ps', 'ps-sharded']) || "
-                   "self.scales.all(c, (has(s.psServers) ? s.psServers : (s.name == 'ps' ? 1 : 2)) % "
+_SERVED = with_servers()
+_DEFAULT_SERVERS = "(" + "".join(f"s.name == '{s.name}' ? {s.servers} : " for s in _SERVED[:-1]) + f"{_SERVED[-1].servers})"
+_SERVERS_SPREAD = (f"!has(self.scales) || self.strategies.all(s, !(s.name in {[s.name for s in _SERVED]}) || "
+                   f"self.scales.all(c, (has(s.psServers) ? s.psServers : {_DEFAULT_SERVERS}) % "
                    "(has(c.nodes) ? c.nodes : 1) == 0))")
+_ONE_NODE = tuple(s.name for s in STRATEGY_TABLE if s.footprint == "node")
 
 
 # CEL: the rounds a sweep may plan, each running every configuration once: its repeats (maxRepeats where the
@@ -339,9 +332,9 @@ class SweepSpec(SpecModel):
          f"(has(self.scales) ? size(self.scales) : 1) * {_ROUNDS} <= {MAX_RUNS}",
          f"strategies x precisions x scales x rounds (repeats, plus the breakdown round) must be at most "
          f"{MAX_RUNS} runs: split the sweep into several GPT2Benchmarks"),
-        ("!self.strategies.exists(s, s.name == 'dataparallel') || !has(self.scales) || "
-         "self.scales.all(c, !has(c.nodes) || c.nodes == 1)",
-         "dataparallel runs in one process on one node: every scale's nodes must be 1"),
+        *[(f"!self.strategies.exists(s, s.name == '{name}') || !has(self.scales) || "
+           "self.scales.all(c, !has(c.nodes) || c.nodes == 1)",
+           f"{name} runs in one process on one node: every scale's nodes must be 1") for name in _ONE_NODE],
         (_SERVERS_SPREAD, "ps/ps-sharded: psServers must be a multiple of every scale's nodes"),
         (_SCALES_DIFFER, "scales must differ in nodes, devicesPerNode or processesPerNode: a scale listed twice "
                          "would run the same runs twice (set repeats to measure each run more than once)"),
@@ -804,13 +797,13 @@ def cross_field_errors(spec: GPT2BenchmarkSpec):
         if names.count(strategy.name) > 1 and names.index(strategy.name) < i:
             yield (*where, "name"), f"strategy {shown(strategy.name)} is listed twice"
         for j, scale in enumerate(sweep.scales):
-            if strategy.name == "dataparallel" and scale.nodes > 1:
+            if traits(strategy.name).footprint == "node" and scale.nodes > 1:
                 yield ("spec", "sweep", "scales", j, "nodes"), \
-                    "dataparallel runs in one process on one node (nodes must be 1)"
+                    f"{strategy.name} runs in one process on one node (nodes must be 1)"
             if strategy.servers and strategy.servers % scale.nodes:
                 yield (*where, "psServers"), (f"{strategy.servers} servers cannot be spread evenly over "
                                               f"{scale.nodes} nodes (spec.sweep.scales[{j}].nodes)")
-            workers = 1 if strategy.name in ("single", "dataparallel") else scale.procs_per_node
+            workers = 1 if traits(strategy.name).one_process else scale.procs_per_node
             widest = max(widest, workers + -(-strategy.servers // scale.nodes))
     problem = seq_len_error(spec.model, spec.training)
     if problem:

@@ -1,4 +1,5 @@
-"""Strategy registry: name (as on the CLI and in the CR) -> Parallelism subclass, imported lazily.
+"""Strategy registry: name (as on the CLI and in the CR) -> Parallelism subclass, imported lazily; the names and
+classes are the strategies' table's (gpt2bench.strategies).
 
 Lazy so that importing the trainer never imports horovod (absent on many machines) or RPC code.
 """
@@ -7,18 +8,12 @@ from __future__ import annotations
 
 import importlib
 
+from gpt2bench.strategies import STRATEGY_TABLE
+
 from .base import Parallelism
 
-# strategy name -> "module:Class" under gpt2bench.trainer.parallel
-STRATEGIES: dict[str, str] = {
-    "single": "base:Parallelism",
-    "dataparallel": "dataparallel:DataParallelism",
-    "ddp": "ddp:DDPParallelism",
-    "fsdp": "fsdp:FSDPParallelism",
-    "horovod": "horovod:HorovodParallelism",
-    "ps": "ps:ParameterServerParallelism",
-    "ps-sharded": "ps:ShardedParameterServerParallelism",
-}
+# strategy name -> "module:Class" under gpt2bench.trainer.parallel: the strategies' table (gpt2bench.strategies)
+STRATEGIES: dict[str, str] = {strategy.name: strategy.trainer for strategy in STRATEGY_TABLE}
 
 
 def strategy_class(name: str) -> type[Parallelism]:
