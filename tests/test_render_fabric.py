@@ -1,4 +1,4 @@
-"""What a real GPU cluster needs of the rendered pods (issue 32): the fabric's env, capabilities and volumes, the
+"""What a real GPU cluster needs of the rendered pods: the fabric's env, capabilities and volumes, the
 registry's and the cluster's identity, the job objects' labels, the user OpenShift assigns, runs spread over
 nodes, and GPUs held only by pods that train. Every field reaches every job kind: PyTorchJob and MPIJob as
 written, TrainJob through its trainer and runtimePatch as Trainer v2.3 applies them (tests/kube/trainer_v2.py)."""

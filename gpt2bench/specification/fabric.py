@@ -58,7 +58,7 @@ class FabricSpec(SpecModel):
 
     def expects_gpudirect(self, env: dict[str, str | None]) -> bool:
         """Whether the run stops where NCCL moved no GPU memory directly: asked for, or promised by the env the
-        fragments of docs/clusters.md set (AKS: NCCL_NET_GDR_LEVEL=SYS; EKS: FI_EFA_USE_DEVICE_RDMA=1), unless
+        profiles in manifests/examples/fabrics/ set (AKS: NCCL_NET_GDR_LEVEL=SYS; EKS: FI_EFA_USE_DEVICE_RDMA=1), unless
         turned off (false) or nothing is checked (require none). `env`: spec.pods.env's plain values by name."""
         if self.gpu_direct_rdma is not None:
             return self.gpu_direct_rdma
