@@ -28,11 +28,7 @@ from gpt2bench.render import label_value, render_run
 from gpt2bench.specification.model import API_GROUP, KIND, Benchmark
 from gpt2bench.status import RunStatus
 
-from . import decide, events, kube, metrics
-
-# The user says a held cause is fixed (docs/operator.md, One cause, one stop): any value; the operator removes it.
-RESUME_ANNOTATION = f"{API_GROUP}/resume"
-
+from . import decide, kube, metrics
 
 # The per-step records of a run: the GPT2BENCH_STEPS line near the end of the result pod's log.
 STEPS_LOG_LINES = 200
@@ -101,12 +97,6 @@ def start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], ent
 RETRY_WORDS = "its creation is tried again at every step; the others wait until it works"
 
 
-def resume_words(benchmark: Benchmark) -> str:
-    """How the user resumes runs held by a cause they share, once it is fixed."""
-    return (f"once fixed: kubectl annotate gpt2benchmark {benchmark.name} -n {benchmark.namespace} "
-            f"{RESUME_ANNOTATION}=1 --overwrite")
-
-
 def entries_by_name(entries: list[RunStatus]) -> dict[str, RunStatus]:
     return {entry.name: entry for entry in entries}
 
@@ -120,23 +110,6 @@ def to_start(current: dict[str, RunStatus], present: dict[str, dict], concurrenc
         return chosen
     again = holds.release(list(current.values()), reason=retry.reason)
     return [retry.name] if retry.name in decide.runs_to_start(again, present, concurrency) else []
-
-
-def without_strays(owner: dict[str, Any], jobs: dict[str, dict], entries: list[RunStatus],
-                   logger: logging.Logger) -> dict[str, dict]:
-    """The benchmark's jobs that a run in status holds; any other job it owns is deleted (a Warning Event says
-    so). No step creates a job before its run is in status, so such a job escaped a write that failed (an
-    earlier version created a new round's first job before recording the round), and would run on, listed
-    nowhere, to its deadline."""
-    held = {entry.job_name for entry in entries}
-    for job_name, job in jobs.items():
-        if job_name not in held:
-            kube.delete_job(job)
-            logger.warning("deleted job %s: it belongs to this benchmark but to none of its runs", job_name)
-            events.post(owner, "Warning", "StrayJobDeleted",
-                        f"job {job_name} belongs to this GPT2Benchmark but to none of the runs in its status (a status "
-                        f"write failed after it was created): deleted, with its pods")
-    return {job_name: job for job_name, job in jobs.items() if job_name in held}
 
 
 def deleted_since(owner: dict[str, Any]) -> bool:

@@ -1,22 +1,26 @@
-"""Pure decisions of the operator: no cluster, no kopf. The handlers feed them what they read.
+"""Pure decisions of the operator: no cluster, no kopf, no clock. A step is observe -> decide -> act:
+`observe.observe_step` reads (`Observed`), `step` here decides (`Plan`: the entries, the jobs to delete, what to
+say, whether to step again), and `sweep` acts (deletes, creates the runs that may start, writes the status,
+posts the Events).
 
-A sweep is level-triggered: every reconcile step looks at `status.runs` and the jobs that exist,
-and decides (1) which runs changed phase, (2) which Pending runs start now, (3) the status patch.
-Because the decision depends only on status + existing jobs, a restarted operator resumes where the
-last one stopped, and because job names are the run names, it never creates a job twice.
+A sweep is level-triggered: every step looks at `status.runs` and the jobs that exist, and decides which runs
+changed phase, which Pending runs may start, and the status. Because the decision depends only on status +
+existing jobs, a restarted operator resumes where the last one stopped, and because job names are the run
+names, it never creates a job twice.
 """
 
 from __future__ import annotations
 
-import datetime
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpt2bench import collect, diagnosis
+from gpt2bench import collect, diagnosis, sweepcore
 from gpt2bench import jobkinds as kinds
+from gpt2bench.clock import parse_rfc3339
 from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run
+from gpt2bench.specification.model import API_GROUP, Benchmark
 from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
     COMPLETE,
     FAILED,
@@ -42,6 +46,8 @@ from gpt2bench.status import (  # noqa: F401 (the phases are part of this module
     overall_phase,
 )
 
+from . import starting
+
 # A run entry's reason in status is at most this long (the Event carries the same text): with the largest
 # sweep allowed, every run failing with the longest reason still leaves status far below etcd's limit
 # (tests/test_operator_status_size.py).
@@ -49,12 +55,14 @@ STATUS_REASON_LIMIT = 512
 STATUS_DIGITS = 6
 
 
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+# The user says a held cause is fixed (docs/operator.md, One cause, one stop): any value; the operator removes it.
+RESUME_ANNOTATION = f"{API_GROUP}/resume"
 
 
-def parse_rfc3339(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+def resume_words(benchmark: Benchmark) -> str:
+    """How the user resumes runs held by a cause they share, once it is fixed."""
+    return (f"once fixed: kubectl annotate gpt2benchmark {benchmark.name} -n {benchmark.namespace} "
+            f"{RESUME_ANNOTATION}=1 --overwrite")
 
 
 # --- job conditions -------------------------------------------------------------------------------
@@ -286,3 +294,112 @@ def transitions(old_runs: list[RunStatus], new_runs: list[RunStatus]) -> list[tu
     """(entry, previous phase) for every run whose phase changed: the Events to post."""
     before = {r.name: r.phase for r in old_runs}
     return [(r, before.get(r.name, PENDING)) for r in new_runs if before.get(r.name) != r.phase]
+
+
+# --- one step: what was read in, what to do out ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a finished run's job left: its result pod, the trainer's termination message, and, when it failed,
+    the first pod that failed (`cause`) and the reason in words (`why`)."""
+
+    pod: dict[str, Any] | None
+    message: str | None
+    cause: str | None = None
+    why: str | None = None
+
+
+@dataclass
+class Observed:
+    """Everything a step reads before it decides (`observe.observe_step`)."""
+
+    status: BenchmarkStatus
+    benchmark: Benchmark
+    runs: list[Run]
+    jobs: dict[str, dict]  # the benchmark's jobs that a run in status holds, by name
+    strays: dict[str, dict]  # its jobs that no run holds (a status write failed after their creation)
+    missing: dict[str, str]  # the job kinds the cluster does not serve: why
+    results: dict[str, Result]  # run name -> what its finished job left
+    starts: dict[str, starting.StartView]  # run name -> what was read of its starting job
+    renamed: list[str] = field(default_factory=list)  # runs another writer renamed (their names restored)
+    overwritten: str | None = None  # a finished phase another writer wrote over unfinished runs
+    resumed: bool = False  # the resume annotation is set
+    generation: int = 0
+
+
+@dataclass
+class Plan:
+    """What a step does, in order: delete `delete` (strays first), start the runs that may start (unless a round
+    was `added`: its entries are written first), write `entries`/`rounds`, say `foreign`, keep the step records
+    of `collected`, and step once more (`again`) when a run is to run anew or a round was added."""
+
+    entries: list[RunStatus]
+    runs: list[Run]
+    rounds: sweepcore.Rounds
+    added: str | None
+    delete: list[dict[str, Any]] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+    collected: list[tuple[Run, dict, dict]] = field(default_factory=list)
+    again: bool = False
+
+
+def step(seen: Observed, now: str) -> Plan:
+    """One step's decisions, from what it read (module docstring)."""
+    benchmark, status, jobs = seen.benchmark, seen.status, seen.jobs
+    by_name = {run.name: run for run in seen.runs}
+    old_runs = list(status.runs or [])
+    delete = list(seen.strays.values())
+    foreign = [*([seen.overwritten] if seen.overwritten else []),
+               *(f"run {name} was renamed in status.runs: its planned name is restored" for name in seen.renamed)]
+    for entry in old_runs:  # a run marked finished while its job runs: the mark is kept, the job deleted
+        job = jobs.get(entry.job_name)
+        if job is not None and finished_by_hand(entry, job):
+            delete.append(job)
+            foreign.append(f"run {entry.name} was marked {entry.phase} while its job {entry.job_name} was still "
+                           "running: the mark is kept and the job deleted, so that one job runs at a time")
+    entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
+    for entry in old_runs:  # a kind the cluster does not serve: its runs fail now, the others go on
+        if entry.phase not in TERMINAL_RUN_PHASES and entry.job_kind in seen.missing:
+            entries[entry.name] = failed_entry(by_name[entry.name], entry, seen.missing[entry.job_kind], now)
+    looked = observe([entries[e.name] for e in old_runs], jobs)
+    for name in looked.started:
+        entries[name] = mark_running(entries[name], now)
+    for name in looked.queued:
+        entries[name] = mark_queued(entries[name], now)
+    plan = Plan([], seen.runs, sweepcore.Rounds(status.rounds_planned, status.rounds_done, status.stop_reason,
+                                                status.racing, status.dropped), None, delete, foreign)
+    for finished in looked.finished:
+        run, entry, result = by_name[finished.name], entries[finished.name], seen.results[finished.name]
+        if not finished.job_succeeded:
+            finished = Finished(finished.name, False, result.why or "job failed")
+        entries[finished.name] = after_preemption(run, entry, finish_entry(run, entry, finished, result.message,
+                                                                           now, result.cause))
+        if entries[finished.name].phase == PENDING:  # preempted: measured nothing, run again once, anew
+            plan.delete.append(jobs[entry.job_name])
+            plan.again = True
+        elif result.pod:
+            plan.collected.append((run, jobs[entry.job_name], result.pod))
+    for name in looked.vanished:
+        entries[name] = vanished_entry(by_name[name], entries[name], now,
+                                       benchmark.spec.run_policy.ttl_seconds_after_finished)
+    done = {finished.name for finished in looked.finished}
+    for entry in list(entries.values()):  # queued or starting: what it waits for, and for how long
+        if entry.phase in (RUNNING, QUEUED) and entry.job_name in jobs and entry.name not in done:
+            followed = starting.follow(entry, jobs[entry.job_name], seen.starts.get(entry.name, starting.StartView()),
+                                       benchmark.spec, now)
+            entries[entry.name] = followed.entry
+            if followed.failed:  # its job is deleted, its pods with it
+                plan.delete.append(jobs[entry.job_name])
+                entries[entry.name] = failed_entry(by_name[entry.name], entry, followed.failed, now)
+    current = [entries[entry.name] for entry in old_runs]
+    if seen.resumed:  # the user says the causes are fixed: the held runs go on (the annotation goes once written)
+        current = holds.release(current)
+    current, _ = holds.apply(old_runs, current, resume_words(benchmark))  # one cause, one stop
+    added = sweepcore.add_round(benchmark, current, plan.rounds, status.start_time, parse_rfc3339(now))
+    if added is not None:  # a new round's runs are recorded first; the next step creates their jobs
+        current, plan.runs, plan.rounds, plan.added = (current + added.entries, seen.runs + added.runs, added.rounds,
+                                                       added.added)
+        plan.again = True
+    plan.entries = current
+    return plan

@@ -1,17 +1,17 @@
-"""What the handlers do, between kopf and the pure decisions: read jobs and pods, ask, act, write status.
+"""What the handlers do, between kopf and the pure decisions: one benchmark moved on from whatever state it is in.
 
-`reconcile` and `gpt2bench.sweepcore` decide; `kube` talks to the API; this module wires one to the other:
-`pinning` reads the spec a sweep was pinned with, `create` acts on the runs to start (jobs, stray jobs, the
-kept steps), `events` says what changed. Everything here is idempotent: kopf may run a step again after a crash
-or a retry.
+One entry point, `advance`, moves a sweep on (docs/operator.md, "States and transitions"): not started (no
+phase, Pending) → start it; Running → one step; Invalid and finished → nothing. Every trigger calls it: kopf's
+create and resume handlers, the poll (Pending and Running), a job's watch event, and a spec edit
+(`spec_changed`). It reads the benchmark fresh and writes status itself, one thread per benchmark at a time
+(`state.Turn`): a trigger that finds the benchmark busy leaves a note and returns, and the thread at work goes
+round once more, so no worker thread waits on another's API calls and no trigger is lost.
 
-One entry point, `advance`, moves a sweep on from whatever state it is in (docs/operator.md, "States and
-transitions"): not started (no phase, Pending) → start it; Running → one step (record finished runs, start
-the next ones, finish the sweep); Invalid and finished → nothing. Every trigger calls it: kopf's create and
-resume handlers, the safety-net timer (Pending and Running), a job's watch event, and a spec edit
-(`spec_changed`). It reads the benchmark fresh and writes status itself, one thread per benchmark at a
-time (`_Gate`): a trigger that finds the benchmark busy leaves a note and returns, and the thread at work
-goes round once more, so no worker thread waits on another's API calls and no trigger is lost.
+A Running sweep's step is observe → decide → act: `observe.observe_step` reads, `decide.step` decides on what
+was read and the clock's `now` (pure), and `_step` acts: deletes the jobs the plan names, creates the runs that
+may start (`create`), writes the status (`sweepstatus.after_step`), posts the Events (`events`), and asks for
+one more step when the plan says so. Everything here is idempotent: kopf may run a step again after a crash or
+a retry.
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from gpt2bench import __version__, sweepcore
-from gpt2bench import jobkinds as kinds
-from gpt2bench.clock import parse_rfc3339
-from gpt2bench.diagnosis import holds
-from gpt2bench.plan import Run, configuration_of, plan_runs
+from gpt2bench import __version__
+from gpt2bench.plan import Run, plan_runs
 from gpt2bench.specification.model import Benchmark
 from gpt2bench.specification.validation import SpecError
-from gpt2bench.status import BenchmarkStatus, RunStatus
+from gpt2bench.status import BenchmarkStatus
 
-from . import create, decide, events, kube, liveness, metrics, pinning, pods, sweepstatus
+from . import create, decide, events, kube, liveness, metrics, observe, pinning, sweepstatus
 from .state import OperatorState
 
 # Status writes are conditional on the resourceVersion read (kube.patch_status): a write that another writer
@@ -210,102 +207,45 @@ def _error_text(exc: BaseException) -> str:
 
 def _step(state: OperatorState, fresh: dict[str, Any], now: str, logger: logging.Logger,
           overwritten: str | None = None) -> list[tuple[Run, dict, dict]]:
-    stored = fresh["status"]
-    status, benchmark, runs, renamed = pinning.read_pinned(fresh)
-    by_name = {run.name: run for run in runs}
-    old_runs = list(status.runs or [])
-    listed, missing = kube.list_jobs(benchmark.namespace, benchmark.name, {r.job_kind for r in runs})
-    jobs = create.without_strays(fresh, decide.owned_jobs(listed, benchmark.uid), old_runs, logger)
-    foreign = _foreign_writes(old_runs, jobs, overwritten, renamed)
-    entries: dict[str, RunStatus] = {entry.name: entry for entry in old_runs}
-    for entry in old_runs:  # a kind the cluster does not serve: its runs fail now, the others go on
-        if entry.phase not in decide.TERMINAL_RUN_PHASES and entry.job_kind in missing:
-            entries[entry.name] = decide.failed_entry(by_name[entry.name], entry, missing[entry.job_kind], now)
-    seen = decide.observe([entries[e.name] for e in old_runs], jobs)
-    for name in seen.started:
-        entries[name] = decide.mark_running(entries[name], now)
-    for name in seen.queued:
-        entries[name] = decide.mark_queued(entries[name], now)
-    collected: list[tuple[Run, dict, dict]] = []
-    for finished in seen.finished:
-        run, entry = by_name[finished.name], entries[finished.name]
-        job = jobs[entry.job_name]
-        pod = kube.result_pod(job)
-        message = kube.termination_message(pod, container=kinds.result_container(job))
-        cause = None
-        if not finished.job_succeeded:  # the first pod that failed (OOMKilled ...), then the controller's word
-            cause, why = pods.failure(job, finished.job_message, now)
-            finished = decide.Finished(finished.name, False, why or "job failed")
-        entries[finished.name] = decide.after_preemption(run, entry, decide.finish_entry(run, entry, finished, message, now,
-                                                                                 cause))
-        if entries[finished.name].phase == decide.PENDING:  # preempted: measured nothing, run again once, anew
-            kube.delete_job(job)
-            state.again(benchmark.namespace, benchmark.name)
-        elif pod:
-            collected.append((run, job, pod))
-    for name in seen.vanished:
-        ttl = benchmark.spec.run_policy.ttl_seconds_after_finished
-        entries[name] = decide.vanished_entry(by_name[name], entries[name], now, ttl)
-    done = {finished.name for finished in seen.finished}
-    for entry in list(entries.values()):  # queued or starting: what it waits for, and for how long
-        if entry.phase in (decide.RUNNING, decide.QUEUED) and entry.job_name in jobs and entry.name not in done:
-            entries[entry.name] = pods.follow_start(by_name[entry.name], entry, jobs[entry.job_name], benchmark.spec,
-                                                    now)
-    current = [entries[entry.name] for entry in old_runs]
-    resumed = create.RESUME_ANNOTATION in (fresh["metadata"].get("annotations") or {})
-    if resumed:  # the user says the causes are fixed: the held runs go on (the annotation goes once written)
-        current = holds.release(current)
-    current, _ = holds.apply(old_runs, current, create.resume_words(benchmark))  # one cause, one stop
-    current, runs, rounds, added = _add_round(benchmark, status, current, runs, now)
-    if added:  # a new round's runs are recorded first; the next step creates their jobs (as the start does)
-        state.again(benchmark.namespace, benchmark.name)
-    else:
-        current = create.start_runs(fresh, benchmark, runs, current, jobs, now, logger)
-    summary = sweepstatus.summarize(status, current, now, benchmark.spec)
-    summary.rounds_planned, summary.rounds_done, summary.stop_reason, summary.racing, summary.dropped = rounds
-    if summary.phase != decide.RUNNING:
-        summary.racing = 0  # nothing runs on
-    elif summary.racing is None:  # fixed rounds: every configuration runs every round
-        summary.racing = len({configuration_of(entry) for entry in current})
+    """Observe, decide, act (decide.py): the finished runs whose step records are to be kept."""
+    seen = observe.observe_step(fresh, now, overwritten)
+    plan = decide.step(seen, now)
+    benchmark, status, old_runs = seen.benchmark, seen.status, list(seen.status.runs or [])
+    for job in plan.delete:
+        kube.delete_job(job)
+        if job["metadata"]["name"] in seen.strays:
+            _say_stray(fresh, job["metadata"]["name"], logger)
+    current = plan.entries
+    if plan.added is None:  # a new round's entries are written first; the next step creates their jobs
+        current = create.start_runs(fresh, benchmark, plan.runs, current, seen.jobs, now, logger)
+    summary = sweepstatus.after_step(status, current, plan.rounds, seen.generation, __version__, now, benchmark.spec)
     _export(fresh, summary)
-    generation, observed = fresh["metadata"].get("generation") or 0, status.observed_generation or 0
-    if generation > observed:  # written here, not by the update handler: one writer while Running
-        ignored = sweepstatus.spec_ignored_condition(generation, observed, now)
-        summary.conditions = sweepstatus.set_condition(summary.conditions or [], ignored)
-    if any(c.type == decide.SPEC_UNREADABLE and c.status == "True" for c in summary.conditions or []):
-        readable = sweepstatus.spec_readable_condition(__version__, now, generation)  # no longer held
-        summary.conditions = sweepstatus.set_condition(summary.conditions or [], readable)
+    stored = fresh["status"]
     changed = {key: value for key, value in summary.dump().items() if stored.get(key) != value}
     if changed:  # an idle step writes nothing (100 sweeps polling would otherwise patch every tick)
         kube.patch_status(benchmark.namespace, benchmark.name, changed, pinning.version(fresh))
-    if resumed:  # after the write that released them: a resume is never lost, at worst applied twice
-        kube.annotate_benchmark(benchmark.namespace, benchmark.name, {create.RESUME_ANNOTATION: None})
-    for words in foreign:  # after the write that repairs the record
+    if seen.resumed:  # after the write that released them: a resume is never lost, at worst applied twice
+        kube.annotate_benchmark(benchmark.namespace, benchmark.name, {decide.RESUME_ANNOTATION: None})
+    for words in plan.foreign:  # after the write that repairs the record
         logger.warning("another writer changed the status: %s", words)
         events.post(fresh, "Warning", "ForeignStatusWrite", words)
     events.post_drops(fresh, status.dropped, summary.dropped)
-    if added:
-        events.post(fresh, "Normal", "RoundAdded", added)
+    if plan.added:
+        events.post(fresh, "Normal", "RoundAdded", plan.added)
     events.post_transitions(fresh, old_runs, current, summary, status.phase)
+    if plan.again:
+        state.again(benchmark.namespace, benchmark.name)
     logger.debug("step: %s", summary.message)
-    return collected
+    return plan.collected
 
 
-def _foreign_writes(entries: list[RunStatus], jobs: dict[str, dict], overwritten: str | None,
-                    renamed: list[str]) -> list[str]:
-    """What another writer changed in the status (issue 50.2), each said in a ForeignStatusWrite Event once the
-    step's write repairs it: a finished phase over unfinished runs (`overwritten`), runs renamed (`renamed`, their
-    names restored), and a run marked finished while its job still runs, whose job is deleted here (one job at a
-    time; it counts against concurrency until it is gone)."""
-    said = [*([overwritten] if overwritten else []),
-            *(f"run {name} was renamed in status.runs: its planned name is restored" for name in renamed)]
-    for entry in entries:
-        job = jobs.get(entry.job_name)
-        if job is not None and decide.finished_by_hand(entry, job):
-            kube.delete_job(job)
-            said.append(f"run {entry.name} was marked {entry.phase} while its job {entry.job_name} was still "
-                        "running: the mark is kept and the job deleted, so that one job runs at a time")
-    return said
+def _say_stray(owner: dict[str, Any], job_name: str, logger: logging.Logger) -> None:
+    """A job of this benchmark that no run in its status holds, deleted: no step creates a job before its run is
+    in status, so it escaped a write that failed, and would have run on, listed nowhere, to its deadline."""
+    logger.warning("deleted job %s: it belongs to this benchmark but to none of its runs", job_name)
+    events.post(owner, "Warning", "StrayJobDeleted",
+                f"job {job_name} belongs to this GPT2Benchmark but to none of the runs in its status (a status "
+                f"write failed after it was created): deleted, with its pods")
 
 
 def _export(obj: dict[str, Any], status: BenchmarkStatus) -> None:
@@ -313,22 +253,3 @@ def _export(obj: dict[str, Any], status: BenchmarkStatus) -> None:
     if status.phase in decide.FINISHED_PHASES:
         metadata = obj["metadata"]
         metrics.export_recommendations(metadata.get("namespace") or "", metadata["name"], status.analysis)
-
-
-def _add_round(benchmark: Benchmark, status: BenchmarkStatus, current: list[RunStatus],
-               runs: list[Run], now: str) -> tuple[list[RunStatus], list[Run], tuple, str | None]:
-    """Repeat until decided (sweep.maxRepeats), as sweepcore.add_round answers: one more round as Pending entries,
-    or why the sweep stops. The rule reads only the stored runs and times, so a restarted operator continues it.
-    Returns the entries, the runs planned, (rounds planned, rounds done, stop reason, configurations still racing,
-    configurations the race dropped so far) and, when a round was added, why (its entries must be written before
-    any of its jobs exists, and its Event posted after that write)."""
-    before = sweepcore.Rounds(status.rounds_planned, status.rounds_done, status.stop_reason, status.racing,
-                              status.dropped)
-    step = sweepcore.add_round(benchmark, current, before, status.start_time, parse_rfc3339(now))
-    if step is None:
-        return current, runs, _rounds(before), None
-    return current + step.entries, runs + step.runs, _rounds(step.rounds), step.added
-
-
-def _rounds(rounds: sweepcore.Rounds) -> tuple:
-    return rounds.planned, rounds.done, rounds.stop_reason, rounds.racing, rounds.dropped

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpt2bench import collect, sweepcore
 from gpt2bench.diagnosis import holds
-from gpt2bench.plan import Run, seed_for
+from gpt2bench.plan import Run, configuration_of, seed_for
 from gpt2bench.specification.model import GPT2BenchmarkSpec
 from gpt2bench.status import (
     COMPLETE,
@@ -234,3 +234,23 @@ def spec_ignored_condition(generation: int, observed: int | None, now: str) -> C
     message = (f"spec changed (generation {generation}) after the sweep started; the sweep keeps running with "
                f"generation {observed}'s spec. Create a new GPT2Benchmark to run the changed one.")
     return condition(SPEC_CHANGE_IGNORED, "True", "SweepAlreadyStarted", message, now, generation)
+
+
+def after_step(status: BenchmarkStatus, runs: list[RunStatus], rounds: sweepcore.Rounds, generation: int,
+               version: str, now: str, spec: GPT2BenchmarkSpec | None) -> BenchmarkStatus:
+    """The status a Running sweep's step writes: `summarize`'s, the rounds (`racing`: 0 once nothing runs on; with
+    fixed rounds, every configuration), SpecChangeIgnored once the spec was edited after the start, and
+    SpecUnreadable back to False once this operator `version` reads the pinned spec."""
+    summary = summarize(status, runs, now, spec)
+    summary.rounds_planned, summary.rounds_done, summary.stop_reason = rounds.planned, rounds.done, rounds.stop_reason
+    summary.racing, summary.dropped = rounds.racing, rounds.dropped
+    if summary.phase != RUNNING:
+        summary.racing = 0  # nothing runs on
+    elif summary.racing is None:  # fixed rounds: every configuration runs every round
+        summary.racing = len({configuration_of(entry) for entry in runs})
+    observed = status.observed_generation or 0
+    if generation > observed:  # written here, not by the update handler: one writer while Running
+        summary.conditions = set_condition(summary.conditions or [], spec_ignored_condition(generation, observed, now))
+    if any(c.type == SPEC_UNREADABLE and c.status == "True" for c in summary.conditions or []):
+        summary.conditions = set_condition(summary.conditions or [], spec_readable_condition(version, now, generation))
+    return summary
