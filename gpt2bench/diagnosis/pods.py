@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpt2bench.clock import parse_rfc3339
 from gpt2bench.collect import clean_reason
 
 from .lastwords import START_FAILURES, start_failure
@@ -32,15 +33,6 @@ STUCK_AFTER_SECONDS = 60
 # The scheduler's reason on a pod it preempted for a higher-priority one (its DisruptionTarget condition): the pod's
 # end, whatever exit code its stopped container had (`PodEnd.how` then starts with PREEMPTED).
 PREEMPTED_BY, PREEMPTED = "PreemptionByScheduler", "preempted"
-
-
-def _time(text: str | None) -> datetime.datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 # ------------------------------------------------------------------ words
@@ -134,7 +126,7 @@ def caused_by_another(end: PodEnd) -> bool:
 
 def _second(end: PodEnd) -> datetime.datetime:
     """When the end came, to the second (a container's finishedAt has 1 s resolution); no time: last."""
-    at = _time(end.at)
+    at = parse_rfc3339(end.at)
     return at.replace(microsecond=0) if at else datetime.datetime.max.replace(tzinfo=datetime.UTC)
 
 
@@ -249,7 +241,7 @@ def stuck_terminating(pod: dict[str, Any], now: datetime.datetime) -> str | None
     is gone (the taint manager deleted it for a NoExecute taint: the node has been NotReady for its toleration,
     300 s by default), or its grace period ended more than STUCK_AFTER_SECONDS ago."""
     metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
-    ends = _time(metadata.get("deletionTimestamp"))
+    ends = parse_rfc3339(metadata.get("deletionTimestamp"))
     if ends is None or status.get("phase") in ("Succeeded", "Failed"):
         return None
     node = (pod.get("spec") or {}).get("nodeName") or "<node>"

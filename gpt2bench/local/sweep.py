@@ -22,13 +22,13 @@ import shutil
 import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpt2bench import collect, sweepcore
+from gpt2bench.clock import SYSTEM_CLOCK, rfc3339
 from gpt2bench.conventions import STEPS_FILE
 from gpt2bench.diagnosis import holds
 from gpt2bench.files import held, holding, write_atomic
@@ -55,10 +55,6 @@ from gpt2bench.status import (
     settle_abandoned,
 )
 from gpt2bench.trainer.cpuflags import cpu_emulation_reason
-
-
-def rfc3339(moment: datetime | None = None) -> str:
-    return (moment or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def with_steps(benchmark: Benchmark, steps: int) -> Benchmark:
@@ -112,7 +108,7 @@ class Sweep:
             spec=spec_document(benchmark.spec),
             runs=[self.kept.get(run.name) or local_entry(collect.run_entry(run, phase=PENDING)) for run in runs],
             phase=RUNNING,
-            start_time=start_time or rfc3339(),
+            start_time=start_time or SYSTEM_CLOCK.stamp(),
             rounds_planned=max((run.repeat or 0 for run in runs), default=0) or None,
         )
         if self.doc.rounds_planned:
@@ -132,7 +128,7 @@ class Sweep:
             self.doc.rounds_done = tally.rounds_done
         self.doc.best = tally.best
         self.doc.phase = INTERRUPTED if self.interrupted else tally.phase
-        self.doc.completion_time = rfc3339()
+        self.doc.completion_time = SYSTEM_CLOCK.stamp()
         self.save()
 
 
@@ -149,7 +145,7 @@ def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display,
     shutil.rmtree(run_dir, ignore_errors=True)  # a previous sweep's files must not pass for this one's
     run_dir.mkdir(parents=True)
     write_atomic(run_dir / "job.yaml", yaml.safe_dump(job, sort_keys=False))
-    started = rfc3339()
+    started = SYSTEM_CLOCK.stamp()
     run_dir_name = str(run_dir.relative_to(sweep.directory))
     sweep.set_entry(index, local_entry(collect.run_entry(run, phase=RUNNING, start_time=started), run_dir=run_dir_name))
 
@@ -161,10 +157,10 @@ def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display,
         outcome = execute_job(job, run_dir, base_env=base_env, on_tick=on_tick)
     except JobSpecError as exc:
         entry = collect.run_entry(
-            run, phase="Failed", reason=f"cannot run locally: {exc}", start_time=started, completion_time=rfc3339()
+            run, phase="Failed", reason=f"cannot run locally: {exc}", start_time=started, completion_time=SYSTEM_CLOCK.stamp()
         )
     except KeyboardInterrupt as exc:
-        entry = collect.run_entry(run, phase=PENDING, start_time=started, completion_time=rfc3339())
+        entry = collect.run_entry(run, phase=PENDING, start_time=started, completion_time=SYSTEM_CLOCK.stamp())
         stopped = local_entry(entry, phase=INTERRUPTED,
                               reason=f"stopped by {stop_cause(exc)}; its processes were killed")
         sweep.set_entry(index, _with_files(stopped, sweep.directory, run_dir))
@@ -213,7 +209,7 @@ def add_round(sweep: Sweep, render: Callable[[Benchmark, Run], dict], display: D
     sweep (decided, budget spent, max rounds), whose reason the document keeps (the rule: sweepcore.add_round)."""
     doc, ours = sweep.doc, {configuration_key(run) for run in sweep.runs}  # `--only` chose some: the same ones
     before = sweepcore.Rounds(doc.rounds_planned, doc.rounds_done, doc.stop_reason, doc.racing, doc.dropped)
-    step = sweepcore.add_round(sweep.benchmark, doc.runs, before, doc.start_time, datetime.now(timezone.utc),
+    step = sweepcore.add_round(sweep.benchmark, doc.runs, before, doc.start_time, SYSTEM_CLOCK.now(),
                                sweep.runs[0].backend, chosen=lambda run: configuration_key(run) in ours)
     if step is None:
         return []
@@ -309,8 +305,8 @@ def _run_all(sweep: Sweep, jobs: list[dict], console: Any, live: bool | None,
                 else:
                     display.start_run(index, len(runs), run)
                     if reason := emulation_skip(benchmark, run):  # the trainer would skip it too, after start-up
-                        entry = collect.run_entry(run, phase=SKIPPED, reason=reason, start_time=rfc3339(),
-                                                  completion_time=rfc3339())
+                        entry = collect.run_entry(run, phase=SKIPPED, reason=reason, start_time=SYSTEM_CLOCK.stamp(),
+                                                  completion_time=SYSTEM_CLOCK.stamp())
                         sweep.set_entry(index, local_entry(entry))
                     else:
                         execute_run(sweep, index, job, display, base_env)
