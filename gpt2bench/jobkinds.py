@@ -9,8 +9,9 @@ of issue 10 moves `operator/controller/kube.py`'s and `reconcile.py`'s per-kind 
 | `trainjob` | TrainJob (trainer.kubeflow.org/v1alpha1) for every strategy | Kubeflow Trainer v2 (with JobSet) |
 | `pytorchjob` | PyTorchJob (kubeflow.org/v1), MPIJob (kubeflow.org/v2beta1) for horovod | training operator v1, mpi-operator |
 
-Upstream behaviour is quoted from the notes in /work/notes/upstream-controllers.md; the citation keys
-(TR = kubeflow/trainer v2.3.0, JS = kubernetes-sigs/jobset v0.12.0, TO/MPI = the v1 operators) are theirs.
+Upstream behaviour is quoted from the controllers' own source; the citation keys name the repositories at the
+versions the project pins: TR = kubeflow/trainer v2.3.0, JS = kubernetes-sigs/jobset v0.12.0, TO =
+kubeflow/training-operator v1.9.0, MPI = kubeflow/mpi-operator v0.8.2.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ leaves `spec.backend` at `auto`, so the operator picks the backend from what the
 `pytorchjob`: the Kubeflow operators installed serve exactly what gpt2bench renders: the training operator
 v1.9 for PyTorchJob kubeflow.org/v1, run with `--enable-scheme=pytorchjob` and without its own mpijobs CRD
 (which serves MPIJob at v1), and the MPI operator v0.8 for MPIJob kubeflow.org/v2beta1
-(/work/shared/crds/README.md).
+(the upstream CRDs in tests/data/kubeflow-crds/).
 
 `trainjob`: Kubeflow Trainer v2.3.0 (its `manifests/overlays/manager`, which brings JobSet v0.12.0) on
 Kubernetes 1.32 (Trainer v2 needs 1.31 or later; 1.32 is what upstream's own e2e runs), no kubeflow.org

@@ -5,8 +5,8 @@ version is served instead.
 
 Everything kind-specific in the operator reads these two tables (the watch handlers, the client calls,
 the decisions in `reconcile`), so a kind is one more entry, not a branch.
-Sources: /work/notes/upstream-controllers.md §5-6 (Trainer v2.3), §8 (mpi-operator v0.8), §9
-(training-operator v1.9), §10 (Kueue).
+Sources, the controllers' own code at the pinned versions: kubeflow/trainer v2.3.0 with kubernetes-sigs/jobset
+v0.12.0, kubeflow/mpi-operator v0.8.2, kubeflow/training-operator v1.9.0, kubernetes-sigs/kueue.
 """
 
 from __future__ import annotations
