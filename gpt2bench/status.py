@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 from pydantic.alias_generators import to_camel
 
 from gpt2bench.files import held, write_atomic
+from gpt2bench.objectives import OBJECTIVE_NAMES, OBJECTIVE_TABLE
 
 # Run phases. Interrupted exists only locally (a cluster sweep is never Ctrl-C'd); Queued only on a cluster (the
 # run's job exists but is suspended, e.g. by Kueue until its queue admits it). Skipped: the run did not train, on
@@ -263,12 +264,12 @@ FINISHED_CONDITION = "Finished"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 SPEC_UNREADABLE = "SpecUnreadable"  # the operator running cannot read the spec a sweep was pinned with
 
-# The objectives a report recommends for, in the order every report shows them, with the words its verdicts use:
-# the one table of them (a new objective is a row here and its decision in report/analysis.py).
-OBJECTIVES = {"fastest": "the fastest", "leanest": "the leanest (least peak memory)",
-              "cheapest": "the cheapest per token", "scalable": "the best scaling",
-              "efficient": "the most energy-efficient"}
-Objective = Literal[tuple(OBJECTIVES)]  # type: ignore[valid-type]  # the table's names, for the schema
+# The objectives a report recommends for, in the order every report shows them, with the words its verdicts use
+# (the table: gpt2bench.objectives).
+OBJECTIVES = {objective.name: objective.wording for objective in OBJECTIVE_TABLE}
+Objective = Literal[OBJECTIVE_NAMES]  # type: ignore[valid-type]  # the table's names, for the schema
+_LISTED_OBJECTIVES = f"{', '.join(OBJECTIVE_NAMES[:-1])} or {OBJECTIVE_NAMES[-1]}"
+_FAMILIES = ", ".join([*(o.name for o in OBJECTIVE_TABLE if o.ranking != "race"), "findings"])
 Decision = Literal["clear", "equivalent", "no-clear-winner", "needs-repeats", "only-candidate", "not-measurable",
                    "unstable"]
 Verdict = Literal["holds", "does-not-hold", "inconclusive", "needs-repeats", "not-measurable"]
@@ -302,7 +303,7 @@ class UnstableConfiguration(StatusModel):
 class Recommendation(StatusModel):
     """The best configuration for one objective at one scale, and how sure that is (docs/analysis.md)."""
 
-    objective: Objective = Field(description="fastest, leanest, cheapest, scalable or efficient.")
+    objective: Objective = Field(description=f"{_LISTED_OBJECTIVES}.")
     scale: str | None = Field(None, description="Nodes x devices per node (e.g. 2x4 GPU); absent: all scales.")
     decision: Decision = Field(description="clear (a winner), equivalent (fastest or within sweep.minEffect of it), "
                                            "no-clear-winner (the best is among `candidates`), needs-repeats (too few "
@@ -431,7 +432,7 @@ class Analysis(StatusModel):
     recommended: Recommendation | None = Field(None, description="Fastest at the largest scale measured.")
     alpha: float | None = Field(None, description="The chance that an answer is wrong: of each race's (one per scale "
                                                   "and resource group), and of each family of other decisions "
-                                                  "(leanest, cheapest, scalable, efficient, findings), 0.05.")
+                                                  f"({_FAMILIES}), 0.05.")
     racing: list[ConfigurationName] | None = Field(
         None, description="The configurations still in a race: the next round, if any, runs these only.")
     noise: list[FigureNoise] = Field(default_factory=list, description="The sweep's noise per figure.")

@@ -11,12 +11,16 @@ of a family is wrong stays at most α, however many it takes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pydantic.alias_generators import to_camel
+
+from gpt2bench.objectives import Objective, objective, per_scale
 from gpt2bench.report import findings, race, verdicts
 from gpt2bench.report.measures import (
     Configuration,
@@ -29,7 +33,7 @@ from gpt2bench.report.measures import (
     efficiencies,
     energy_per_million_tokens,
     noise_model,
-    peak_memory,
+    result,
     scales,
     tokens_per_second,
     tokens_per_second_per_device,
@@ -51,17 +55,9 @@ Curves = dict[str, list[dict[str, Any]]]
 APART = "ranked apart"  # the note of a recommendation over a scale's configurations with other CPU resources
 
 
-@dataclass(frozen=True)
-class Objective:
-    name: str
-    higher_is_better: bool
-    unit: str
-
-
-FASTEST = Objective("fastest", True, "tokens/s")
-LEANEST = Objective("leanest", False, "bytes")
-SCALABLE = Objective("scalable", True, "ratio")
-EFFICIENT = Objective("efficient", False, "J per 1M tokens")
+# The objectives with a decision of their own here (gpt2bench.objectives: their `ranking`); the table's `per scale`
+# ones are ranked by `ranked_per_scale`.
+FASTEST, CHEAPEST, SCALABLE, EFFICIENT = (objective(name) for name in ("fastest", "cheapest", "scalable", "efficient"))
 
 
 @dataclass(frozen=True)
@@ -338,7 +334,7 @@ def cheapest(configs: list[Configuration], prices: Prices | None, fastest: list[
     """Per scale it ranks like `fastest` (every run of a scale holds the same GPUs and pods, so cost per token is
     price ÷ tokens/s): the race's answer, in cost. Across all scales, the one comparison where price adds something:
     a decision of its own (returned pending)."""
-    objective = Objective("cheapest", False, prices.unit if prices else "per 1M tokens")
+    objective = dataclasses.replace(CHEAPEST, unit=prices.unit) if prices else CHEAPEST
     if prices is None:
         return [], [decide(objective, None, [], [], "no prices: set spec.cost.gpuHour and/or spec.cost.nodeHour")]
     metric = prices.per_million_tokens
@@ -395,16 +391,20 @@ def efficient(configs: list[Configuration]) -> list[Pending]:
     note = RAPL_NOTE if rapl else None
     return [pending for s in scales(configs)
             for pending in _by_metric(EFFICIENT, [c for c in configs if c.scale == s], energy_per_million_tokens,
-                                      s.label, note, grouped=True)]
+                                      s.label, note, grouped=EFFICIENT.equal_resources)]
 
 
 RAPL_NOTE = ("RAPL counts the whole CPU package of each node: other processes on the node (other tenants, the "
              "operator, the runner) are included")
 
 
-def leanest(configs: list[Configuration]) -> list[Pending]:
+def ranked_per_scale(objective_: Objective, configs: list[Configuration]) -> list[Pending]:
+    """An objective ranked `per scale` (gpt2bench.objectives; leanest): each scale's configurations by the run
+    figure it names, resource groups apart where it asks for equal resources."""
+    metric = result(objective_.figure)
     return [pending for s in scales(configs)
-            for pending in _by_metric(LEANEST, [c for c in configs if c.scale == s], peak_memory, s.label)]
+            for pending in _by_metric(objective_, [c for c in configs if c.scale == s], metric, s.label,
+                                      grouped=objective_.equal_resources)]
 
 
 def headline(found: list[Recommendation], configs: list[Configuration]) -> Recommendation | None:
@@ -469,10 +469,11 @@ def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: C
         fastest = [fastest_by_race(entry, index, groups, prices, rounds_needed) for entry, index, groups in raced]
     else:  # runs that say nothing of their rounds (one round, or an older results document): compared unpaired
         fastest = conclude_family([p for s in scales(configs) for p in _by_metric(
-            FASTEST, [c for c in configs if c.scale == s], tokens_per_second, s.label, grouped=True)])
+            FASTEST, [c for c in configs if c.scale == s], tokens_per_second, s.label,
+            grouped=FASTEST.equal_resources)])
     per_scale_cost, across_cost = cheapest(configs, prices, fastest)
-    lean = conclude_family(leanest(configs))
-    recs = _in_scale_order(fastest, lean, configs) + per_scale_cost + conclude_family(across_cost) \
+    ranked = [conclude_family(ranked_per_scale(o, configs)) for o in per_scale()]  # each a family of its own
+    recs = _in_scale_order([fastest, *ranked], configs) + per_scale_cost + conclude_family(across_cost) \
         + conclude_family(scalable(configs, effs)) + conclude_family(efficient(configs))
     claims = findings.check_all(configs, effs, spec or {}, curves)
     labels = {c.name: f"{c.strategy} {c.precision}" for c in configs}
@@ -485,17 +486,18 @@ def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: C
                     findings=verdicts_, checks=checks)
 
 
-def _in_scale_order(fastest: list[Recommendation], lean: list[Recommendation],
-                    configs: list[Configuration]) -> list[Recommendation]:
+def _in_scale_order(families: list[list[Recommendation]], configs: list[Configuration]) -> list[Recommendation]:
+    """Scale by scale, each family's recommendations there in turn; then theirs over no one scale."""
     ordered = []
     for scale in scales(configs):
-        ordered += [r for r in fastest if r.scale == scale.label] + [r for r in lean if r.scale == scale.label]
-    return ordered + [r for r in lean if r.scale is None]
+        ordered += [r for family in families for r in family if r.scale == scale.label]
+    return ordered + [r for family in families[1:] for r in family if r.scale is None]
 
 def noise_entries(configs: list[Configuration], prices: Prices | None) -> list[FigureNoise]:
     """Each figure's noise per scale, where some configuration of it was measured twice, and the far noisier
     configurations with their own."""
-    figures: list[tuple[str, Metric]] = [("tokensPerSecond", tokens_per_second), ("peakMemoryBytes", peak_memory),
+    figures: list[tuple[str, Metric]] = [("tokensPerSecond", tokens_per_second),
+                                         *((to_camel(o.figure), result(o.figure)) for o in per_scale()),
                                          ("energyJoulesPerMillionTokens", energy_per_million_tokens)]
     if prices is not None:
         figures.append(("costPer1MTokens", prices.per_million_tokens))
