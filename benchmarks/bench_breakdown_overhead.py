@@ -8,7 +8,7 @@ over without), so drift of a shared machine hurts both alike; the estimate is th
 95 % Student-t interval on the log scale over rounds (the report's rule, docs/analysis.md). On CPU it compares
 process CPU time (one thread: the work done), on GPU wall time after a synchronize.
 
-Claim (issue 18): on/off throughput >= 0.99 (<= 1 % overhead). The verdict is "met" when the whole interval
+Claim: on/off throughput >= 0.99 (<= 1 % overhead). The verdict is "met" when the whole interval
 lies above 0.99, "missed" when it lies below, else "inconclusive" with the interval.
 
 A whole-loop ratio on a shared CPU is rarely tight enough to decide 1 %, so the script also measures the

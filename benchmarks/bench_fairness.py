@@ -6,7 +6,7 @@ once per round, in a shuffled order; no breakdown hooks), then prints each ratio
 with its 95 % interval from the sweep's own noise (docs/analysis.md, Noise and intervals) and the threads and
 cores each rank had.
 
-Issue 17's claim: at equal threads per rank, horovod/ddp and ps/ddp lie within the measured noise of what
+The claim: at equal threads per rank, horovod/ddp and ps/ddp lie within the measured noise of what
 the strategies cost, not of a thread-count difference (before: horovod's ranks had 2 threads, ddp's 1).
 
     python benchmarks/bench_fairness.py --repeats 4 [--steps 20] [--output DIR]

@@ -1,6 +1,6 @@
 """Why is Horovod slower than DDP on CPU at equal threads? Its two candidate settings, apart and together.
 
-Issue 29 item 5: at 1 thread per rank on 2 cores, horovod/ddp was 0.77 (idle) and 0.40 (busy); a first try
+Measured before: at 1 thread per rank on 2 cores, horovod/ddp was 0.77 (idle) and 0.40 (busy); a first try
 with `OMPI_MCA_mpi_yield_when_idle=1 HOROVOD_CYCLE_TIME=5` gave 0.97 and 1.22. This script separates them:
 every round runs the CPU example's ddp (the reference) and horovod four times (as shipped, each setting alone,
 both), shuffled per round, and prints each variant's horovod ÷ ddp from the within-round ratios with its 95 %

@@ -1,4 +1,4 @@
-"""A worker's memory at N and 10 N steps: does it grow with the number of steps? (issue 28, item 7)
+"""A worker's memory at N and 10 N steps: does it grow with the number of steps?
 
 Each count runs in a fresh Python process that drives the trainer's real `MetricsProcessor` as the loop does
 (marks, the loss and grad-norm tensors left pending, a flush every 10 steps writing steps.jsonl), then builds what
@@ -65,7 +65,7 @@ for step in range(1, steps + 1):
         processor.flush(lambda losses: losses)
 if hasattr(processor, "finish"):  # folded as they come
     payload = processor.finish(devices=2)
-else:  # every record kept, summarised at the end (the trainer before issue 28)
+else:  # every record kept, summarised at the end (the trainer before it folded them into running totals)
     from gpt2bench.trainer.summary import steps_line, summarize
     payload = {"records": processor.records, "figures": summarize(processor.records, 2),
                "line": steps_line(processor.records)}

@@ -6,7 +6,7 @@ alternate `--repeats` times in rotating order:
   ps      one server and one worker (`torchrun --nproc-per-node 2 ... --strategy ps --ps-servers 1 --ps-mode
           sync`): the worker computes gradients and sends them, the server runs AdamW and sends parameters back.
 Each job's tokens/s is its summary's (tokens of the measured steps over their time, warm-up left out); the
-best of each is kept, so that other load on the machine hurts both alike. Target (issue 8): ps / single
+best of each is kept, so that other load on the machine hurts both alike. Target: ps / single
 >= 0.8 on a GPU, where the server keeps parameters and AdamW on the GPU by default. On CPU the server runs
 AdamW on its own core and the ratio says what the messages cost on that machine, not what a GPU sees.
 

@@ -1,6 +1,6 @@
 """How long must a run be for its answer not to move? The CPU example's ratios at 1x, 2x and 4x its steps.
 
-Issue 29 item 3: 10 measured steps after 2 warm-up steps gave horovod/ddp 0.77, and 60 steps by hand 1.18. Every
+Measured before: 10 measured steps after 2 warm-up steps gave horovod/ddp 0.77, and 60 steps by hand 1.18. Every
 round runs the example's ddp, horovod, ps and single (fp32, no breakdown hooks) at each length, shuffled per
 round; per length it prints each strategy's tokens/s ÷ ddp's from the within-round ratios with its 95 % interval
 (docs/analysis.md, Rounds as blocks), and how many runs were not steady (still warming up: docs/analysis.md,

@@ -2,7 +2,7 @@
 
 Start-up per run (docs/local.md): a run's job time (its first process started to its last one's exit seen) minus
 its worker 0's training time (first step to the end of the last): launchers, interpreters, imports, rendezvous,
-data, model, and everything after the last step. Issue 35 measured 4.9 s of a 9.0 s run at the median with fresh
+data, model, and everything after the last step. Before the fork server, 4.9 s of a 9.0 s run at the median with fresh
 processes; the target is 1.5 s.
 
 Every round runs the CPU example's fp32 run of every strategy twice, through the executor `gpt2bench run` uses:

@@ -1,8 +1,8 @@
 """The kinds of Kubeflow job a run can become, described once: their API, which backend they belong to,
 which pod holds a run's results, and what their conditions mean for the run's phase.
 
-Pure functions over job and pod dicts as the API returns them; the operator does the reading (phase 2
-of issue 10 moves `operator/controller/kube.py`'s and `reconcile.py`'s per-kind code onto this table).
+Pure functions over job and pod dicts as the API returns them; the operator and the local runner do the reading
+and read every kind through this table.
 
 | backend | kinds | served by |
 |---|---|---|

@@ -190,7 +190,7 @@ def finish_entry(run: Run, entry: RunStatus, finished: Finished, termination_mes
     ))
 
 
-# --- another writer (issue 50.2) ------------------------------------------------------------------
+# --- another writer --------------------------------------------------------------------------
 
 
 def foreign_phase(status: dict[str, Any]) -> str | None:
@@ -233,7 +233,7 @@ def renamed_back(runs: list[Run], entries: list[RunStatus]) -> tuple[list[RunSta
     return fixed, renamed
 
 
-# A preempted run measured nothing (issue 50.5): it runs once more, and its record says so.
+# A preempted run measured nothing: it runs once more, and its record says so.
 RERUN = "preempted, to run again once: "
 _PREEMPTED = re.compile(rf"^pod \S+ {diagnosis.PREEMPTED} \({diagnosis.PREEMPTED_BY}")
 

@@ -81,7 +81,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.networking.connect_timeout = settings.watching.connect_timeout = timeouts.connect
     settings.networking.request_timeout = 2 * timeouts.read
     kube.configure(pool_size=workers, timeouts=timeouts)
-    watchguard.install()  # a watch's error is retried, not the end of the operator (issue 50)
+    watchguard.install()  # a watch's error is retried, not the end of the operator
     memo.operator = OperatorState(retry_seconds=POLL_SECONDS)  # every handler's state (state.py), one clock
     port = os.environ.get("GPT2BENCH_OPERATOR_METRICS_PORT", "")
     if port and port != "0":

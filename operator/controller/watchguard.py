@@ -1,4 +1,4 @@
-"""kopf's watches kept alive through the API server's errors, and what the poll needs to know of them (issue 50).
+"""kopf's watches kept alive through the API server's errors, and what the poll needs to know of them.
 
 kopf (1.45) ends the whole operator when one of its watches meets an error it does not expect: an ERROR event
 other than 410 in the stream (`WatchingError`: a watch cache's 504 "Too large resource version", a 500), or an
