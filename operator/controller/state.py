@@ -2,6 +2,11 @@
 start-up): the clock every step reads `now` from, each benchmark's turn (one thread advances a benchmark at a
 time), the benchmarks whose lost Events were already looked for, and the poll. Nothing here outlives the
 process: a restarted operator rebuilds it all from the cluster (docs/reliability.md).
+
+What stays module-level is the process's plumbing, one per process whatever runs in it: the API client pool
+(`kube`), the Prometheus registry and its server (`metrics`), the requests in flight that the liveness probe
+reads (`liveness`: every API call registers itself, far below any handler), and kopf's watch functions as
+`watchguard` wraps them.
 """
 
 from __future__ import annotations
