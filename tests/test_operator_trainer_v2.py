@@ -17,6 +17,7 @@ import time
 import pytest
 from fault_figures import FIGURES, seconds_since
 from kube import EmulatedCluster
+from kube.admission import restricted_volumes
 from kube.fixtures import (
     CRD,
     REPO,
@@ -43,6 +44,8 @@ def cluster(tmp_path_factory):
         for crd in TRAINER_V2_CRD_FILES.values():
             emulated.kubectl("create", "-f", str(crd_dir() / crd))
         emulated.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
+        # Pod Security "restricted" on the namespace, for the volumes a pod brings (a hostPath is refused)
+        emulated.call(lambda e: e["post /api/v1/namespaces/default/pods"] << restricted_volumes)
         yield emulated
 
 
@@ -378,6 +381,49 @@ def test_a_trainjob_whose_image_lacks_its_command_fails_naming_the_pod_in_runcs_
                                            "runs_lost": 0, "reason": failed["reason"]}
 
 
+HOST_PATH = {"name": "datasets", "mountPath": "/datasets", "hostPath": {"path": "/mnt/datasets"}}
+
+
+@pytest.mark.faults
+def test_a_trainjob_whose_pods_pod_security_refuses_fails_within_seconds_in_the_job_controllers_words(
+        cluster, client, benchmarks):
+    """The namespace enforces Pod Security "restricted" and the benchmark mounts a hostPath: the API server refuses
+    the TrainJob's pods, and the Job controller says so on JobSet's Job, not on the TrainJob. The run fails at the
+    next step quoting it (before: `no pod yet (its controller has created none ...` at runPolicy.startupSeconds, 600 s
+    here), its TrainJob goes, and the other TrainJob run, which would meet the same refusal, is held (admission)."""
+    name = "tv2psa"
+    trainer = TrainerV2(client, cluster=cluster)
+    strategies = [{"name": "ddp"}, {"name": "fsdp"}]
+    benchmarks.create(benchmark(name, strategies, runPolicy={"startupSeconds": 600}, pods={"volumes": [HOST_PATH]},
+                                sweep={"strategies": strategies, "precisions": ["fp32"], "scales": TWO_NODES}))
+    (trainjob,) = wait_for(lambda: trainjobs(client, name), what="the first TrainJob")
+    job_name = trainjob["metadata"]["name"]
+    injected = time.monotonic()
+    assert trainer.reconcile(job_name) is not None
+    assert trainer.pod_names(job_name) == [], "the API server created none of its pods"
+    (refusal,) = [e for e in benchmarks.core.list_namespaced_event("default").items
+                  if e.involved_object.name == f"{job_name}-node-0" and e.reason == "FailedCreate"]
+    assert (refusal.involved_object.kind, refusal.source.component) == ("Job", "job-controller")
+    failed = wait_for(lambda: (r := first_run(benchmarks, name)).get("phase") == "Failed" and r, 60, what="Failed")
+    failed_after = seconds_since(injected)
+    assert failed_after < 60, "the start limit is 600 s (about 1 s here; a loaded 2-core machine takes longer)"
+    assert failed["reason"] == f"its pods were refused: job-controller FailedCreate: {refusal.message}"
+    assert re.fullmatch(rf'Error creating: pods "{job_name}-node-0-0-\w{{5}}" is forbidden: violates PodSecurity '
+                        r'"restricted:latest": restricted volume types \(volume "datasets" uses restricted volume '
+                        r'type "hostPath"\)', refusal.message), refusal.message
+    wait_for(lambda: trainjobs(client, name) == [], 30, what="its TrainJob deleted")
+    status = wait_for(lambda: (s := benchmarks.status(name)) and (s["runs"][1].get("reason") or "").startswith(
+        "held") and s, 30, what="the other run held")
+    assert status["runs"][1]["phase"] == "Pending"
+    assert status["runs"][1]["reason"].startswith(f"held (admission): {failed['name']} failed for a cause every "
+                                                  "TrainJob run shares (")
+    assert trainjobs(client, name) == [], "no TrainJob for a held run"
+    FIGURES["trainjob-pod-security-refuses-its-pods"] = {
+        "injected": 1, "startupSeconds": 600, "failed_after_refusal_s": failed_after, "trainjob_deleted": True,
+        "runs_held": 1, "runs_lost": 0, "reason": failed["reason"]}
+    benchmarks.delete(name)  # held for good: nothing fixes this test's namespace
+
+
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     """The Trainer v2 paths checked against the roles bound to the operator in manifests/operator.yaml."""
     from test_operator_manifests import allowed, cluster_role_rules
@@ -385,6 +431,7 @@ def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     made = operator_calls(cluster)
     assert {("trainer.kubeflow.org", "trainjobs", "create"), ("trainer.kubeflow.org", "trainjobs", "watch"),
             ("trainer.kubeflow.org", "clustertrainingruntimes", "get"), ("", "configmaps", "create"),
-            ("", "pods/log", "get")} <= made
-    assert not [call for call in made if call[0] in ("jobset.x-k8s.io", "batch")], "the Trainer's, not ours"
+            ("", "pods/log", "get"), ("batch", "jobs", "list")} <= made
+    assert not [call for call in made if call[0] == "jobset.x-k8s.io"], "the Trainer's, not ours"
+    assert [call for call in made if call[0] == "batch"] == [("batch", "jobs", "list")], "listed for their Events only"
     assert [call for call in sorted(made) if not allowed(cluster_role_rules(), *call)] == []

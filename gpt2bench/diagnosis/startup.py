@@ -154,10 +154,13 @@ def capacity_reason(wait: str, limit: int) -> str:
 
 
 # The job's controller could not create a pod: its own Event on the job (training-operator common/pod_control.go and
-# mpi-operator: `FailedCreatePod` "Error creating: <the API server's answer>"; the Job controller, under JobSet:
-# `FailedCreate`). The API server's answer is an admission's: Pod Security (`violates PodSecurity "restricted:latest":
-# ...`), a LimitRange (`maximum cpu usage per Container is 4, but limit is 8`), a ResourceQuota (`exceeded quota:
-# compute, requested: requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=8, limited: ...=8`), a webhook.
+# mpi-operator: `FailedCreatePod` "Error creating: <the API server's answer>"). A TrainJob's pods are the Job
+# controller's (one Job per replicated job of its JobSet), whose Event is on that Job (kubernetes
+# pkg/controller/controller_utils.go RealPodControl.createPods: `FailedCreate`, the same message, from
+# `job-controller`). The API server's answer is an admission's: Pod Security (`violates PodSecurity
+# "restricted:latest": ...`), a LimitRange (`maximum cpu usage per Container is 4, but limit is 8`), a ResourceQuota
+# (`exceeded quota: compute, requested: requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=8, limited:
+# ...=8`), a webhook.
 CREATE_REFUSED = ("FailedCreatePod", "FailedCreate")
 _QUOTA = re.compile(r"exceeded quota: [^,]+, requested: (?P<requested>[^ ]+(?:,[^ ]+)*), used: (?P<used>[^ ]+(?:,"
                     r"[^ ]+)*), limited: (?P<limited>[^ ]+(?:,[^ ]+)*)")
@@ -192,9 +195,10 @@ def quota_may_pass(message: str) -> bool:
 
 
 def refused_creation(events: Iterable[dict[str, Any]]) -> StartWait | None:
-    """The newest word of a job's controller that the API server refused one of its pods (the job's own events),
-    quoted: START when waiting will not change the answer (Pod Security, a LimitRange, a quota the pod exceeds on its
-    own, a webhook), CAPACITY for a quota other pods use up; None when nothing was refused."""
+    """The newest word of a job's controller that the API server refused one of its pods (the job's own events; a
+    TrainJob's, its JobSet's Jobs'), quoted: START when waiting will not change the answer (Pod Security, a
+    LimitRange, a quota the pod exceeds on its own, a webhook), CAPACITY for a quota other pods use up; None when
+    nothing was refused."""
     event = latest((e for e in events if e.get("type") == "Warning"), CREATE_REFUSED)
     if event is None:
         return None

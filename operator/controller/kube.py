@@ -32,6 +32,7 @@ TRANSIENT_STATUS = {0, 401, 408, 429, 500, 502, 503, 504}
 TRANSIENT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 PODS = "/api/v1/namespaces/{namespace}/pods"
 EVENTS = "/api/v1/namespaces/{namespace}/events"
+JOBS = "/apis/batch/v1/namespaces/{namespace}/jobs"
 CONFIG_MAPS = "/api/v1/namespaces/{namespace}/configmaps"
 NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
 
@@ -365,10 +366,20 @@ def job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
     return json.loads(response.data).get("items", [])
 
 
-def pod_events(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    """The events about one pod (by its uid: a re-created pod of the same name has its own), as the API returns
-    them: the scheduler's, the kubelet's, the cluster autoscaler's."""
-    metadata = pod.get("metadata") or {}
+def pod_events(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events about one pod or job (by its uid: a re-created pod of the same name has its own), as the API
+    returns them: the scheduler's, the kubelet's, the cluster autoscaler's about a pod; the job's controller's about
+    a job. A TrainJob's pods are created by the Job controller of each Job of its JobSet, which records the pods the
+    API server refused (`FailedCreate`) on that Job, not on the TrainJob: a TrainJob's events include its Jobs'."""
+    events = _events_about(obj.get("metadata") or {})
+    if obj.get("kind") == "TrainJob":
+        listed = _list_jobs(obj["metadata"]["namespace"], f"{kinds.JOBSET_NAME_LABEL}={obj['metadata']['name']}")
+        for job in trainjob_jobs(obj, listed):
+            events += _events_about(job["metadata"])
+    return events
+
+
+def _events_about(metadata: dict[str, Any]) -> list[dict[str, Any]]:
     if not metadata.get("uid"):
         return []
     try:
@@ -379,6 +390,30 @@ def pod_events(pod: dict[str, Any]) -> list[dict[str, Any]]:
             return []
         raise
     return json.loads(response.data).get("items", [])
+
+
+def _list_jobs(namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    """batch/v1 Jobs by label; none when the Role does not allow listing them (one from before it did): the run
+    then waits for its start limit, as it did."""
+    try:
+        response = _request("GET", JOBS, {"namespace": namespace}, {"labelSelector": label_selector})
+    except ApiException as exc:
+        if exc.status == 403:
+            return []
+        raise
+    return json.loads(response.data).get("items", [])
+
+
+def trainjob_jobs(trainjob: dict[str, Any], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of `jobs`, those of the TrainJob's JobSet: JobSet labels each Job with its JobSet's name
+    (`jobset.sigs.k8s.io/jobset-name`), and Trainer v2 names the JobSet after the TrainJob. A Job created before
+    the TrainJob belongs to an earlier namesake (a benchmark deleted and created again) that the garbage collector
+    has not removed yet: its refusals are not this run's."""
+    name = trainjob["metadata"]["name"]
+    created = trainjob["metadata"].get("creationTimestamp") or ""  # RFC 3339 in UTC, to the second: sorts as text
+    return [job for job in jobs
+            if ((job.get("metadata") or {}).get("labels") or {}).get(kinds.JOBSET_NAME_LABEL) == name
+            and (job["metadata"].get("creationTimestamp") or "") >= created]
 
 
 def delete_job(job: dict[str, Any]) -> None:

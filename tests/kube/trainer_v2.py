@@ -14,7 +14,9 @@ the Job controller):
   annotations (JS jobset_controller.go L1014-1078) and the Job controller's completion-index annotation.
   Pods are Running and Ready as they are created; with `start_pods=False` they stay Pending and the test
   plays the scheduler and the kubelet on them (tests/kube/kubelet.py: Unschedulable, ImagePullBackOff, not
-  Ready ...), `sync` recounting them as the Job controller and JobSet do. The TrainJob gets `jobsStatus`
+  Ready ...), `sync` recounting them as the Job controller and JobSet do. A pod the API server refuses (a test's
+  admission: tests/kube/admission.py) is not created; the Job controller records its Warning Event on the Job
+  (`FailedCreate` "Error creating: <the API server's message>", K8S controller_utils.go). The TrainJob gets `jobsStatus`
   (JobSet's replicatedJobsStatus, sorted by name descending) and, when `spec.suspend`,
   Suspended=True/Suspended "TrainJob is suspended" (TR L213-234).
 - `finish(name, succeeded=..., message=..., log=...)`: the result pod (torch `node` index 0, MPI `launcher`)
@@ -38,6 +40,7 @@ import copy
 import datetime
 import hashlib
 import json
+import time
 from typing import Any
 
 import kmock
@@ -368,11 +371,18 @@ class TrainerV2(Kubelet):
         job = self.custom.create_namespaced_custom_object("batch", "v1", self.namespace, "jobs", job)
         if suspended:
             return
-        for completion in range(job["spec"]["completions"]):
-            self._create_pod(jobset, job, completion)
+        self._create_pods(jobset, job)
 
-    def _create_pod(self, jobset: dict[str, Any], job: dict[str, Any], index: int) -> None:
-        """The Job controller's pod for one completion index (K8S indexed_job_utils.go)."""
+    def _create_pods(self, jobset: dict[str, Any], job: dict[str, Any]) -> None:
+        """The Job controller's pods of one Job, one completion index after another (K8S job_controller.go
+        manageJob: slowStartBatch from a batch of 1, so a refused pod ends the sync: the others are not tried)."""
+        for completion in range(job["spec"]["completions"]):
+            if not self._create_pod(jobset, job, completion):
+                return
+
+    def _create_pod(self, jobset: dict[str, Any], job: dict[str, Any], index: int) -> bool:
+        """The Job controller's pod for one completion index (K8S indexed_job_utils.go); False when the API server
+        refused it."""
         pod_template = copy.deepcopy(job["spec"]["template"])
         job_name = job["metadata"]["name"]
         labels = {**pod_template["metadata"]["labels"], "batch.kubernetes.io/job-name": job_name,
@@ -386,14 +396,36 @@ class TrainerV2(Kubelet):
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {
             "generateName": f"{job_name}-{index}-", "labels": labels, "annotations": annotations,
             "ownerReferences": [_owner(job)]}, "spec": spec}
-        created = json.loads(self.core.create_namespaced_pod(self.namespace, body, _preload_content=False).data)
+        try:
+            created = json.loads(self.core.create_namespaced_pod(self.namespace, body, _preload_content=False).data)
+        except kubernetes.client.ApiException as exc:
+            self._failed_create(job, exc)
+            return False
         if not self.start_pods:  # Pending, not yet scheduled: the test plays the scheduler and the kubelet
-            return
+            return True
         self.core.patch_namespaced_pod_status(created["metadata"]["name"], self.namespace, {"status": {
             "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
                                    "imageID": "", "state": {"running": {"startedAt": _now()}}}
                                   for c in spec["containers"]]}})
+        return True
+
+    def _failed_create(self, job: dict[str, Any], exc: kubernetes.client.ApiException) -> None:
+        """The API server refused a pod (an admission: Pod Security, a LimitRange, a quota): the Job controller's
+        Warning Event on its Job, as its pod control records it (K8S pkg/controller/controller_utils.go
+        RealPodControl.createPods: `FailedCreate`, "Error creating: <the API server's Status message>", recorder
+        source `job-controller`; client-go's recorder names it `<job>.<hex of the time>`). Its retries after a
+        backoff (another Event each, a new pod name in its message) are not played."""
+        status = json.loads(exc.body or "{}")
+        stamp, job_meta = _now(), job["metadata"]
+        self.core.create_namespaced_event(self.namespace, {
+            "metadata": {"name": f"{job_meta['name']}.{time.time_ns():x}"}, "type": "Warning",
+            "reason": "FailedCreate", "message": f"Error creating: {status.get('message') or exc.reason}",
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": job_meta["name"],
+                               "namespace": self.namespace, "uid": job_meta["uid"],
+                               "resourceVersion": job_meta.get("resourceVersion")},
+            "source": {"component": "job-controller"}, "reportingComponent": "job-controller",
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1})  # fmt: skip
 
     # --- status: the Job controller counts pods, JobSet counts Jobs and creates the ones due, the Trainer copies
     def pod_changed(self, pod: str) -> None:
@@ -402,6 +434,15 @@ class TrainerV2(Kubelet):
             self.sync(labels[JS + "jobset-name"])
 
     def sync(self, name: str, condition: dict[str, Any] | None = None) -> None:
+        """`_sync`; a TrainJob deleted meanwhile (its JobSet, Jobs and pods with it: the operator gave up on a run
+        whose pods were refused) is dropped, as upstream's reconcilers drop an object they get NotFound for."""
+        try:
+            self._sync(name, condition)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _sync(self, name: str, condition: dict[str, Any] | None = None) -> None:
         """What the controllers do after a change: each Job's counts from its pods (K8S job_controller.go:
         active = pods not finished, ready = those with Ready True); JobSet's replicatedJobsStatus from its Jobs
         (JS calculateReplicatedJobStatuses: a Job is ready when its succeeded + ready pods reach its parallelism)
@@ -485,8 +526,7 @@ class TrainerV2(Kubelet):
             job = self.custom.patch_namespaced_custom_object("batch", "v1", self.namespace, "jobs",
                                                              job["metadata"]["name"],
                                                              {"spec": {"suspend": False, "template": template}})
-            for completion in range(job["spec"]["completions"]):
-                self._create_pod(jobset, job, completion)
+            self._create_pods(jobset, job)
         self.sync(name)
 
     def finish(self, name: str, *, succeeded: bool, message: str | None, exit_code: int | None = None,
