@@ -40,12 +40,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gpt2bench import diagnosis
 from gpt2bench import jobkinds as kinds
+from gpt2bench.clock import SYSTEM_CLOCK
 from gpt2bench.conventions import FORKED_COMMANDS, FORKSERVER_ENV, TRAINJOB_CONTAINER
 from gpt2bench.local import forkclient
 from gpt2bench.local.processes import die_with_parent, kill_tree, private_tmpdir
@@ -355,8 +356,6 @@ def replica_end(job: dict[str, Any], replica: Replica) -> diagnosis.PodEnd:
                             container=container_of(job, replica), line=said)
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def execute_job(
@@ -377,7 +376,7 @@ def execute_job(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    started = _now()
+    started = SYSTEM_CLOCK.now()
     replicas = job_replicas(job, run_dir, runtimes)
     primary = replicas[0]
     base_env = dict(os.environ if base_env is None else base_env)
@@ -387,7 +386,7 @@ def execute_job(
     def finished(phase: str, reason: str | None, cause: str | None = None) -> JobOutcome:
         seconds = time.monotonic() - t0 if t0 is not None else None
         codes = {r.name: (r.process.returncode if r.process else None) for r in replicas}
-        return JobOutcome(phase, reason, termination_message(primary), started, _now(), primary, codes, cause, seconds)
+        return JobOutcome(phase, reason, termination_message(primary), started, SYSTEM_CLOCK.now(), primary, codes, cause, seconds)
 
     available = visible_gpus() if gpus is None else gpus
     blocked = unschedulable(replicas, available, job["metadata"]["name"])

@@ -15,11 +15,11 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from pydantic.alias_generators import to_camel
 
+from gpt2bench.clock import parse_rfc3339
 from gpt2bench.objectives import Objective, objective, per_scale
 from gpt2bench.report import findings, race, verdicts
 from gpt2bench.report.measures import (
@@ -313,7 +313,7 @@ def round_cost(configs: list[Configuration], prices: Prices | None) -> tuple[flo
     summed (they run one at a time), and their mean prices summed (each run's hourly price × its duration)."""
     seconds, cost = [], []
     for config in configs:
-        spans = [(run, (parse_time(run.completion_time) - parse_time(run.start_time)).total_seconds())
+        spans = [(run, (parse_rfc3339(run.completion_time) - parse_rfc3339(run.start_time)).total_seconds())
                  for run in config.runs if run.start_time and run.completion_time]
         if spans:
             seconds.append(statistics.fmean(duration for _, duration in spans))
@@ -446,10 +446,6 @@ def conclude_family(pendings: list[Pending], alpha: float = ALPHA) -> list[Any]:
     deciding = [i for i, p in enumerate(pendings) if p.p_value is not None]
     levels = dict(zip(deciding, holm([pendings[i].p_value for i in deciding], alpha)))
     return [p.conclude(levels.get(i, 1 - alpha)) for i, p in enumerate(pendings)]
-
-
-def parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def analyze(runs: list[RunStatus], spec: dict[str, Any] | None = None, curves: Curves | None = None,

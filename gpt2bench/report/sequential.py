@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpt2bench.clock import parse_rfc3339
 from gpt2bench.plan import Key, configuration_of, stopped_configurations
-from gpt2bench.report.analysis import analyze, parse_time
+from gpt2bench.report.analysis import analyze
 from gpt2bench.report.measures import configuration_name
 from gpt2bench.report.verdicts import short
 from gpt2bench.status import TERMINAL_RUN_PHASES, DroppedConfiguration, RunStatus
@@ -93,7 +94,7 @@ def _over_budget(runs: list[RunStatus], racing: list[str], budget: dict[str, Any
     spans: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
         if run.repeat and run.start_time and run.completion_time:
-            seconds = (parse_time(run.completion_time) - parse_time(run.start_time)).total_seconds()
+            seconds = (parse_rfc3339(run.completion_time) - parse_rfc3339(run.start_time)).total_seconds()
             spans.setdefault(configuration_name(run), []).append((seconds, run.nodes * run.devices_per_node))
     known = [spans[name] for name in racing if name in spans]
     if not known:
@@ -101,11 +102,11 @@ def _over_budget(runs: list[RunStatus], racing: list[str], budget: dict[str, Any
     wall = sum(statistics.fmean(s for s, _ in found) for found in known)
     gpu = sum(statistics.fmean(s * g / 3600 for s, g in found) for found in known)
     if budget.get("wallSeconds") and start_time:
-        elapsed = (now - parse_time(start_time)).total_seconds()
+        elapsed = (now - parse_rfc3339(start_time)).total_seconds()
         if elapsed + wall > budget["wallSeconds"]:
             return f"{elapsed:.0f} s of {budget['wallSeconds']} s used, the next round would take about {wall:.0f} s"
     if budget.get("gpuHours"):
-        used = sum(run.nodes * run.devices_per_node * (parse_time(run.completion_time) - parse_time(run.start_time))
+        used = sum(run.nodes * run.devices_per_node * (parse_rfc3339(run.completion_time) - parse_rfc3339(run.start_time))
                    .total_seconds() / 3600 for run in runs if run.start_time and run.completion_time)
         if used + gpu > budget["gpuHours"]:
             return f"{used:.2f} of {budget['gpuHours']} GPU-hours used, the next round would take about {gpu:.2f}"

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from gpt2bench.clock import SYSTEM_CLOCK
+
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_SECONDS = 15  # client-go's defaults: lease 15 s, renew deadline 10 s, retry 2 s
@@ -53,8 +55,6 @@ def identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 class Elector:
@@ -74,7 +74,7 @@ class Elector:
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt: True when this candidate holds the Lease now (written with its renewTime)."""
-        now = _now()
+        now = SYSTEM_CLOCK.now()
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._request_timeout())
         except ApiException as exc:
@@ -164,7 +164,7 @@ class Elector:
             if lease.spec is None or lease.spec.holder_identity != self.holder:
                 return
             lease.spec.holder_identity, lease.spec.lease_duration_seconds = None, 1
-            lease.spec.renew_time = lease.spec.acquire_time = _now()
+            lease.spec.renew_time = lease.spec.acquire_time = SYSTEM_CLOCK.now()
             self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=self._request_timeout())
             log.info("released lease %s/%s", self.namespace, self.name)
         except Exception as exc:  # it expires by itself

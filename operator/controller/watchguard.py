@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import datetime
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from gpt2bench.clock import SYSTEM_CLOCK
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class Watches:
             if old is not None and old.listed_at is not None and now - old.listed_at >= QUICK_GAP:
                 old = None  # it worked for a while: a new streak
             backoff = FIRST_BACKOFF if old is None else min(MAX_BACKOFF, old.backoff * 2)
-            self._failing[key] = Failure(what, old.since if old else _now(), old.started if old else now,
+            self._failing[key] = Failure(what, old.since if old else SYSTEM_CLOCK.stamp(), old.started if old else now,
                                          (old.count if old else 0) + 1, error, backoff)
         level = logging.WARNING if old is None else logging.INFO  # one warning a streak: no Event per retry
         log.log(level, "the %s watch failed (%d in a row since %s): %s; listed and watched again in %g s", what,
@@ -142,8 +143,6 @@ WATCHES = Watches()
 _installed = False
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def describe(exc: BaseException) -> str:
