@@ -338,7 +338,7 @@ def test_a_benchmark_deleted_mid_run_takes_its_jobs_and_pods_with_it(env):
 
 
 def test_a_benchmark_is_deleted_while_no_operator_runs_and_its_jobs_go_with_it(env):
-    """Issue 37, item 2: kopf held a finalizer on every running benchmark (for its per-benchmark timer), so with
+    """Before the fix: kopf held a finalizer on every running benchmark (for its per-benchmark timer), so with
     no operator (`operator.replicas: 0`, a crash loop, after `helm uninstall`) `kubectl delete` hung, the jobs kept
     their GPUs and the namespace stayed Terminating. Now no handler needs a finalizer: the API server deletes the
     benchmark at once and its garbage collector the jobs it owns."""
@@ -528,7 +528,7 @@ def test_fifty_benchmarks_at_once_all_complete_one_run_at_a_time_with_bounded_me
 
 def chart_memory_limit_mib() -> float:
     """The operator's memory limit as the Helm chart sets it (values.yaml: operator.resources.limits.memory), in
-    MiB: what the kubelet would OOM-kill it at, so what the memory tests hold it to (issue 37, item 8: they
+    MiB: what the kubelet would OOM-kill it at, so what the memory tests hold it to (they
     allowed 400 MiB against a 256 MiB limit)."""
     from gpt2bench.specification.kubesyntax import quantity_value
 
@@ -554,7 +554,7 @@ def two_runs(name: str) -> dict[str, float]:
 
 
 def test_a_fixed_spec_whose_start_meets_errors_through_an_operator_restart_starts_once_they_stop(env):
-    """Issue 28 item 3, as reported: an Invalid spec is fixed, the start meets 403s (discovery), the operator
+    """As reported: an Invalid spec is fixed, the start meets 403s (discovery), the operator
     is restarted meanwhile. It was Pending for ever (a false SpecChangeIgnored, no job); now it waits Pending,
     saying why, and starts when the API server answers."""
     name, expected = "refixed", two_runs("refixed")

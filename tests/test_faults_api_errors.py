@@ -1,4 +1,4 @@
-"""The API server failing a sweep's steps for a while, and a results folder `--resume` cannot read (issue 50 item 6).
+"""The API server failing a sweep's steps for a while, and a results folder `--resume` cannot read.
 
 The operator rows run the real `gpt2bench operator` process against the API emulator (tests/kube/faults.py
 `FailCalls`: the operator's own client's list of PyTorchJobs answered 500 for ~15 s, as an API server whose etcd is

@@ -1,4 +1,4 @@
-"""Faults of the laptop user's `gpt2bench run` (issue 28, item 8), injected into real sweeps: the terminal closed
+"""Faults of the laptop user's `gpt2bench run`, injected into real sweeps: the terminal closed
 under it (SIGHUP from a real pseudo-terminal hanging up) and the runner killed outright (SIGKILL) mid-run, under
 torchrun and under mpirun. Afterwards no trainer, launcher or rank of the sweep runs, the results say what
 happened, the temporary folders are gone, and `--resume` finishes only what was not finished.

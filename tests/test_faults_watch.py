@@ -1,4 +1,4 @@
-"""The operator's watches meet errors (issue 50 items 1 and 6): the real `gpt2bench operator` process against the
+"""The operator's watches meet errors: the real `gpt2bench operator` process against the
 API emulator, the test playing the Kubeflow training operator.
 
 kopf (1.45) ends the whole operator on one ERROR event other than 410 in a watch stream (`WatchingError`), and on

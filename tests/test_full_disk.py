@@ -1,4 +1,4 @@
-"""A full disk under `gpt2bench run` and `gpt2bench report` (issue 50 item 3).
+"""A full disk under `gpt2bench run` and `gpt2bench report`.
 
 The disk is real: a 64 MiB tmpfs mounted for the test (root can; elsewhere the test is skipped), filled by the test
 while the sweep's second run starts, so that the runner, its replicas and the report meet a real ENOSPC from the

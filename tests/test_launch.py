@@ -105,7 +105,7 @@ def test_no_summary_writes_a_failure_with_the_output_tail(tmp_path):
 
 @pytest.mark.parametrize("tag", ["[1,1]<stderr>:", "[1]<stderr>:", ""], ids=["mpirun", "horovodrun", "header"])
 def test_a_ranks_reason_comes_first_when_the_launcher_ends_without_a_summary(tmp_path, tag):
-    """Issue 37, item 7: rank 1 gave up (rank 0, the reporter, printed no summary); the reason led with
+    """Before the fix: rank 1 gave up (rank 0, the reporter, printed no summary); the reason led with
     "mpirun exited with code 1 without a GPT2BENCH_SUMMARY line". The rank's words come first now, whichever
     launcher tagged them (or only the trainer's log header names the rank)."""
     said = "horovod: the all-reduce of the gradients waited more than 4 s (--timeout-seconds) for the other ranks"

@@ -1,4 +1,4 @@
-"""The local runner's processes and folder, piece by piece (issue 28, item 8): children die with their parent, a
+"""The local runner's processes and folder, piece by piece: children die with their parent, a
 trainer stops when its runner is gone, a results folder has one writer and says what happened to a sweep whose
 runner was killed, `--resume` / `--overwrite` / a refusal decide what an existing folder becomes, the trainer's
 metrics bind loopback locally and its Prometheus folder goes. The whole thing with real sweeps, SIGHUP and SIGKILL:
@@ -242,7 +242,7 @@ def test_an_existing_folder_is_refused_unless_resume_or_overwrite_says_what_to_d
 
 
 def test_gpt2bench_report_of_an_interrupted_sweep_says_so_and_how_to_resume_it(tmp_path, capsys):
-    """Issue 37, item 7: after a SIGKILL, results.json says Running until `report` or `run` reads it; they read it as
+    """Before the fix: after a SIGKILL, results.json says Running until `report` or `run` reads it; they read it as
     interrupted, and now say so, with the command that finishes it."""
     from gpt2bench.report.cli import main
 

@@ -1,4 +1,4 @@
-"""Another writer cannot strand a sweep (issue 50.2): the real kopf operator against the emulator, the test writing
+"""Another writer cannot strand a sweep: the real kopf operator against the emulator, the test writing
 the benchmark's status as another client would (`patch --subresource=status`), mid-run.
 
 - a finished `status.phase` written over runs that have not finished: the sweep goes on (its phase is its runs');

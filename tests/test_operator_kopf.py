@@ -368,7 +368,7 @@ def test_a_sweep_that_repeats_until_decided_adds_whole_rounds_and_says_why_it_st
 def test_the_race_on_the_cluster_drops_the_beaten_and_creates_jobs_for_the_survivors_only(cluster, benchmarks, trainer):
     """ddp and fsdp alike, ps at half their speed: after round 3 the race drops ps (a ConfigurationDropped Event,
     status.dropped, the Racing column at 2), round 4 creates jobs for ddp and fsdp only, and the sweep stops at
-    maxRepeats with ps run 3 times and the others 4 (issue 35: beaten configurations cost no more GPU-hours)."""
+    maxRepeats with ps run 3 times and the others 4 (beaten configurations cost no more GPU-hours)."""
     sweep = {"strategies": [{"name": "ddp"}, {"name": "fsdp"}, {"name": "ps"}], "repeats": 3, "maxRepeats": 4,
              "breakdown": "off", "minEffect": 0,  # the strict race: ddp and fsdp alike race on
              "scales": [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}]}

@@ -1,6 +1,6 @@
 """Two `gpt2bench operator --leader-elect` processes on one emulated API server: one acts, the other stands by.
 
-Issue 37, item 5: with two live operators every Event and counter doubled. The Lease (coordination.k8s.io/v1,
+Before the fix: with two live operators every Event and counter doubled. The Lease (coordination.k8s.io/v1,
 operator/controller/leader.py) makes one active: the standby answers /healthz, creates nothing and posts
 nothing, and takes over when the leader dies (after the lease, 3 s here) or at once when it stops cleanly (it
 releases the Lease).

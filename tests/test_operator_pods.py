@@ -179,7 +179,7 @@ def test_a_container_the_kubelet_cannot_create_fails_its_run_at_the_startup_limi
 def test_a_workers_oomkilled_restart_is_the_reason_not_the_masters_failure_in_the_same_second(benchmarks, trainer):
     """The worker is OOMKilled (restarted under OnFailure: lastState keeps it) and the master fails because its
     peer went, in the same second (finishedAt has 1 s resolution: the usual case), the master listed first. The
-    reason names the worker, how, and what it printed last (issue 37, item 4: the tie went to list order, naming
+    reason names the worker, how, and what it printed last (before the fix, the tie went to list order, naming
     the master's "Connection closed by peer")."""
     name = "oom"
     create(benchmarks, name, ["ddp"])
@@ -333,7 +333,7 @@ HOROVOD_RANK_FAILS = (  # what mpirun prints when rank 1 gives up on its all-red
 
 @pytest.mark.faults
 def test_a_horovod_ranks_reason_comes_first_on_the_cluster_and_locally(benchmarks, trainer, tmp_path):
-    """Issue 37, item 7: a Horovod run whose rank fails ends without the trainer's summary; its reason read
+    """Before the fix: a Horovod run whose rank fails ends without the trainer's summary; its reason read
     "mpirun exited with code 1 without a GPT2BENCH_SUMMARY line: ...". Now the rank's own words come first, the
     same on both paths (the launcher's termination message, written by `gpt2bench launch`)."""
     name = "same-horovod-rank"

@@ -1,4 +1,4 @@
-"""A preempted run is named so and run again once (issue 50.5): the real kopf operator against the emulator.
+"""A preempted run is named so and run again once: the real kopf operator against the emulator.
 
 The test plays the training operator (tests/kube/training.py) and the scheduler's preemption as upstream words it
 (tests/kube/kubelet.py `preempt`: the victim's DisruptionTarget condition, reason PreemptionByScheduler, and its

@@ -189,8 +189,8 @@ def test_operator_process_resumes_after_sigkill_without_duplicate_jobs_and_serve
 
 
 def test_events_a_crash_lost_are_posted_from_the_status_after_a_restart(tmp_path):
-    """Issue 37, item 6: a run's Event is posted after the status write that records it; an operator killed
-    between the two lost it (1 of 8 RunStarted/RunSucceeded missing after 4 SIGKILLs). Here every Event POST fails
+    """A run's Event is posted after the status write that records it; an operator killed between the two loses
+    it (without recovery, 1 of 8 RunStarted/RunSucceeded went missing after 4 SIGKILLs). Here every Event POST fails
     while a run finishes, then the operator is killed: the restarted one posts what the status recorded and the
     benchmark's Events lack, once, saying so."""
     from kube.faults import FailCalls

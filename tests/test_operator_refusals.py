@@ -1,4 +1,4 @@
-"""A run whose job cannot exist fails at once, saying why, and the sweep goes on (issue 9.2, 13.4).
+"""A run whose job cannot exist fails at once, saying why, and the sweep goes on.
 
 The emulated cluster here serves PyTorchJob only (the training operator, no MPI operator), as a real
 cluster may. The real kopf operator (KopfRunner) runs against it; the API server's refusals are real where

@@ -39,7 +39,7 @@ def reasons(benchmarks, name: str) -> list[str]:
 @pytest.mark.parametrize("code", [503, 403])
 def test_fixing_an_invalid_spec_starts_the_sweep_though_the_start_meets_an_api_error(
         cluster, benchmarks, trainer, code):
-    """Issue 28, item 3: the edit's start met one error; its retry took the "change ignored" branch and the
+    """Before the fix: the edit's start met one error; its retry took the "change ignored" branch and the
     benchmark stayed Pending for ever, with the stale "invalid spec" message and a false SpecChangeIgnored."""
     name = f"fixed-{code}"
     benchmarks.create(benchmark(name, [{"name": "single"}], **INVALID_LIMITS))
@@ -56,7 +56,7 @@ def test_fixing_an_invalid_spec_starts_the_sweep_though_the_start_meets_an_api_e
 
 def test_a_start_that_meets_errors_for_longer_than_any_retry_budget_starts_once_they_stop(cluster, benchmarks,
                                                                                          trainer):
-    """Issue 28, item 3: ~45 s of API errors at creation (10 tries) left the sweep Failed for good. Now it waits
+    """Before the fix: ~45 s of API errors at creation (10 tries) left the sweep Failed for good. Now it waits
     Pending, saying why, and starts as soon as the API server answers."""
     from gpt2bench.controller.metrics import REGISTRY
 
@@ -195,7 +195,7 @@ def test_a_finished_run_is_recorded_and_the_next_started_though_one_call_of_the_
 
 @pytest.mark.faults
 def test_one_404_on_the_list_of_jobs_of_a_served_kind_fails_no_run(cluster, benchmarks, trainer):
-    """Issue 37, item 1: one 404 on the step's list of PyTorchJobs (an API server instance whose CRD informer has
+    """Before the fix: one 404 on the step's list of PyTorchJobs (an API server instance whose CRD informer has
     not synced, CRDs re-applied during an upgrade) took the kind for "not served": every active run of it Failed
     with a false reason and the running job was orphaned. Discovery serves the kind, so the 404 is transient: the
     step is tried again, and every result is kept."""
@@ -237,7 +237,7 @@ def test_a_sweep_finishes_once_though_writing_its_end_fails_once(cluster, benchm
 
 
 def test_the_finalizer_an_earlier_version_added_is_removed_while_the_sweep_runs(cluster, benchmarks, trainer):
-    """Issue 37, item 2: kopf added `gpt2bench.io/finalizer` to every running benchmark (its timer needed it), so
+    """Before the fix: kopf added `gpt2bench.io/finalizer` to every running benchmark (its timer needed it), so
     a benchmark could not be deleted while no operator ran. No handler needs it now, and kopf removes the one an
     earlier version added."""
     name = "old-finalizer"
@@ -256,7 +256,7 @@ def test_the_finalizer_an_earlier_version_added_is_removed_while_the_sweep_runs(
 
 
 def test_a_status_write_another_writer_came_before_is_made_again_on_what_is_stored(cluster, benchmarks, trainer):
-    """Issue 37, item 5: status patches carried no resourceVersion, so a write made on a stale read replaced what
+    """Before the fix: status patches carried no resourceVersion, so a write made on a stale read replaced what
     another writer (a second operator) had written meanwhile. Now the write is conditional: the API server answers
     409 and the step runs again on the stored status, keeping the other writer's change."""
     from kube.faults import is_operator
@@ -327,7 +327,7 @@ def jobs_created_before_their_run_was_recorded(cluster, name: str) -> list[str]:
 
 @pytest.mark.faults
 def test_a_round_is_recorded_before_its_first_job_though_recording_it_fails_once(cluster, benchmarks, trainer):
-    """Issue 37, item 3: the step that added a round created the round's first job before its status write; one
+    """Before the fix: the step that added a round created the round's first job before its status write; one
     503 on that write with a wall-clock budget ended the sweep Succeeded while the job, listed nowhere, ran on.
     Now the round is written first and its jobs created by the next step: no job exists before its run is in
     status, whatever call fails."""

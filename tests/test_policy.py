@@ -1,4 +1,4 @@
-"""Policy: what every pod gpt2bench puts on a cluster must hold (issue 23), checked on the jobs rendered from the
+"""Policy: what every pod gpt2bench puts on a cluster must hold, checked on the jobs rendered from the
 shipped examples for every job kind, and by a real policy scanner.
 
 - Bounded memory: every container of every pod (PyTorchJob Master/Worker, MPIJob Launcher/Worker, TrainJob

@@ -92,8 +92,8 @@ def test_pytorchjob_topology_command_and_outputs():
 
 
 def test_the_output_folder_is_bounded_by_what_its_steps_write():
-    """Issue 37, item 8: steps.jsonl grows ~920 B a step in an emptyDir without sizeLimit: a 1,000,000-step run
-    could fill its node's disk. The limit covers every step at STEP_RECORD_BYTES (a bound of the trainer's record,
+    """steps.jsonl grows ~920 B a step: in an emptyDir without sizeLimit a 1,000,000-step run could fill its
+    node's disk. The limit covers every step at STEP_RECORD_BYTES (a bound of the trainer's record,
     tests/test_trainer_metrics.py) and its spilled step time, over a fixed base."""
     for steps, mib in ((12, 257), (1_000_000, 256 + 1961)):
         assert output_size_limit(steps) == f"{mib}Mi"

@@ -1,4 +1,4 @@
-"""Dynamic resource allocation (issue 47.8): EKS's EFA DRA driver (Kubernetes 1.34+) and GKE's managed RDMA
+"""Dynamic resource allocation: EKS's EFA DRA driver (Kubernetes 1.34+) and GKE's managed RDMA
 (`mrdma.google.com`) hand out the fabric's devices through resource claims, which the spec carries to every
 training pod of a PyTorchJob or MPIJob. Trainer v2.3's runtimePatches cannot carry them: refused, naming the
 field."""

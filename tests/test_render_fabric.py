@@ -312,7 +312,7 @@ def test_every_fabric_setting_renders_a_valid_job_for_every_run_of_the_gpu_examp
     ({}, {}, False),
 ])  # fmt: skip
 def test_gpudirect_is_checked_where_the_pods_env_promises_it(env, fabric, expected):
-    """Issue 47.3: the fragments ask NCCL/libfabric for GPUDirect RDMA (AKS NCCL_NET_GDR_LEVEL=SYS, EKS
+    """The fragments ask NCCL/libfabric for GPUDirect RDMA (AKS NCCL_NET_GDR_LEVEL=SYS, EKS
     FI_EFA_USE_DEVICE_RDMA=1) but none asked the trainer to check it, so a run on NET/IB without /GDRDMA
     (nvidia-peermem not loaded) measured a degraded path."""
     from gpt2bench.render.pods import fabric_env

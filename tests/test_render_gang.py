@@ -1,6 +1,6 @@
 """Gang scheduling of TrainJob runs is in force only where the runtimes' pods name the gang's scheduler: Trainer
 v2.3 creates the PodGroup of a runtime's podGroupPolicy but leaves the pods' schedulerName alone, and the
-default scheduler ignores PodGroups (issue 47.5)."""
+default scheduler ignores PodGroups."""
 
 from __future__ import annotations
 

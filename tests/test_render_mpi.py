@@ -1,4 +1,4 @@
-"""Horovod's Open MPI, as the MPI launchers run it (issue 47.6): its transport pinned as AWS's reference MPIJob
+"""Horovod's Open MPI, as the MPI launchers run it: its transport pinned as AWS's reference MPIJob
 pins it (the ob1 PML over TCP, never UCX or libfabric's), its interfaces kept to the pod network on pods with a
 fabric's extra interfaces (GKE's ten), and MPI_Init bounded like Horovod's other waits."""
 

@@ -1,5 +1,5 @@
-"""A run's NetworkPolicy in a namespace whose default denies egress, and scraped by the Prometheus a cluster has
-(issue 47.7): the policy lets the run's pods reach each other and DNS (and a hub where the spec reads from one),
+"""A run's NetworkPolicy in a namespace whose default denies egress, and scraped by the Prometheus a cluster has:
+the policy lets the run's pods reach each other and DNS (and a hub where the spec reads from one),
 evaluated here as a network plugin evaluates NetworkPolicies (networking.k8s.io/v1 semantics: a pod selected
 for Egress by any policy may connect only where one of them allows)."""
 

@@ -1,4 +1,4 @@
-"""One cause, one stop, locally (issue 47.1): `gpt2bench run`'s sweep holds the runs that share an environment's
+"""One cause, one stop, locally: `gpt2bench run`'s sweep holds the runs that share an environment's
 cause, the others go on, and `--resume` runs the held ones once the user has fixed it. The rule is the operator's
 (`gpt2bench.diagnosis.holds`; tests/test_shared_cause_operator.py). The replicas are real processes of the local
 executor, each rendered job's command replaced by a few lines that end as a trainer would (its summary in the

@@ -185,7 +185,7 @@ def two_scales(name: str, **spec) -> dict:
 @pytest.mark.faults
 def test_a_worker_pod_security_refuses_fails_its_run_within_seconds_in_its_words_and_holds_the_multi_node_runs(
         benchmarks, trainer):
-    """Issue 47.2: the Master runs, the Worker is refused (the training operator's init container in a restricted
+    """The Master runs, the Worker is refused (the training operator's init container in a restricted
     namespace); before, the run waited for the 600 s start limit and said `1 of 2 pods created`."""
     name = "restricted"
     benchmarks.create(two_scales(name))

@@ -1,4 +1,4 @@
-"""Memory bounded in the number of steps (issue 28, item 7): a worker folds each step's record into running totals
+"""Memory bounded in the number of steps: a worker folds each step's record into running totals
 and drops it. The figures stay those docs/metrics.md defines: each is compared with the computation over the
 whole list of records that the trainer did before (kept here, as it was, as the reference)."""
 
