@@ -13,7 +13,7 @@ import pytest
 from kubeflow_crds import validate_job
 
 from gpt2bench.collect import MAX_REASON
-from gpt2bench.controller.decide import initial_status
+from gpt2bench.controller.sweepstatus import initial_status
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import render_all
 from gpt2bench.specification.kubesyntax import ANNOTATIONS_MAX_BYTES
