@@ -1,7 +1,7 @@
 """What the operator's start-up no longer loads: the kubernetes client's CoreV1Api and NetworkingV1Api.
 
 The operator reads pods, events and pod logs and creates ConfigMaps and NetworkPolicies by path
-(`controller/kube.py`, `_request`), on the same client, instead of through those two generated classes: loading
+(`controller/kube.py`, `request`), on the same client, instead of through those two generated classes: loading
 them (every method a pydantic `validate_call`) costs about a second of CPU in each operator process. This script
 measures it side by side, in fresh processes taken in turn: the operator's modules alone, and the same with the
 two classes loaded as the operator loaded them before.

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpt2bench import jobkinds as kinds
-from gpt2bench.controller import decide, kube, sweepstatus
+from gpt2bench.controller import decide, pods, sweepstatus
 from gpt2bench.controller.followedkinds import JOB_KINDS, missing_kind_reason
 from gpt2bench.plan import plan_runs
 from gpt2bench.specification.model import Benchmark
@@ -276,8 +276,8 @@ def test_termination_message_prefers_the_named_container_and_falls_back_to_last_
         {"name": "sidecar", "state": {"terminated": {"message": "not me"}}},
         {"name": "pytorch", "state": {"running": {}}, "lastState": {"terminated": {"message": '{"a": 1}'}}},
     ]}}
-    assert kube.termination_message(pod, container="pytorch") == '{"a": 1}'
-    assert kube.termination_message(None) is None
+    assert pods.termination_message(pod, container="pytorch") == '{"a": 1}'
+    assert pods.termination_message(None) is None
 
 
 def test_only_job_events_that_can_change_a_sweep_wake_it():

@@ -22,7 +22,7 @@ from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
 from trainer_v2_rules import restricted_problems
 
 from gpt2bench import collect
-from gpt2bench.controller.kube import termination_message
+from gpt2bench.controller.pods import termination_message
 from gpt2bench.jobkinds import (
     expected_pods,
     job_state,

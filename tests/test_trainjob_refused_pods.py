@@ -2,8 +2,8 @@
 
 Trainer v2 makes a JobSet named after the TrainJob, JobSet one batch/v1 Job per replicated job (labelled
 `jobset.sigs.k8s.io/jobset-name`), and the Job controller creates the pods; when the API server refuses one, the Job
-controller's `FailedCreate` Event is on that Job, not on the TrainJob. `kube.pod_events` of a TrainJob adds its Jobs'
-Events, chosen by that label (`kube.trainjob_jobs`). Here on data, then against the emulated API with the test
+controller's `FailedCreate` Event is on that Job, not on the TrainJob. `pods.pod_events` of a TrainJob adds its Jobs'
+Events, chosen by that label (`pods.trainjob_jobs`). Here on data, then against the emulated API with the test
 playing Trainer v2, JobSet, the Job controller (tests/kube/trainer_v2.py) and Pod Security (tests/kube/admission.py).
 """
 
@@ -20,7 +20,7 @@ from kube.fixtures import api_client
 from kube.trainer_v2 import TrainerV2, serve_builtins
 from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
 
-from gpt2bench.controller import kube
+from gpt2bench.controller import kube, pods
 from gpt2bench.diagnosis import startup
 from gpt2bench.plan import plan_runs
 from gpt2bench.render import dump_jobs, render_job
@@ -41,7 +41,7 @@ def test_a_trainjobs_jobs_are_its_jobsets_not_a_namesakes_prefix_or_an_earlier_n
     ours = [job("tj-node-0", "tj", "2026-11-29T04:00:01Z"), job("tj-launcher-0", "tj", "2026-11-29T04:00:09Z")]
     other = job("tj-node-node-0", "tj-node", "2026-11-29T04:00:02Z")  # TrainJob `tj-node`'s: its name starts with ours
     earlier = job("tj-node-0", "tj", "2026-11-29T03:59:58Z")  # a deleted namesake's, not yet garbage-collected
-    assert kube.trainjob_jobs(trainjob, [*ours, other, earlier]) == ours
+    assert pods.trainjob_jobs(trainjob, [*ours, other, earlier]) == ours
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_a_trainjobs_events_hold_its_jobs_failedcreate_and_not_another_trainjobs
     assert re.fullmatch(r'Error creating: pods "psa-node-node-0-\d-\w{5}" is forbidden: violates PodSecurity '
                         r'"restricted:latest": restricted volume types \(volume "datasets" uses restricted volume '
                         r'type "hostPath"\)', failed_create["message"]), failed_create["message"]
-    wait = startup.refused_creation(kube.pod_events(refused))
+    wait = startup.refused_creation(pods.pod_events(refused))
     assert wait == startup.StartWait(startup.START, f"job-controller FailedCreate: {failed_create['message']}")
-    assert startup.refused_creation(kube.pod_events(clean)) is None, "psa-node's Job is not psa's"
+    assert startup.refused_creation(pods.pod_events(clean)) is None, "psa-node's Job is not psa's"
     assert len(TrainerV2(client).pod_names("psa")) == 2 and TrainerV2(client).pod_names("psa-node") == []

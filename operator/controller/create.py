@@ -28,7 +28,7 @@ from gpt2bench.render import label_value, render_run
 from gpt2bench.specification.model import API_GROUP, KIND, Benchmark
 from gpt2bench.status import RunStatus
 
-from . import decide, kube, metrics
+from . import decide, kube, metrics, pods
 
 # The per-step records of a run: the GPT2BENCH_STEPS line near the end of the result pod's log.
 STEPS_LOG_LINES = 200
@@ -140,7 +140,7 @@ def keep_steps(owner: dict[str, Any], run: Run, job: dict[str, Any], pod: dict[s
     the cluster report draws its curves after the pods are gone. Best effort: never fails the run."""
     metadata = pod.get("metadata") or {}
     try:
-        log = kube.pod_log_tail(metadata.get("namespace") or owner["metadata"]["namespace"], metadata["name"],
+        log = pods.pod_log_tail(metadata.get("namespace") or owner["metadata"]["namespace"], metadata["name"],
                                 kinds.result_container(job), STEPS_LOG_LINES, STEPS_LOG_BYTES)
         records = collect.find_steps(log or "")
         if not records:

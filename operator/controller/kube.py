@@ -65,7 +65,7 @@ def _custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(_api())
 
 
-def _request(method: str, path: str, path_params: dict[str, str], query: dict[str, Any] | None = None,
+def request(method: str, path: str, path_params: dict[str, str], query: dict[str, Any] | None = None,
              body: Any = None) -> Any:
     """A core or networking API request by its path, as CoreV1Api and NetworkingV1Api make it (the same client:
     credentials, timeouts, Retry-After); the answer, read (`.data`). A non-2xx answer raises ApiException as
@@ -261,12 +261,12 @@ def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Crea
     Refused with the reason, so that no job starts without its policy. Transient errors raise."""
     namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     try:
-        _request("POST", NETWORK_POLICIES, {"namespace": namespace}, body=policy)
+        request("POST", NETWORK_POLICIES, {"namespace": namespace}, body=policy)
     except ApiException as exc:
         if transient(exc):
             raise
         if exc.status == 409:
-            response = _request("GET", NETWORK_POLICIES + "/{name}", {"namespace": namespace, "name": name})
+            response = request("GET", NETWORK_POLICIES + "/{name}", {"namespace": namespace, "name": name})
             existing = json.loads(response.data)
             if owner_uid is None or decide.controller_uid(existing) == owner_uid:
                 return Created(new=False)
@@ -351,71 +351,6 @@ def conflict(exc: BaseException) -> bool:
 # --- pods ---------------------------------------------------------------------------------------------
 
 
-def result_pod(job: dict[str, Any]) -> dict[str, Any] | None:
-    """The job's result pod (PyTorchJob master, MPIJob launcher, ...), found by the labels its controller
-    sets and chosen as the shared table says (the newest attempt)."""
-    response = _request("GET", PODS, {"namespace": job["metadata"]["namespace"]},
-                        {"labelSelector": kinds.result_pod_selector(job)})
-    return kinds.result_pod(job, json.loads(response.data).get("items", []))
-
-
-def job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every pod of a job, all replicas (workers too), as the API returns them."""
-    response = _request("GET", PODS, {"namespace": job["metadata"]["namespace"]},
-                        {"labelSelector": kinds.job_pod_selector(job)})
-    return json.loads(response.data).get("items", [])
-
-
-def pod_events(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    """The events about one pod or job (by its uid: a re-created pod of the same name has its own), as the API
-    returns them: the scheduler's, the kubelet's, the cluster autoscaler's about a pod; the job's controller's about
-    a job. A TrainJob's pods are created by the Job controller of each Job of its JobSet, which records the pods the
-    API server refused (`FailedCreate`) on that Job, not on the TrainJob: a TrainJob's events include its Jobs'."""
-    events = _events_about(obj.get("metadata") or {})
-    if obj.get("kind") == "TrainJob":
-        listed = _list_jobs(obj["metadata"]["namespace"], f"{kinds.JOBSET_NAME_LABEL}={obj['metadata']['name']}")
-        for job in trainjob_jobs(obj, listed):
-            events += _events_about(job["metadata"])
-    return events
-
-
-def _events_about(metadata: dict[str, Any]) -> list[dict[str, Any]]:
-    if not metadata.get("uid"):
-        return []
-    try:
-        response = _request("GET", EVENTS, {"namespace": metadata["namespace"]},
-                            {"fieldSelector": f"involvedObject.uid={metadata['uid']}"})
-    except ApiException as exc:
-        if exc.status == 403:  # an older Role without events list: the pods' own states still tell most waits
-            return []
-        raise
-    return json.loads(response.data).get("items", [])
-
-
-def _list_jobs(namespace: str, label_selector: str) -> list[dict[str, Any]]:
-    """batch/v1 Jobs by label; none when the Role does not allow listing them (one from before it did): the run
-    then waits for its start limit, as it did."""
-    try:
-        response = _request("GET", JOBS, {"namespace": namespace}, {"labelSelector": label_selector})
-    except ApiException as exc:
-        if exc.status == 403:
-            return []
-        raise
-    return json.loads(response.data).get("items", [])
-
-
-def trainjob_jobs(trainjob: dict[str, Any], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Of `jobs`, those of the TrainJob's JobSet: JobSet labels each Job with its JobSet's name
-    (`jobset.sigs.k8s.io/jobset-name`), and Trainer v2 names the JobSet after the TrainJob. A Job created before
-    the TrainJob belongs to an earlier namesake (a benchmark deleted and created again) that the garbage collector
-    has not removed yet: its refusals are not this run's."""
-    name = trainjob["metadata"]["name"]
-    created = trainjob["metadata"].get("creationTimestamp") or ""  # RFC 3339 in UTC, to the second: sorts as text
-    return [job for job in jobs
-            if ((job.get("metadata") or {}).get("labels") or {}).get(kinds.JOBSET_NAME_LABEL) == name
-            and (job["metadata"].get("creationTimestamp") or "") >= created]
-
-
 def delete_job(job: dict[str, Any]) -> None:
     """Delete a job and, through the garbage collector, its pods (a 404 is done already)."""
     kind = JOB_KINDS[job["kind"]]
@@ -427,36 +362,9 @@ def delete_job(job: dict[str, Any]) -> None:
             raise
 
 
-def pod_log_tail(namespace: str, pod: str, container: str, lines: int, limit_bytes: int,
-                 previous: bool = False) -> str | None:
-    """The last `lines` lines of a container's log (at most `limit_bytes`; `previous`: of the container before its
-    last restart), or None when it cannot be read."""
-    try:
-        response = _request("GET", PODS + "/{name}/log", {"namespace": namespace, "name": pod},
-                            {"container": container, "tailLines": lines, "limitBytes": limit_bytes,
-                             "previous": previous or None})
-    except ApiException:
-        return None
-    return response.data.decode("utf-8", errors="replace")
-
-
-def termination_message(pod: dict[str, Any] | None, container: str | None = None) -> str | None:
-    """The first non-empty termination message of the pod's containers (the named one first)."""
-    if not pod:
-        return None
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    statuses = sorted(statuses, key=lambda s: s.get("name") != container)
-    for status in statuses:
-        for state in ("state", "lastState"):
-            terminated = (status.get(state) or {}).get("terminated") or {}
-            if terminated.get("message"):
-                return terminated["message"]
-    return None
-
-
 def benchmark_events(namespace: str, uid: str | None) -> list[dict[str, Any]]:
     """The Events about the benchmark of `uid` (involvedObject.uid), as the API returns them."""
-    response = _request("GET", EVENTS, {"namespace": namespace}, {"fieldSelector": f"involvedObject.uid={uid}"})
+    response = request("GET", EVENTS, {"namespace": namespace}, {"fieldSelector": f"involvedObject.uid={uid}"})
     return json.loads(response.data).get("items", [])
 
 
@@ -468,10 +376,10 @@ def save_configmap(config_map: dict[str, Any], owner_uid: str | None) -> bool:
     (False)."""
     namespace, name = config_map["metadata"]["namespace"], config_map["metadata"]["name"]
     try:
-        _request("POST", CONFIG_MAPS, {"namespace": namespace}, body=config_map)
+        request("POST", CONFIG_MAPS, {"namespace": namespace}, body=config_map)
     except ApiException as exc:
         if exc.status != 409:
             raise
-        response = _request("GET", CONFIG_MAPS + "/{name}", {"namespace": namespace, "name": name})
+        response = request("GET", CONFIG_MAPS + "/{name}", {"namespace": namespace, "name": name})
         return decide.controller_uid(json.loads(response.data)) == owner_uid
     return True

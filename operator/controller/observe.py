@@ -37,8 +37,8 @@ def observe_step(fresh: dict[str, Any], now: str, overwritten: str | None) -> Ob
 
 
 def _result(job: dict[str, Any], finished: decide.Finished, now: str) -> Result:
-    pod = kube.result_pod(job)
-    message = kube.termination_message(pod, container=kinds.result_container(job))
+    pod = pods.result_pod(job)
+    message = pods.termination_message(pod, container=kinds.result_container(job))
     if finished.job_succeeded:
         return Result(pod, message)
     cause, why = pods.failure(job, finished.job_message, now)  # the first pod that failed, then the controller's word
