@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -18,12 +19,11 @@ from gpt2bench.trainer.breakdown import (
     PHASES,
     SUM_TOLERANCE,
     SUM_TOLERANCE_SECONDS,
+    BreakdownTotals,
     CommTimer,
     StepComm,
     bus_factor,
-    parts_sum,
     resolve,
-    summarize_breakdown,
     union_length,
 )
 
@@ -39,6 +39,20 @@ class HostClock:
 
     def seconds(self, start, end):
         return end - start
+
+
+def parts_sum(record: dict[str, Any]) -> float:
+    """data + forward + backward + optimizer + other + exposed communication: the step time, within
+    SUM_TOLERANCE (what docs/metrics.md promises; checked below)."""
+    return sum(record[f"{name}_seconds"] for name in PHASES) + (record.get("comm_exposed_seconds") or 0.0)
+
+
+def summarize_breakdown(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """`BreakdownTotals.figures()` of a list of records."""
+    totals = BreakdownTotals()
+    for record in records:
+        totals.add(record)
+    return totals.figures()
 
 
 def test_union_length_merges_and_clips():

@@ -12,12 +12,13 @@ import tracemalloc
 
 import pytest
 import torch
+from test_trainer_breakdown import summarize_breakdown
 from test_trainer_units import FakeClock
 
 from gpt2bench.conventions import MAX_STEPS_LINE
 from gpt2bench.trainer import aggregates
 from gpt2bench.trainer.aggregates import StepTimes, ThinnedSteps, fold
-from gpt2bench.trainer.breakdown import PHASES, summarize_breakdown
+from gpt2bench.trainer.breakdown import PHASES
 from gpt2bench.trainer.config import TrainConfig
 from gpt2bench.trainer.metrics import MetricsProcessor
 from gpt2bench.trainer.stationarity import halves_ratio

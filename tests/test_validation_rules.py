@@ -345,9 +345,9 @@ def _all_rules() -> list[dict]:
 
 @pytest.mark.parametrize("example", ["cpu-sweep.yaml", "gpu-papers.yaml"])
 def test_the_examples_pass_both(example):
-    from gpt2bench.specification.documents import read_document
+    from gpt2bench.specification.documents import parse_document
 
-    doc = read_document(str(crd.REPO / "manifests" / "examples" / example))
+    doc = parse_document((crd.REPO / "manifests" / "examples" / example).read_bytes())
     load_benchmark(doc)
     validate_custom_resource(doc, VERSION, strict=True)
 

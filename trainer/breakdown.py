@@ -207,12 +207,6 @@ def resolve(clock, start, end, marks: list[tuple[str, Any]], comm: StepComm | No
     return record
 
 
-def parts_sum(record: dict[str, Any]) -> float:
-    """data + forward + backward + optimizer + other + exposed communication: the step time, within
-    SUM_TOLERANCE (checked by tests/test_trainer_breakdown.py)."""
-    return sum(record[f"{name}_seconds"] for name in PHASES) + (record.get("comm_exposed_seconds") or 0.0)
-
-
 class BreakdownTotals:
     """Running sums of the breakdown over measured steps, one record at a time (memory does not grow with steps)."""
 
@@ -260,11 +254,3 @@ class BreakdownTotals:
         # Σ bytes × bus factor / Σ seconds: each step's bus bandwidth weighted by its seconds
         out["comm_bus_bandwidth"] = {k: self.moved[k] / self.kind_seconds[k] for k in kinds if self.kind_seconds[k] > 0}
         return out
-
-
-def summarize_breakdown(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """`BreakdownTotals.figures()` of a list of records."""
-    totals = BreakdownTotals()
-    for record in records:
-        totals.add(record)
-    return totals.figures()

@@ -131,13 +131,6 @@ def parse_documents(data: bytes) -> list[Document]:
         raise DocumentError(f"{where}{exc}", number) from None
 
 
-def read_document(path: str) -> Any:
-    """The one YAML document of the file at `path` (None when it has none). Raises OSError or DocumentError."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_FILE_BYTES + 1)
-    return parse_document(data)
-
-
 def parse_document(data: bytes) -> Any:
     """The one document in `data` (None when it has none); a stream of several is refused. Raises DocumentError."""
     found = parse_documents(data)

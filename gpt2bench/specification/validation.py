@@ -5,8 +5,7 @@
   `render` reads it (how a file is read, and its limits: gpt2bench.specification.documents);
 - `load_benchmark(document)`: a whole resource as `kubectl apply` sends it: apiVersion, kind, metadata
   (names, labels, annotations as the API server checks them), spec, and its size;
-- `validate_spec(spec)`: the spec alone, as the operator gets it from the API server;
-- `results_spec(document)`: the spec of a results document, for `gpt2bench report`.
+- `validate_spec(spec)`: the spec alone, as the operator gets it from the API server.
 
 Each raises `SpecError` listing every problem as (field path as written, message). The models and their
 rules are in gpt2bench.specification.model, which re-exports these names. Rules and where each is enforced:
@@ -18,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import typing
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -254,10 +252,3 @@ def document_label(document: documents.Document, count: int) -> str | None:
     name = metadata.get("name") if isinstance(metadata, dict) else None
     named = f"{name}, " if isinstance(name, str) and name else ""
     return f"document {document.number} ({named}line {document.line})"
-
-
-def results_spec(document: Mapping[str, Any]) -> GPT2BenchmarkSpec | None:
-    """The spec a results document (results.json, or a GPT2Benchmark read back by `report --cluster`) was run
-    with, checked by the same validation as a GPT2Benchmark's; None when it records none. Raises SpecError."""
-    spec = document.get("spec") if isinstance(document, Mapping) else None
-    return validate_spec(spec) if spec else None
