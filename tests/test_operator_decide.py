@@ -12,7 +12,7 @@ from gpt2bench.controller.followedkinds import JOB_KINDS, missing_kind_reason
 from gpt2bench.plan import plan_runs
 from gpt2bench.specification.model import Benchmark
 from gpt2bench.specification.validation import validate_spec
-from gpt2bench.status import BenchmarkStatus, RunStatus
+from gpt2bench.status import BenchmarkStatus, RunStatus, overall_phase
 
 NOW = "2026-11-22T00:00:00Z"
 
@@ -184,7 +184,7 @@ def test_finish_entry_collects_the_summary_or_the_reason():
 )
 def test_overall_phase(phases, overall):
     entries = sweepstatus.initial_status(_runs(("single", "ddp")), 1, NOW).runs
-    assert decide.overall_phase([e.model_copy(update={"phase": p}) for e, p in zip(entries, phases)]) == overall
+    assert overall_phase([e.model_copy(update={"phase": p}) for e, p in zip(entries, phases)]) == overall
 
 
 def test_summarize_picks_the_fastest_run_and_completes_once():

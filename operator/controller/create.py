@@ -1,6 +1,6 @@
-"""Acting on a step's decisions: the jobs of the runs to start are created (with their NetworkPolicy), a run
-held by a refused creation is tried again, stray jobs deleted, finished runs' per-step records kept in a
-ConfigMap. Idempotent: a job that exists already is adopted, not created twice."""
+"""Acting on a step's decisions: the jobs of the runs to start are created (with their NetworkPolicy, and a
+TrainJob with resource claims after its benchmark's own TrainingRuntime), a run held by a refused creation is
+tried again, stray jobs deleted, finished runs' per-step records kept in a ConfigMap. Idempotent: a job that exists already is adopted, not created twice."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run
 from gpt2bench.render import label_value, render_run
 from gpt2bench.specification.model import API_GROUP, KIND, Benchmark
-from gpt2bench.status import RunStatus
+from gpt2bench.status import PENDING, RunStatus
 
 from . import decide, kube, metrics, pods
 
@@ -62,9 +62,9 @@ def start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], ent
         for name in chosen:
             tried.add(name)
             run, entry = by_name[name], current[name]
-            *policy, job = render_run(benchmark, run)
+            *before, job = render_run(benchmark, run)
             try:
-                outcome = create_run(owner, benchmark, policy, job)
+                outcome = create_run(owner, benchmark, before, job)
             except Exception as exc:
                 if not kube.transient(exc):
                     raise
@@ -80,7 +80,7 @@ def start_runs(owner: dict[str, Any], benchmark: Benchmark, runs: list[Run], ent
                 current[name] = decide.failed_entry(run, entry, outcome.reason, now)
                 if outcome.kind_missing:  # every run of that kind would meet the same answer
                     for other, pending in current.items():
-                        if pending.job_kind == run.job_kind and pending.phase == decide.PENDING:
+                        if pending.job_kind == run.job_kind and pending.phase == PENDING:
                             current[other] = decide.failed_entry(by_name[other], pending, outcome.reason, now)
                 continue
             if outcome.new:
@@ -121,14 +121,19 @@ def deleted_since(owner: dict[str, Any]) -> bool:
     return now is None or bool(now["metadata"].get("deletionTimestamp")) or now["metadata"].get("uid") != metadata.get("uid")
 
 
-def create_run(owner: dict[str, Any], benchmark: Benchmark, policy: list[dict[str, Any]],
+# What render_run puts before a run's job, and how each is created (idempotent, refusing another owner's namesake).
+CREATE_BEFORE_JOB = {"NetworkPolicy": kube.create_network_policy, "TrainingRuntime": kube.create_training_runtime}
+
+
+def create_run(owner: dict[str, Any], benchmark: Benchmark, before: list[dict[str, Any]],
                job: dict[str, Any]) -> kube.Created | kube.Refused:
-    """A run's NetworkPolicy (when the spec has one), then its job, both owned by the benchmark (the API
-    server's garbage collector deletes them with it): the job's pods never run without their policy."""
-    for child in (*policy, job):
+    """A run's NetworkPolicy (when the spec has one) and its own TrainingRuntime (a TrainJob with resource
+    claims), then its job, all owned by the benchmark (the API server's garbage collector deletes them with it):
+    the job's pods never run without their policy, and a TrainJob never names a runtime that is not there."""
+    for child in (*before, job):
         kopf.adopt(child, owner=owner, strict=True)  # render labels them; ownership is the operator's
-    for child in policy:
-        outcome = kube.create_network_policy(child, benchmark.uid)
+    for child in before:
+        outcome = CREATE_BEFORE_JOB[child["kind"]](child, benchmark.uid)
         if isinstance(outcome, kube.Refused):
             return outcome
     return kube.create_job(job, benchmark.uid)

@@ -21,29 +21,17 @@ from gpt2bench.clock import parse_rfc3339
 from gpt2bench.diagnosis import holds
 from gpt2bench.plan import Run
 from gpt2bench.specification.model import API_GROUP, Benchmark
-from gpt2bench.status import (  # noqa: F401 (the phases are part of this module's vocabulary)
-    COMPLETE,
+from gpt2bench.status import (
     FAILED,
-    FAILED_CONDITION,
-    FINISHED_CONDITION,
     FINISHED_PHASES,
     INVALID,
-    PARTIALLY_SUCCEEDED,
     PENDING,
     QUEUED,
-    QUEUED_CONDITION,
-    READY,
     RUNNING,
-    SKIPPED,
-    SPEC_CHANGE_IGNORED,
-    SPEC_UNREADABLE,
     SUCCEEDED,
     TERMINAL_RUN_PHASES,
     BenchmarkStatus,
-    Condition,
     RunStatus,
-    best_run,
-    overall_phase,
 )
 
 from . import starting

@@ -9,7 +9,17 @@ from typing import Any
 import kopf
 
 from gpt2bench.diagnosis import holds
-from gpt2bench.status import BenchmarkStatus, RunStatus, fabric_warnings
+from gpt2bench.status import (
+    FAILED,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    SKIPPED,
+    SUCCEEDED,
+    BenchmarkStatus,
+    RunStatus,
+    fabric_warnings,
+)
 
 from . import decide, metrics
 
@@ -42,16 +52,16 @@ def post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs: 
     changed = decide.transitions(old_runs, new_runs)
     failures: dict[str, list[str]] = {}
     for entry, _ in changed:
-        if entry.phase == decide.FAILED:
+        if entry.phase == FAILED:
             failures.setdefault(entry.reason or "", []).append(entry.name)
     for reason, names in failures.items():
         if len(names) >= GROUPED_EVENTS_FROM:
             listed = ", ".join(names[:3]) + f" and {len(names) - 3} more"
             post(body, "Warning", "RunFailed", f"{len(names)} runs ({listed}): {reason}")
     for entry, before in changed:
-        if entry.phase == decide.SUCCEEDED:
+        if entry.phase == SUCCEEDED:
             metrics.RUNS_SUCCEEDED.labels(namespace).inc()
-        elif entry.phase == decide.FAILED:
+        elif entry.phase == FAILED:
             metrics.RUNS_FAILED.labels(namespace).inc()
             if len(failures[entry.reason or ""]) >= GROUPED_EVENTS_FROM:
                 continue  # said by the grouped Event
@@ -59,7 +69,7 @@ def post_transitions(body: dict[str, Any], old_runs: list[RunStatus], new_runs: 
             post(body, type_, reason, message)
     for type_, reason, message in held_events(old_runs, new_runs):
         post(body, type_, reason, message)
-    if summary.phase != decide.RUNNING and phase_before in (decide.RUNNING, decide.PENDING):
+    if summary.phase != RUNNING and phase_before in (RUNNING, PENDING):
         post(body, *sweep_event(summary))
 
 
@@ -78,22 +88,22 @@ def held_events(old_runs: list[RunStatus], new_runs: list[RunStatus]) -> list[tu
 
 def run_events(entry: RunStatus, before: str | None) -> list[tuple[str, str, str]]:
     """(type, reason, message) of the Events a run's new phase posts (`before`: its phase before)."""
-    if entry.phase == decide.RUNNING and before == decide.QUEUED:
+    if entry.phase == RUNNING and before == QUEUED:
         return [("Normal", "RunAdmitted", f"{entry.name}: job {entry.job_name} resumed")]
-    if entry.phase == decide.RUNNING:
+    if entry.phase == RUNNING:
         return [("Normal", "RunStarted", f"{entry.name}: job {entry.job_name} created")]
-    if entry.phase == decide.QUEUED:
+    if entry.phase == QUEUED:
         return [("Normal", "RunQueued", f"{entry.name}: job {entry.job_name} is suspended, waiting for its queue")]
-    if entry.phase == decide.SUCCEEDED:
+    if entry.phase == SUCCEEDED:
         tps = entry.results.tokens_per_second if entry.results else None
         # a figure that is not what its scale says (docs/clusters.md)
         return [("Normal", "RunSucceeded", f"{entry.name}: {tps} tokens/s"),
                 *(("Warning", "RunOffItsFabric", warning) for warning in fabric_warnings(entry))]
-    if entry.phase == decide.FAILED:
+    if entry.phase == FAILED:
         return [("Warning", "RunFailed", f"{entry.name}: {entry.reason}")]
-    if entry.phase == decide.PENDING and (entry.reason or "").startswith(decide.RERUN):
+    if entry.phase == PENDING and (entry.reason or "").startswith(decide.RERUN):
         return [("Warning", "RunPreempted", f"{entry.name}: {entry.reason}")]
-    if entry.phase == decide.SKIPPED:  # the trainer chose not to train (e.g. emulated bf16): not a failure
+    if entry.phase == SKIPPED:  # the trainer chose not to train (e.g. emulated bf16): not a failure
         return [("Normal", "RunSkipped", f"{entry.name}: {entry.reason}")]
     return []
 
@@ -102,4 +112,4 @@ def sweep_event(summary: BenchmarkStatus) -> tuple[str, str, str]:
     """(type, reason, message) of a finished sweep's Event."""
     best = summary.best
     text = f"{summary.message}; best: {best.run if best else None} ({best.tokens_per_second if best else None} tokens/s)"
-    return "Normal" if summary.phase == decide.SUCCEEDED else "Warning", f"Sweep{summary.phase}", text
+    return "Normal" if summary.phase == SUCCEEDED else "Warning", f"Sweep{summary.phase}", text

@@ -27,6 +27,7 @@ import kopf
 
 from gpt2bench.conventions import MANAGED_BY, MANAGED_BY_LABEL
 from gpt2bench.specification.model import API_GROUP, API_VERSION, PLURAL
+from gpt2bench.status import PENDING, RUNNING
 
 from . import apiclient, create, decide, kube, liveness, metrics, poll, prerequisites, recovery, sweep, watchguard
 from .followedkinds import JOB_KINDS
@@ -42,7 +43,7 @@ RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 
 def _not_finished(status: kopf.Status, **_: Any) -> bool:
     """Pending (a start to try again) or Running (a sweep to follow): the states the poll looks after."""
-    return status.get("phase") in (decide.PENDING, decide.RUNNING)
+    return status.get("phase") in (PENDING, RUNNING)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,13 @@ from gpt2bench import __version__
 from gpt2bench import jobkinds as kinds
 from gpt2bench.conventions import BENCHMARK_LABEL, TRAINJOB_API
 from gpt2bench.render import label_value
-from gpt2bench.render.runtimes import RUNTIME_KIND, RUNTIME_PLURAL, runtime_problems
+from gpt2bench.render.runtimes import (
+    NAMESPACED_RUNTIME_KIND,
+    NAMESPACED_RUNTIME_PLURAL,
+    RUNTIME_KIND,
+    RUNTIME_PLURAL,
+    runtime_problems,
+)
 from gpt2bench.specification.model import API_GROUP, API_VERSION, PLURAL
 
 from . import apiclient, decide
@@ -231,9 +237,16 @@ def _runtime_refusal(job: dict[str, Any]) -> Refused | None:
     webhook would refuse some with less to go on, and would let the others start half-right. Without Trainer v2
     at all, the kind is what is missing."""
     ref = kinds.runtime_ref(job)
-    if not ref or ref.get("kind", RUNTIME_KIND) != RUNTIME_KIND:
+    if not ref:
         return None
     group, version = TRAINJOB_API.split("/")
+    if ref.get("kind") == NAMESPACED_RUNTIME_KIND:  # the benchmark's own, created just before (create_run)
+        runtime = _custom().get_namespaced_custom_object(group, version, job["metadata"]["namespace"],
+                                                         NAMESPACED_RUNTIME_PLURAL, ref["name"])
+        problems = runtime_problems(job, runtime)
+        return Refused("; ".join(problems)) if problems else None
+    if ref.get("kind", RUNTIME_KIND) != RUNTIME_KIND:
+        return None
     try:
         runtime = _custom().get_cluster_custom_object(group, version, RUNTIME_PLURAL, ref["name"])
     except ApiException as exc:
@@ -277,6 +290,38 @@ def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Crea
         reason, message = api_message(exc)
         return Refused(decide.refused_reason(name, "NetworkPolicy", exc.status, reason, message)
                        + " (spec.networkPolicy.enabled: false runs without it)")
+    return Created(new=True)
+
+
+def create_training_runtime(runtime: dict[str, Any], owner_uid: str | None) -> Created | Refused:
+    """Create a benchmark's own TrainingRuntime (render.trainjob.claims_runtime), before the TrainJob that names it.
+    Its runs share it: a 409 is fine when its controller is `owner_uid` (created for an earlier run, or before a
+    restart); a namesake of another owner, a cluster that does not serve TrainingRuntimes (`kind_missing`: every
+    TrainJob of the benchmark names one) and a runtime the API server refuses (403, 422) are Refused with the
+    reason. Transient errors raise."""
+    group, version = TRAINJOB_API.split("/")
+    namespace, name = runtime["metadata"]["namespace"], runtime["metadata"]["name"]
+    try:
+        _custom().create_namespaced_custom_object(group, version, namespace, NAMESPACED_RUNTIME_PLURAL, runtime)
+    except ApiException as exc:
+        if transient(exc):
+            raise
+        if exc.status == 409:
+            existing = _custom().get_namespaced_custom_object(group, version, namespace, NAMESPACED_RUNTIME_PLURAL,
+                                                              name)
+            if owner_uid is None or decide.controller_uid(existing) == owner_uid:
+                return Created(new=False)
+            return Refused(f"a {NAMESPACED_RUNTIME_KIND} named {name} already exists in {namespace} and belongs to "
+                           f"{decide.owner_description(existing)}, not to this GPT2Benchmark (uid {owner_uid}): its "
+                           f"pods would not be this run's. Delete that {NAMESPACED_RUNTIME_KIND}, or give this "
+                           f"benchmark another name")
+        if exc.status == 404 and not served_versions(group, NAMESPACED_RUNTIME_PLURAL):
+            return Refused(f"{NAMESPACED_RUNTIME_KIND} {TRAINJOB_API} is not served by this cluster: a TrainJob with "
+                           f"resource claims (spec.pods.resourceClaims) runs on a {NAMESPACED_RUNTIME_KIND} of its "
+                           f"benchmark's own; install Kubeflow Trainer v2 with its CRDs, or use backend pytorchjob",
+                           kind_missing=True)
+        reason, message = api_message(exc)
+        return Refused(decide.refused_reason(name, NAMESPACED_RUNTIME_KIND, exc.status, reason, message))
     return Created(new=True)
 
 

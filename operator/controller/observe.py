@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpt2bench import jobkinds as kinds
+from gpt2bench.status import RUNNING
 
 from . import decide, kube, pinning, pods
 from .decide import Observed, Result
@@ -27,7 +28,7 @@ def observe_step(fresh: dict[str, Any], now: str, overwritten: str | None) -> Ob
     done, started = {f.name for f in seen.finished}, set(seen.started)
     starts = {entry.name: pods.observe_start(entry, jobs[entry.job_name]) for entry in entries
               if entry.job_name in jobs and entry.name not in done and entry.name not in seen.queued
-              and (entry.name in started or entry.phase == decide.RUNNING)}
+              and (entry.name in started or entry.phase == RUNNING)}
     return Observed(
         status=status, benchmark=benchmark, runs=runs, jobs=jobs,
         strays={name: job for name, job in owned.items() if name not in held},

@@ -18,7 +18,7 @@ from gpt2bench.conventions import (
 from gpt2bench.plan import Run, plan_runs, stopped_configurations
 from gpt2bench.specification.model import API_GROUP, Benchmark
 from gpt2bench.specification.validation import SpecError, validate_spec
-from gpt2bench.status import BenchmarkStatus
+from gpt2bench.status import RUNNING, SPEC_UNREADABLE, BenchmarkStatus
 
 from . import decide, events, kube, sweepstatus
 
@@ -79,7 +79,7 @@ def ignore_edit(fresh: dict[str, Any], now: str) -> None:
     metadata, stored = fresh["metadata"], fresh.get("status") or {}
     condition = sweepstatus.spec_ignored_condition(metadata.get("generation") or 0, stored.get("observedGeneration"),
                                                    now)
-    if stored.get("phase") != decide.RUNNING:
+    if stored.get("phase") != RUNNING:
         conditions = BenchmarkStatus.read({"conditions": stored.get("conditions") or []}).conditions
         kube.patch_status(metadata.get("namespace") or "default", metadata["name"],
                           {"conditions": [c.dump() for c in sweepstatus.set_condition(conditions or [], condition)]},
@@ -127,12 +127,12 @@ def hold_unreadable(fresh: dict[str, Any], reason: str, now: str, logger: loggin
     nothing is created or collected, and no handler error repeats it every poll."""
     metadata, stored = fresh["metadata"], fresh.get("status") or {}
     conditions = [c for c in stored.get("conditions") or [] if isinstance(c, dict)]
-    held = next((c for c in conditions if c.get("type") == decide.SPEC_UNREADABLE), None)
+    held = next((c for c in conditions if c.get("type") == SPEC_UNREADABLE), None)
     if held and held.get("status") == "True" and held.get("message") == reason:
         return
     condition = sweepstatus.spec_unreadable_condition(reason, now, metadata.get("generation"))
     kube.patch_status(metadata.get("namespace") or "default", metadata["name"],
-                      {"message": reason, "conditions": [c for c in conditions if c.get("type") != decide.SPEC_UNREADABLE]
+                      {"message": reason, "conditions": [c for c in conditions if c.get("type") != SPEC_UNREADABLE]
                        + [condition.dump()]}, version(fresh))
     events.post(fresh, "Warning", "SpecUnreadable", reason)
     logger.info("%s", reason)

@@ -22,9 +22,9 @@ from typing import Any
 import kopf
 
 from gpt2bench.clock import parse_rfc3339
-from gpt2bench.status import BenchmarkStatus
+from gpt2bench.status import FINISHED_PHASES, RUNNING, TERMINAL_RUN_PHASES, BenchmarkStatus
 
-from . import decide, kube, sweepstatus
+from . import kube, sweepstatus
 from .events import run_events, sweep_event
 from .state import OperatorState
 
@@ -42,11 +42,11 @@ def expected_events(status: BenchmarkStatus, now: datetime.datetime) -> list[tup
     since = now - datetime.timedelta(seconds=EVENT_TTL_SECONDS)
     expected = []
     for entry in status.runs or []:
-        at = entry.completion_time if entry.phase in decide.TERMINAL_RUN_PHASES else entry.start_time
-        if entry.phase not in (*decide.TERMINAL_RUN_PHASES, decide.RUNNING) or not at or parse_rfc3339(at) < since:
+        at = entry.completion_time if entry.phase in TERMINAL_RUN_PHASES else entry.start_time
+        if entry.phase not in (*TERMINAL_RUN_PHASES, RUNNING) or not at or parse_rfc3339(at) < since:
             continue
         expected += [(entry.name, type_, reason, message, at) for type_, reason, message in run_events(entry, None)]
-    if status.phase in decide.FINISHED_PHASES and status.completion_time and \
+    if status.phase in FINISHED_PHASES and status.completion_time and \
             parse_rfc3339(status.completion_time) >= since:
         expected.append((None, *sweep_event(status), status.completion_time))
     return expected

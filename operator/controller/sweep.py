@@ -26,7 +26,7 @@ from gpt2bench import __version__
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.specification.model import Benchmark
 from gpt2bench.specification.validation import SpecError
-from gpt2bench.status import BenchmarkStatus
+from gpt2bench.status import FINISHED_PHASES, INVALID, PENDING, RUNNING, BenchmarkStatus
 
 from . import create, decide, events, kube, liveness, metrics, observe, pinning, sweepstatus
 from .state import OperatorState
@@ -91,11 +91,11 @@ def _advance_once(state: OperatorState, namespace: str, name: str, logger: loggi
     stored = fresh.get("status") or {}
     phase = stored.get("phase")
     if not sweepstatus.sweep_started(stored):
-        if phase != decide.INVALID or edited:  # an Invalid spec waits for an edit
+        if phase != INVALID or edited:  # an Invalid spec waits for an edit
             _start_or_wait(state, fresh, now, logger)
         return []
     overwritten = decide.foreign_phase(stored)  # another writer's phase: the runs say the sweep still runs
-    if phase == decide.RUNNING or overwritten:
+    if phase == RUNNING or overwritten:
         try:
             finished = [(fresh, *done) for done in _step(state, fresh, now, logger, overwritten)]
         except pinning.Unreadable as unreadable:
@@ -106,7 +106,7 @@ def _advance_once(state: OperatorState, namespace: str, name: str, logger: loggi
         return finished
     if edited:
         pinning.ignore_edit(fresh, now)
-    if phase in decide.FINISHED_PHASES:  # a restarted operator serves its metric again
+    if phase in FINISHED_PHASES:  # a restarted operator serves its metric again
         try:
             _export(fresh, BenchmarkStatus.read(stored))
         except ValueError as exc:  # written by a later version: nothing to serve
@@ -129,7 +129,7 @@ def _start_or_wait(state: OperatorState, fresh: dict[str, Any], now: str, logger
         stored = fresh.get("status") or {}
         logger.info("sweep not started yet: %s", reason)
         metrics.RECONCILE_ERRORS.labels(metadata.get("namespace") or "").inc()  # not raised: counted here
-        if stored.get("phase") == decide.PENDING and stored.get("message") == status.message:
+        if stored.get("phase") == PENDING and stored.get("message") == status.message:
             return  # said already: the timer tries again, no Event each time
         kube.patch_status(metadata.get("namespace") or "default", metadata["name"],  # raises: kopf retries
                           sweepstatus.replacing(stored, status.dump()), pinning.version(fresh))
@@ -175,7 +175,7 @@ def _start_first_runs(fresh: dict[str, Any], benchmark: Benchmark, runs: list[Ru
                       started: dict[str, Any], now: str, logger: logging.Logger) -> None:
     # No job listing: none of ours can exist yet; a namesake's answers 409 and is refused (not ours).
     new_runs = create.start_runs(fresh, benchmark, runs, status.runs or [], {}, now, logger)
-    if any(r.phase == decide.RUNNING for r in new_runs):  # a job was created (not only refused)
+    if any(r.phase == RUNNING for r in new_runs):  # a job was created (not only refused)
         metrics.observe_first_job(fresh["metadata"].get("creationTimestamp"), now)
     summary = sweepstatus.summarize(status, new_runs, now, benchmark.spec)
     _export(fresh, summary)
@@ -183,14 +183,14 @@ def _start_first_runs(fresh: dict[str, Any], benchmark: Benchmark, runs: list[Ru
     changed = {key: value for key, value in summary.dump().items() if written.get(key) != value}
     if changed:
         kube.patch_status(benchmark.namespace, benchmark.name, changed, pinning.version(started))
-    events.post_transitions(fresh, status.runs or [], new_runs, summary, decide.PENDING)
+    events.post_transitions(fresh, status.runs or [], new_runs, summary, PENDING)
 
 
 def _reject(fresh: dict[str, Any], error: SpecError, now: str) -> None:
     """Invalid spec: say which fields in status and in an Event, create nothing; an edit starts it again."""
     metadata, stored = fresh["metadata"], fresh.get("status") or {}
     status = sweepstatus.invalid_status(error.errors, metadata.get("generation"), now)
-    if stored.get("phase") == decide.INVALID and stored.get("message") == status.message and \
+    if stored.get("phase") == INVALID and stored.get("message") == status.message and \
             stored.get("observedGeneration") == status.observed_generation:
         return  # said already (a retry, a restart)
     kube.patch_status(metadata.get("namespace") or "default", metadata["name"], sweepstatus.replacing(stored, status.dump()),
@@ -250,6 +250,6 @@ def _say_stray(owner: dict[str, Any], job_name: str, logger: logging.Logger) -> 
 
 def _export(obj: dict[str, Any], status: BenchmarkStatus) -> None:
     """The recommendations as the operator's info metric (for Grafana's table), once the sweep is done."""
-    if status.phase in decide.FINISHED_PHASES:
+    if status.phase in FINISHED_PHASES:
         metadata = obj["metadata"]
         metrics.export_recommendations(metadata.get("namespace") or "", metadata["name"], status.analysis)
