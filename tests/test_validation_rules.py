@@ -223,9 +223,6 @@ SHARED = [
      "spec.scheduling.priorityClassName", "a TrainJob cannot set its pods' priorityClassName"),
     ("host-network-concurrency", with_(pods={"hostNetwork": True}, concurrency=2), "spec.concurrency",
      "pods.hostNetwork needs concurrency 1"),
-    ("trainjob-resource-claims", with_(backend="trainjob", pods={"resourceClaims": [
-        {"name": "efa", "resourceClaimTemplateName": "efa"}]}), "spec.pods.resourceClaims",
-     "a TrainJob cannot give its pods resource claims"),
     ("resource-claim-without-source", with_(pods={"resourceClaims": [{"name": "efa"}]}),
      "spec.pods.resourceClaims[0].resourceClaimTemplateName",
      "set exactly one of resourceClaimTemplateName and resourceClaimName"),

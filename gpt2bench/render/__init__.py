@@ -8,7 +8,9 @@ The job kind follows the run's resolved backend (gpt2bench.jobkinds, docs/backen
 - `pods`: what their pods share, built once per run (`run_pods`: labels, env, volumes, ports, resources,
   scheduling, run policy), which each kind's renderer (`RENDERERS`) turns into its job in one pass;
 - `netpol`: the NetworkPolicy rendered with each run's job (`render_run`), which the operator creates before
-  the job and `gpt2bench render` prints; the local runner executes the job alone (`render_job`).
+  the job and `gpt2bench render` prints; the local runner executes the job alone (`render_job`), on its
+  runtime when it names the benchmark's own (`run_runtimes`: a TrainJob with resource claims, trainjob.
+  claims_runtime).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from gpt2bench.render.mpijob import render_mpijob
 from gpt2bench.render.netpol import render_network_policy
 from gpt2bench.render.pods import label_value, run_pods
 from gpt2bench.render.pytorchjob import render_pytorchjob
-from gpt2bench.render.trainjob import render_trainjob
+from gpt2bench.render.trainjob import claims_runtime, render_trainjob
 from gpt2bench.specification.model import Benchmark
 
 # Each kind's renderer writes its job in one pass over the run's shared pod template (pods.run_pods).
 RENDERERS = {"PyTorchJob": render_pytorchjob, "MPIJob": render_mpijob, "TrainJob": render_trainjob}
 
-__all__ = ["dump_jobs", "label_value", "render_all", "render_job", "render_objects", "render_run"]
+__all__ = ["dump_jobs", "label_value", "render_all", "render_job", "render_objects", "render_run", "run_runtimes"]
 
 
 def render_job(benchmark: Benchmark, run: Run, backend: str | None = None) -> dict[str, Any]:
@@ -42,17 +44,38 @@ def render_all(benchmark: Benchmark, backend: str | None = None) -> list[dict[st
     return [render_job(benchmark, run) for run in plan_runs(benchmark, backend)]
 
 
+def run_runtimes(benchmark: Benchmark, run: Run, backend: str | None = None) -> list[dict[str, Any]]:
+    """The Trainer v2 runtime the run's job needs created with it: the benchmark's own TrainingRuntime for a
+    TrainJob with resource claims (trainjob.claims_runtime); none otherwise (the project's ClusterTrainingRuntimes
+    are installed once, by the chart)."""
+    if backend is not None:
+        run = run.for_backend(backend)
+    if run.job_kind != "TrainJob":
+        return []
+    runtime = claims_runtime(run_pods(benchmark, run))
+    return [runtime] if runtime else []
+
+
 def render_run(benchmark: Benchmark, run: Run, backend: str | None = None) -> list[dict[str, Any]]:
     """Everything a run puts on a cluster, in creation order: its NetworkPolicy (unless the spec turns it
-    off: spec.networkPolicy.enabled), then its job."""
+    off: spec.networkPolicy.enabled), its own runtime (run_runtimes: one a TrainJob with resource claims
+    names), then its job."""
     job = render_job(benchmark, run, backend)
     policy = render_network_policy(benchmark, run, job["metadata"]["name"])
-    return [policy, job] if policy else [job]
+    return [*([policy] if policy else []), *run_runtimes(benchmark, run, backend), job]
 
 
 def render_objects(benchmark: Benchmark, backend: str | None = None) -> list[dict[str, Any]]:
-    """Every run's objects (render_run), run after run: what `gpt2bench render` prints."""
-    return [obj for run in plan_runs(benchmark, backend) for obj in render_run(benchmark, run)]
+    """Every run's objects (render_run), run after run, a runtime shared by several runs once (before the first
+    run that names it): what `gpt2bench render` prints."""
+    objects, seen = [], set()
+    for run in plan_runs(benchmark, backend):
+        for obj in render_run(benchmark, run):
+            key = (obj["kind"], obj["metadata"]["name"])
+            if key not in seen:
+                seen.add(key)
+                objects.append(obj)
+    return objects
 
 
 class _NoAliasDumper(yaml.SafeDumper):

@@ -28,10 +28,16 @@ The image is ours (the one Dockerfile: gpt2bench, torchrun, mpirun, sshd with
 trainer-runtimes.yaml), and a gang-scheduling `podGroupPolicy` (coscheduling or Volcano) when the chart's
 `trainerRuntimes.podGroupPolicy` says so. These builders are the data the chart and manifests/ ship;
 tests validate them against the upstream CRDs.
+
+A benchmark with resource claims (spec.pods.resourceClaims) gets its own namespaced TrainingRuntime instead
+(`with_claims`, rendered by render/trainjob.py's `claims_runtime`): a TrainJob can say neither the claims nor
+its container's use of them (Trainer v2.3's runtimePatches have no resourceClaims, and resourcesPerNode's
+claims are dropped), a runtime can.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from gpt2bench.conventions import GANG_ANNOTATION, SSH_PORT, TRAINJOB_API, TRAINJOB_CONTAINER, VOLCANO_QUEUE_ANNOTATION
@@ -48,6 +54,9 @@ MPI_ONE_NODE_RUNTIME = "gpt2bench-mpi-one-node"
 IMAGE_LABEL = "gpt2bench.io/trainer-image"  # cpu | gpu: which of the chart's trainer images the runtime's pods run
 RUNTIME_KIND = "ClusterTrainingRuntime"
 RUNTIME_PLURAL = "clustertrainingruntimes"
+# A benchmark's own runtime in its namespace (claims_runtime): what a TrainJob with resource claims names.
+NAMESPACED_RUNTIME_KIND = "TrainingRuntime"
+NAMESPACED_RUNTIME_PLURAL = "trainingruntimes"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # TR constants.go L36-41
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"  # how upstream's runtimes say what they run
 RUNTIME_IMAGE_PULL_POLICY = "IfNotPresent"
@@ -211,6 +220,50 @@ def runtime_for(strategy: str, nodes: int, gpus: bool) -> str:
     if nodes == 1:
         return MPI_ONE_NODE_RUNTIME
     return MPI_GPU_RUNTIME if gpus else MPI_RUNTIME
+
+
+def spec_pod_group_policy(gang: bool, queue: str | None, schedule_timeout_seconds: int = 60
+                          ) -> dict[str, Any] | None:
+    """The podGroupPolicy a benchmark's own runtime takes from its spec (spec.scheduling): Volcano for a queue
+    (what reads it), coscheduling for a gang, none otherwise; as the chart writes them (templates/
+    trainer-runtimes.yaml, scheduleTimeoutSeconds its default)."""
+    if queue:
+        return {"volcano": {}}
+    if gang:
+        return {"coscheduling": {"scheduleTimeoutSeconds": schedule_timeout_seconds}}
+    return None
+
+
+def training_replicated_jobs(runtime: dict[str, Any]) -> list[str]:
+    """The runtime's replicated jobs whose pods run ranks: every one of a torch runtime; of an MPI runtime the sshd
+    `node` pods, and the launcher too with runLauncherAsNode (its hostfile names it: mpirun starts ranks there,
+    as in every MPI runtime of the project). A launcher that is no node trains nothing, like an MPIJob's."""
+    jobs = [job["name"] for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]]
+    mpi = (runtime["spec"].get("mlPolicy") or {}).get("mpi")
+    if mpi is not None and not mpi.get("runLauncherAsNode"):
+        return [name for name in jobs if name != LAUNCHER_JOB]
+    return jobs
+
+
+def with_claims(runtime: dict[str, Any], resources: dict[str, Any], claims: list[dict[str, Any]]) -> dict[str, Any]:
+    """A copy of `runtime` whose training pods (training_replicated_jobs) claim `claims` (pod resourceClaims) and
+    whose training container `node` has `resources`, with every claim in its resources.claims.
+
+    The resources are the runtime's, not the TrainJob's: Trainer v2.3 rebuilds the `node` container's resources
+    of a trainer job (and of an MPI `node` job with runLauncherAsNode) from limits and requests alone when the
+    TrainJob has trainer.resourcesPerNode (TR trainingruntime.go L199-233), which would drop the claims; so a
+    TrainJob on this runtime sets none, and the container keeps what the runtime says."""
+    runtime = copy.deepcopy(runtime)
+    trains = set(training_replicated_jobs(runtime))
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        if job["name"] not in trains:
+            continue
+        pod = job["template"]["spec"]["template"]["spec"]
+        pod["resourceClaims"] = copy.deepcopy(claims)
+        for container in pod["containers"]:
+            if container["name"] == TRAINJOB_CONTAINER:
+                container["resources"] = {**copy.deepcopy(resources), "claims": [{"name": c["name"]} for c in claims]}
+    return runtime
 
 
 def replicated_job_containers(runtime: dict[str, Any]) -> dict[str, set[str]]:

@@ -18,6 +18,12 @@ What goes where (Trainer v2.3.0; notes §1.3):
   gang scheduling, which the runtime's podGroupPolicy does (runtimes.scheduling_problems: the operator
   refuses the run on a runtime without one).
 - `spec.activeDeadlineSeconds`: the run's deadline.
+- With resource claims (spec.pods.resourceClaims): `claims_runtime`, the project's runtime for the run as a
+  namespaced TrainingRuntime whose training pods claim the devices and whose container `node` uses them, with
+  the run's resources (runtimes.with_claims says why they move there); the TrainJob's runtimeRef names it
+  (kind TrainingRuntime, resolved in the TrainJob's namespace: TR trainingruntime.go L95) and its trainer has
+  no resourcesPerNode. One per benchmark, base runtime and pod shape (its name ends in a hash of its spec),
+  shared by the runs that have them alike.
 
 What a TrainJob cannot carry and does not change what is measured is reported by `trainjob_caveats`, not
 silently dropped.
@@ -26,26 +32,37 @@ silently dropped.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 from gpt2bench.conventions import (
+    BENCHMARK_LABEL,
+    COMPONENT_LABEL,
     GANG_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
     RESULT_REPLICATED_JOB_ANNOTATION,
     TRAINJOB_API,
     TRAINJOB_CONTAINER,
     VOLCANO_QUEUE_ANNOTATION,
 )
 from gpt2bench.jobkinds import LAUNCHER_JOB, NODE_JOB, trainjob_pods
-from gpt2bench.plan import Run
+from gpt2bench.plan import MAX_NAME_LENGTH, Run, dns_label, fit_name
 from gpt2bench.render.mpijob import launcher_command
-from gpt2bench.render.pods import RunPods, container_security_context, pod_security_context
+from gpt2bench.render.pods import RunPods, container_security_context, label_value, pod_security_context
 from gpt2bench.render.runtimes import (
+    IMAGE_LABEL,
     MPI_GPU_RUNTIME,
     MPI_RUNTIME,
+    NAMESPACED_RUNTIME_KIND,
     RUNTIME_IMAGE_PULL_POLICY,
     RUNTIME_KIND,
     RUNTIME_METRICS_PORT,
+    project_runtimes,
     runtime_for,
+    spec_pod_group_policy,
+    with_claims,
 )
 from gpt2bench.specification.model import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, Benchmark
 from gpt2bench.strategies import traits
@@ -101,8 +118,35 @@ def runtime_patch(pods: RunPods) -> dict[str, Any]:
     }
 
 
+RUNTIME_HASH_LENGTH = 8
+
+
+def claims_runtime(pods: RunPods) -> dict[str, Any] | None:
+    """The run's runtime with its resource claims (spec.pods.resourceClaims), as a TrainingRuntime in the
+    benchmark's namespace; None without claims (the TrainJob names the project's ClusterTrainingRuntime). Built
+    from the project's runtime for the run (runtimes.runtime_for) with the run's image (an MPI runtime's sshd
+    pods then run the TrainJob's, as runtime_problems asks) and the spec's gang scheduling
+    (runtimes.spec_pod_group_policy)."""
+    benchmark, run = pods.benchmark, pods.run
+    claims = benchmark.spec.pods.resource_claims
+    if not claims:
+        return None
+    base_name = runtime_for(run.strategy.name, run.nodes, run.devices_per_node > 0)
+    scheduling = benchmark.spec.scheduling
+    base = project_runtimes(pods.image, pods.image, spec_pod_group_policy(scheduling.gang, scheduling.queue))[base_name]
+    runtime = with_claims(base, pods.resources, [claim.pod_claim() for claim in claims])
+    digest = hashlib.sha256(json.dumps(runtime["spec"], sort_keys=True).encode()).hexdigest()[:RUNTIME_HASH_LENGTH]
+    name = fit_name(dns_label(f"{benchmark.name}-{base_name}"), MAX_NAME_LENGTH - RUNTIME_HASH_LENGTH - 1)
+    labels = {**base["metadata"]["labels"], MANAGED_BY_LABEL: MANAGED_BY, BENCHMARK_LABEL: label_value(benchmark.name),
+              COMPONENT_LABEL: "training-runtime", IMAGE_LABEL: "gpu" if run.devices_per_node else "cpu"}
+    return {"apiVersion": TRAINJOB_API, "kind": NAMESPACED_RUNTIME_KIND,
+            "metadata": {"name": f"{name}-{digest}", "namespace": benchmark.namespace, "labels": labels},
+            "spec": runtime["spec"]}
+
+
 def render_trainjob(pods: RunPods) -> dict[str, Any]:
     spec, run = pods.benchmark.spec, pods.run
+    own_runtime = claims_runtime(pods)
     mpi = traits(run.strategy.name).launcher == "mpirun"
     trainer: dict[str, Any] = {
         "image": pods.image,
@@ -115,8 +159,9 @@ def render_trainjob(pods: RunPods) -> dict[str, Any]:
         # torch: PET_NPROC_PER_NODE (never "auto": the CPU count of a request would be guessed);
         # MPI: slots per host in the hostfile.
         "numProcPerNode": run.procs_per_node,
-        "resourcesPerNode": copy.deepcopy(pods.resources),
     }
+    if own_runtime is None:  # else the runtime holds them, with the claims (runtimes.with_claims)
+        trainer["resourcesPerNode"] = copy.deepcopy(pods.resources)
     annotations = {**pods.metadata.get("annotations", {}),
                    RESULT_REPLICATED_JOB_ANNOTATION: LAUNCHER_JOB if mpi else NODE_JOB}
     if spec.scheduling.gang:
@@ -129,8 +174,9 @@ def render_trainjob(pods: RunPods) -> dict[str, Any]:
     job_spec: dict[str, Any] = {
         "runtimeRef": {
             "apiGroup": TRAINJOB_API.split("/")[0],
-            "kind": RUNTIME_KIND,
-            "name": runtime_for(run.strategy.name, run.nodes, run.devices_per_node > 0),
+            "kind": RUNTIME_KIND if own_runtime is None else NAMESPACED_RUNTIME_KIND,
+            "name": (runtime_for(run.strategy.name, run.nodes, run.devices_per_node > 0) if own_runtime is None
+                     else own_runtime["metadata"]["name"]),
         },
         "trainer": trainer,
         "runtimePatches": [runtime_patch(pods)],

@@ -688,9 +688,6 @@ TRAINJOB_HOST_NETWORK = ("a TrainJob cannot put its pods on the host network (Tr
 TRAINJOB_PRIORITY_CLASS = ("a TrainJob cannot set its pods' priorityClassName "
                            "(Trainer v2.3's runtimePatches have none): use backend pytorchjob, or a Kueue "
                            "WorkloadPriorityClass through jobMetadata.labels kueue.x-k8s.io/priority-class")
-TRAINJOB_RESOURCE_CLAIMS = ("a TrainJob cannot give its pods resource claims (Trainer v2.3's runtimePatches have no "
-                            "resourceClaims, nor a container's resources): use backend pytorchjob, or put the claims "
-                            "in the runtimes' pod templates yourself (docs/clusters.md, Dynamic resource allocation)")
 HOST_NETWORK_CONCURRENCY = ("pods.hostNetwork needs concurrency 1: two runs' pods on one node would share its "
                             "ports (rendezvous, metrics)")
 
@@ -707,8 +704,6 @@ class GPT2BenchmarkSpec(SpecModel):
          "!self.pods.hostNetwork", f"pods.hostNetwork: {TRAINJOB_HOST_NETWORK}"),
         ("!has(self.backend) || self.backend != 'trainjob' || !has(self.scheduling) || "
          "!has(self.scheduling.priorityClassName)", f"scheduling.priorityClassName: {TRAINJOB_PRIORITY_CLASS}"),
-        ("!has(self.backend) || self.backend != 'trainjob' || !has(self.pods) || !has(self.pods.resourceClaims) || "
-         "size(self.pods.resourceClaims) == 0", f"pods.resourceClaims: {TRAINJOB_RESOURCE_CLAIMS}"),
         ("!has(self.pods) || !has(self.pods.hostNetwork) || !self.pods.hostNetwork || !has(self.concurrency) || "
          "self.concurrency == 1", HOST_NETWORK_CONCURRENCY),
     ))
@@ -817,8 +812,6 @@ def cross_field_errors(spec: GPT2BenchmarkSpec):
         yield ("spec", "pods", "hostNetwork"), TRAINJOB_HOST_NETWORK
     if spec.backend == "trainjob" and spec.scheduling.priority_class_name:
         yield ("spec", "scheduling", "priorityClassName"), TRAINJOB_PRIORITY_CLASS
-    if spec.backend == "trainjob" and spec.pods.resource_claims:
-        yield ("spec", "pods", "resourceClaims"), TRAINJOB_RESOURCE_CLAIMS
     if spec.pods.host_network and spec.concurrency > 1:
         yield ("spec", "concurrency"), HOST_NETWORK_CONCURRENCY
 

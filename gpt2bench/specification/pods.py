@@ -285,8 +285,8 @@ class PodsSpec(SpecModel):
     resource_claims: list[ResourceClaimSpec] = Field(
         default_factory=list, max_length=16,
         description="Dynamic resource allocation claims of every training pod, each in its training container's "
-                    "resources.claims (an MPIJob's launcher, which trains nothing, makes none). PyTorchJob and "
-                    "MPIJob only: Trainer v2.3's runtimePatches cannot carry them (docs/clusters.md).")
+                    "resources.claims (an MPIJob's launcher, which trains nothing, makes none). A TrainJob gets "
+                    "them through a TrainingRuntime of the benchmark's own in its namespace (docs/clusters.md).")
     capabilities: list[Capability] = Field(
         default_factory=list, max_length=16, json_schema_extra={"x-kubernetes-list-type": "set"},
         description="Linux capabilities added to the training containers. They reach the bounding set only: the "

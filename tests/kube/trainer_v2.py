@@ -5,8 +5,9 @@ the Job controller):
 
 - `reconcile(name)`: TrainJob + its (Cluster)TrainingRuntime → ConfigMap `<tj>-runtime-snapshot`
   (TR runtime/core/snapshot.go); MPI: Secret `<tj>-mpi-ssh-auth` and ConfigMap `<tj>-mpi-hostfile` (TR
-  mpi.go); the JobSet `<tj>` (`build_jobset`: runtime patched by runtimePatches, the trainer applied, the
-  plugin's env/volumes, JobSet's webhook defaults), rejected as JobSet's webhook would (a Warning Event
+  mpi.go); the JobSet `<tj>` (`build_jobset`: runtime patched by runtimePatches, the trainer applied (resourcesPerNode's
+  limits and requests become the `node` container's resources, its claims lost: TR trainingruntime.go
+  L199-233), the plugin's env/volumes, JobSet's webhook defaults), rejected as JobSet's webhook would (a Warning Event
   `TrainJobResourcesCreationFailed`, no condition: TR trainjob_controller.go L107-120); the headless
   Service `<tj>`; one Job `<tj>-<rjob>-<i>` per replica (a replicated job with `dependsOn` only once the one
   it depends on is Ready: the MPI launcher after its sshd `node` pods) and, unless suspended, its Indexed pods
@@ -180,8 +181,9 @@ def build_jobset(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str,
                 node.update({k: copy.deepcopy(trainer[k]) for k in ("image", "command", "args") if k in trainer})
         if node is not None and (_is_trainer(rjob) or launcher_as_node and rjob["name"] == "node"):
             upsert_env(node, trainer.get("env") or [])
-            if trainer.get("resourcesPerNode"):
-                node["resources"] = strategic_merge(node.get("resources") or {}, trainer["resourcesPerNode"])
+            if trainer.get("resourcesPerNode"):  # limits and requests merged; claims dropped (TR L199-233)
+                merged = strategic_merge(node.get("resources") or {}, trainer["resourcesPerNode"])
+                node["resources"] = {key: merged[key] for key in ("limits", "requests") if merged.get(key)}
         rjob["template"]["spec"]["parallelism"] = rjob["template"]["spec"]["completions"] = counts[rjob["name"]]
         pod = _pod_spec(rjob)
         if "torch" in policy and _is_trainer(rjob) and node is not None:  # TR torch.go L138-204
