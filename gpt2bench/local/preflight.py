@@ -62,6 +62,9 @@ def preflight(spec: GPT2BenchmarkSpec) -> tuple[list[tuple[str, str]], list[str]
         else:
             notes.append(f"spec.model.pretrained {shown(pretrained)} is no folder here, so each run loads it from the "
                          "Hugging Face hub: that needs a network, not checked here")
+    if spec.pods.resource_claims:  # as a device plugin's extended resources: nothing here hands devices out
+        notes.append(f"spec.pods.resourceClaims ({', '.join(c.name for c in spec.pods.resource_claims)}) are not "
+                     "allocated here: no DRA driver runs on this machine, so the runs go without the claimed devices")
     problems += secret_env_problems(spec)
     return problems, notes
 

@@ -35,6 +35,7 @@ from gpt2bench.files import held, holding, write_atomic
 from gpt2bench.local import forkserver
 from gpt2bench.local.executor import JobSpecError, Replica, execute_job
 from gpt2bench.local.progress import Display
+from gpt2bench.local.trainjob import runtimes_for
 from gpt2bench.plan import Run, order_seed, plan_runs, stopped_configurations
 from gpt2bench.render import render_job
 from gpt2bench.specification.model import Benchmark
@@ -154,7 +155,8 @@ def execute_run(sweep: Sweep, index: int, job: dict[str, Any], display: Display,
 
     timing: dict[str, float] = {}
     try:
-        outcome = execute_job(job, run_dir, base_env=base_env, on_tick=on_tick)
+        outcome = execute_job(job, run_dir, base_env=base_env, on_tick=on_tick,
+                              runtimes=runtimes_for(sweep.benchmark, run))
     except JobSpecError as exc:
         entry = collect.run_entry(
             run, phase="Failed", reason=f"cannot run locally: {exc}", start_time=started, completion_time=SYSTEM_CLOCK.stamp()

@@ -1,7 +1,8 @@
 """A rendered TrainJob (Kubeflow Trainer v2) as local processes, built the way the Trainer builds its pods.
 
 A TrainJob alone does not say what its pods look like; its runtime does. The runtime named by
-`spec.runtimeRef` is looked up among `runtimes` (default: the project's own, gpt2bench.render.runtimes)
+`spec.runtimeRef` is looked up among `runtimes` (default: the project's own, gpt2bench.render.runtimes; for a
+sweep's run `runtimes_for`, which adds the benchmark's own TrainingRuntime rendered with it)
 and combined as the Trainer combines them (TR plugins/jobset/builder.go, trainingruntime.go): the trainer
 job's container `node` takes trainer.image/command/args, has trainer.env upserted into its env and
 resourcesPerNode merged over its resources. Then what the ML-policy plugin injects:
@@ -35,6 +36,16 @@ def _project_runtimes() -> dict[str, dict[str, Any]]:
     return project_runtimes()
 
 
+def runtimes_for(benchmark: Any, run: Any) -> dict[str, dict[str, Any]]:
+    """The runtimes a run's TrainJob may name here: the project's, and the benchmark's own TrainingRuntime that
+    render_run puts before a TrainJob with resource claims (gpt2bench.render.run_runtimes). Its claims are not
+    honoured here (no device is allocated: preflight says so once), as a device plugin's resources are not; its
+    container's resources (the run's GPUs) are."""
+    from gpt2bench.render import run_runtimes
+
+    return {**_project_runtimes(), **{r["metadata"]["name"]: r for r in run_runtimes(benchmark, run)}}
+
+
 def _runtime(job: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
     ref = kinds.runtime_ref(job) or {}
     runtimes = _project_runtimes() if runtimes is None else runtimes
@@ -60,12 +71,15 @@ def _trainer_container(runtime: dict[str, Any], trainer: dict[str, Any]) -> dict
 
 
 def apply_trainer(container: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
-    """Image, command and args replace the runtime's; env is upserted by name; resources merge key by key."""
+    """Image, command and args replace the runtime's; env is upserted by name; resources merge key by key (limits and
+    requests: what decides the GPUs here)."""
     merged = {**container, **{k: trainer[k] for k in ("image", "command", "args") if k in trainer}}
     env = {item["name"]: item for item in container.get("env") or []}
     env.update({item["name"]: item for item in trainer.get("env") or []})
     merged["env"] = list(env.values())
-    resources = {key: dict(value) for key, value in (container.get("resources") or {}).items()}
+    # limits and requests only: claims (a TrainingRuntime of the benchmark's own) allocate nothing here
+    resources = {key: dict(value) for key, value in (container.get("resources") or {}).items()
+                 if key in ("limits", "requests")}
     for key, values in (trainer.get("resourcesPerNode") or {}).items():
         resources.setdefault(key, {}).update(values)
     if resources:
