@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,11 @@ from typing import Any
 import celpy
 import jsonpatch
 import jsonschema
+
+# celpy logs every evaluation at DEBUG with a repr of the whole object validated. Under kopf's --verbose (the root
+# logger at DEBUG, as the operator tests run) those records were 95% of what a test logged, and formatting them
+# slowed the in-process emulator that the operator and the test's controllers share.
+logging.getLogger("celpy").setLevel(logging.INFO)
 
 
 class ApiError(Exception):
