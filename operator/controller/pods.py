@@ -54,7 +54,9 @@ def pod_events(obj: dict[str, Any]) -> list[dict[str, Any]]:
     a job. A TrainJob's pods are created by the Job controller of each Job of its JobSet, which records the pods the
     API server refused (`FailedCreate`) on that Job, not on the TrainJob: a TrainJob's events include its Jobs'."""
     events = _events_about(obj.get("metadata") or {})
-    if obj.get("kind") == "TrainJob":
+    # its Jobs exist once its JobSet has reported them (`status.jobsStatus`): no list before (one call a poll saved
+    # while a TrainJob starts, on a busy API server)
+    if obj.get("kind") == "TrainJob" and (obj.get("status") or {}).get("jobsStatus"):
         listed = _list_jobs(obj["metadata"]["namespace"], f"{kinds.JOBSET_NAME_LABEL}={obj['metadata']['name']}")
         for job in trainjob_jobs(obj, listed):
             events += _events_about(job["metadata"])
