@@ -113,6 +113,12 @@ def test_rbac_is_split_into_framework_and_application_rules_and_least_privilege(
     assert cluster_wide and not any(allowed(cluster_wide, "", resource, verb) for resource, verb in
                                     (("pods", "list"), ("pods/log", "get"), ("configmaps", "get")))
     assert allowed(rules, "networking.k8s.io", "networkpolicies", "create")  # each run's, before its job
+    # a benchmark's own TrainingRuntime (a TrainJob with resource claims names it): created before its first TrainJob
+    # and read back (whose namesake, what it runs), never changed nor deleted (the benchmark's garbage collection does)
+    assert allowed(rules, "trainer.kubeflow.org", "trainingruntimes", "create")
+    assert allowed(rules, "trainer.kubeflow.org", "trainingruntimes", "get")
+    assert not any(allowed(rules, "trainer.kubeflow.org", "trainingruntimes", verb)
+                   for verb in ("list", "watch", "patch", "update", "delete", "deletecollection"))
 
 
 def test_tenants_get_gpt2benchmarks_through_the_default_roles(docs):

@@ -424,6 +424,66 @@ def test_a_trainjob_whose_pods_pod_security_refuses_fails_within_seconds_in_the_
     benchmarks.delete(name)  # held for good: nothing fixes this test's namespace
 
 
+def test_a_trainjob_with_resource_claims_runs_on_its_benchmarks_own_runtime_created_before_it(client, benchmarks,
+                                                                                           trainer):
+    """Claims (DRA) reach a TrainJob's pods through a TrainingRuntime the operator creates in the benchmark's
+    namespace, owned by the benchmark, before the TrainJob naming it; the Trainer's pods (every pod of these
+    runtimes runs ranks: the MPI launcher is a node) carry the claims, and the runs succeed."""
+    import kubernetes
+
+    custom = kubernetes.client.CustomObjectsApi(client)
+    claims = [{"name": "efa", "resourceClaimTemplateName": "efa-all"}]
+    strategies = [{"name": "ddp"}, {"name": "horovod"}]
+    benchmarks.create(benchmark("tv2dra", strategies, pods={"resourceClaims": claims},
+                                sweep={"strategies": strategies, "scales": [{"nodes": 2}]}))
+    total = wait_for(lambda: benchmarks.status("tv2dra").get("runsTotal"), what="runsTotal")
+    uid = benchmarks.get("tv2dra")["metadata"]["uid"]
+    runtimes: dict[str, dict] = {}
+
+    def outcome(t: TrainerV2, trainjob: dict) -> None:
+        ref = trainjob["spec"]["runtimeRef"]
+        assert ref["kind"] == "TrainingRuntime"
+        runtime = custom.get_namespaced_custom_object(*TRAINER, "default", "trainingruntimes", ref["name"])
+        runtimes[ref["name"]] = runtime
+        assert int(runtime["metadata"]["resourceVersion"]) < int(trainjob["metadata"]["resourceVersion"])
+        (owner,) = runtime["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == ("GPT2Benchmark", uid, True)
+        name = trainjob["metadata"]["name"]
+        pods = t.pods(f"jobset.sigs.k8s.io/jobset-name={name}")
+        assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+        for pod in pods:
+            (container,) = pod["spec"]["containers"]
+            assert pod["spec"]["resourceClaims"] == claims, pod["metadata"]["name"]
+            assert container["resources"]["claims"] == [{"name": "efa"}], pod["metadata"]["name"]
+        run = trainjob["metadata"]["labels"]["gpt2bench.io/run"]
+        t.finish(name, succeeded=True, message=json.dumps(trainer_summary(run, 11.0)))
+
+    played = play(client, trainer, "tv2dra", total, outcome)
+    wait_for(lambda: benchmarks.status("tv2dra").get("phase") == "Succeeded", what="Succeeded")
+    assert len(played) == total == 2 and len(runtimes) == 2  # ddp's torch runtime, horovod's MPI one
+
+
+def test_without_the_trainingruntime_crd_a_trainjob_with_claims_fails_saying_so(cluster, client, benchmarks):
+    """A cluster whose Trainer v2 lacks the TrainingRuntime kind: every run needing one fails at once, naming it,
+    no TrainJob is created, and the benchmark ends (Failed) instead of waiting."""
+    from kube.faults import remove_crd
+
+    crd = crd_dir() / TRAINER_V2_CRD_FILES[("trainer.kubeflow.org/v1alpha1", "TrainingRuntime")]
+    remove_crd(cluster, "trainingruntimes.trainer.kubeflow.org", delay=0.1)
+    try:
+        benchmarks.create(benchmark("tv2nocrd", [{"name": "single"}, {"name": "ddp"}],
+                                    pods={"resourceClaims": [{"name": "efa", "resourceClaimName": "efa"}]}))
+        status = wait_for(lambda: (s := benchmarks.status("tv2nocrd")).get("phase") == "Failed" and s, what="Failed")
+        assert len(status["runs"]) == 2
+        for run in status["runs"]:
+            assert run["reason"].startswith("TrainingRuntime trainer.kubeflow.org/v1alpha1 is not served by this "
+                                            "cluster"), run
+            assert "spec.pods.resourceClaims" in run["reason"] and "backend pytorchjob" in run["reason"]
+        assert trainjobs(client, "tv2nocrd") == []
+    finally:
+        cluster.kubectl("create", "-f", str(crd))
+
+
 def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     """The Trainer v2 paths checked against the roles bound to the operator in manifests/operator.yaml."""
     from test_operator_manifests import allowed, cluster_role_rules
@@ -431,7 +491,8 @@ def test_rbac_covers_every_call_made_here(cluster, benchmarks):
     made = operator_calls(cluster)
     assert {("trainer.kubeflow.org", "trainjobs", "create"), ("trainer.kubeflow.org", "trainjobs", "watch"),
             ("trainer.kubeflow.org", "clustertrainingruntimes", "get"), ("", "configmaps", "create"),
-            ("", "pods/log", "get"), ("batch", "jobs", "list")} <= made
+            ("", "pods/log", "get"), ("batch", "jobs", "list"),
+            ("trainer.kubeflow.org", "trainingruntimes", "create")} <= made
     assert not [call for call in made if call[0] == "jobset.x-k8s.io"], "the Trainer's, not ours"
     assert [call for call in made if call[0] == "batch"] == [("batch", "jobs", "list")], "listed for their Events only"
     assert [call for call in sorted(made) if not allowed(cluster_role_rules(), *call)] == []
