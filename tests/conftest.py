@@ -413,9 +413,12 @@ def client(cluster, operator):
 
 @pytest.fixture
 def benchmarks(client):
+    """GPT2Benchmark calls; what the test left unfinished is deleted after it (`Benchmarks.delete_unfinished`)."""
     from kube.fixtures import Benchmarks
 
-    return Benchmarks(client)
+    made = Benchmarks(client)
+    yield made
+    made.delete_unfinished()
 
 
 def pytest_sessionfinish(session, exitstatus):

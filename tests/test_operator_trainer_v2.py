@@ -45,7 +45,7 @@ def cluster(tmp_path_factory):
             emulated.kubectl("create", "-f", str(crd_dir() / crd))
         emulated.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
         # Pod Security "restricted" on the namespace, for the volumes a pod brings (a hostPath is refused)
-        emulated.call(lambda e: e["post /api/v1/namespaces/default/pods"] << restricted_volumes)
+        emulated.call(lambda e: e.faults.append(restricted_volumes))
         yield emulated
 
 

@@ -52,7 +52,7 @@ def cluster(tmp_path_factory):
         for crd in TRAINER_V2_CRD_FILES.values():
             emulated.kubectl("create", "-f", str(crd_dir() / crd))
         emulated.kubectl("create", "-f", "-", input=dump_jobs(list(project_runtimes().values())))
-        emulated.call(lambda e: e["post /api/v1/namespaces/default/pods"] << restricted_volumes)
+        emulated.call(lambda e: e.faults.append(restricted_volumes))
         yield emulated
 
 

@@ -9,7 +9,9 @@ restricted level this check replaces the baseline `hostPath volumes` one (its Ov
 whole answer for a pod that passes the other checks, as the project's do. The name is the generated one: Pod
 Security validates after the API server has generated it (a Job controller's pod has only a `generateName`).
 
-Install with `cluster.call(lambda e: e["post /api/v1/namespaces/<ns>/pods"] << restricted_volumes)`.
+Install with `cluster.call(lambda e: e.faults.append(restricted_volumes))`: one of the emulator's `faults`
+(consulted before it stores anything), not a kmock reaction, whose matching would cost every later request of
+the module a scan of all the requests before it (tests/kube/emulator.py, `_direct`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import random
 from typing import Any
 
 import kmock
+
+from .semantics import ApiError
 
 # check_restrictedVolumes.go: the only volume sources restricted admits
 RESTRICTED_ALLOWED = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected",
@@ -43,14 +47,17 @@ def restricted_volume_types(spec: dict[str, Any]) -> str | None:
     return f'violates PodSecurity "restricted:latest": restricted volume types ({detail})'
 
 
-def restricted_volumes(request: kmock.Request) -> kmock.KubernetesError:
-    """A kmock reaction on pod creation: 403 Forbidden for a pod restricted's volume check refuses; any other pod
-    goes to the emulator's own handling."""
+def restricted_volumes(request: kmock.Request) -> ApiError | None:
+    """On pod creation, 403 Forbidden for a pod restricted's volume check refuses; None (the emulator's own
+    handling) for any other request."""
+    method = request.method.name if hasattr(request.method, "name") else str(request.method).upper()
+    if method != "POST" or request.resource is None or request.resource.plural != "pods" or request.subresource:
+        return None
     pod = request.data or {}
     answer = restricted_volume_types(pod.get("spec") or {})
     if answer is None:
-        raise NotImplementedError  # the emulator's own handling (None would disable this reaction in kmock 0.8)
+        return None
     metadata = pod.get("metadata") or {}
     name = metadata.get("name") or metadata.get("generateName", "") + "".join(
         random.choices(_ALPHANUMS, k=_SUFFIX))
-    return kmock.KubernetesError(status=403, reason="Forbidden", message=f'pods "{name}" is forbidden: {answer}')
+    return ApiError(403, "Forbidden", f'pods "{name}" is forbidden: {answer}')
