@@ -101,8 +101,9 @@ def test_mpi_init_that_never_completes_ends_the_rank_within_the_timeout(tmp_path
     assert "horovod: MPI_Init (hvd.init) waited more than 2 s (--timeout-seconds)" in started.stderr
 
 
-HOROVOD_ALLREDUCE = ("import horovod.torch as hvd, torch; hvd.init(); "
-                     "print('allreduce', hvd.rank(), hvd.allreduce(torch.ones(2) * (hvd.rank() + 1)).tolist())")
+# One write per line (print's pieces are separate writes unbuffered, and two ranks' output interleaved mid-line)
+HOROVOD_ALLREDUCE = ("import horovod.torch as hvd, torch, sys; hvd.init(); "
+                     "sys.stdout.write(f'allreduce {hvd.rank()} {hvd.allreduce(torch.ones(2) * (hvd.rank() + 1)).tolist()}\\n')")
 
 
 @pytest.mark.slow  # two real MPI ranks per transport
