@@ -268,6 +268,17 @@ def _existing(kind: FollowedKind, namespace: str, name: str, owner_uid: str | No
                                             owner_uid))
 
 
+def _ours_or_refused(existing: dict[str, Any], kind: str, namespace: str, owner_uid: str | None,
+                     consequence: str) -> Created | Refused:
+    """An object a create met (409): ours when its controller is `owner_uid`, else Refused saying whose it is."""
+    if owner_uid is None or decide.controller_uid(existing) == owner_uid:
+        return Created(new=False)
+    name = existing["metadata"]["name"]
+    return Refused(f"a {kind} named {name} already exists in {namespace} and belongs to "
+                   f"{decide.owner_description(existing)}, not to this GPT2Benchmark (uid {owner_uid}): {consequence}. "
+                   f"Delete that {kind}, or give this benchmark another name")
+
+
 def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Created | Refused:
     """Create a run's NetworkPolicy (before its job). A 409 is ours when its controller is `owner_uid`; a
     namesake of another owner, or a policy the API server refuses (403: the operator's RBAC, 422), is
@@ -280,13 +291,8 @@ def create_network_policy(policy: dict[str, Any], owner_uid: str | None) -> Crea
             raise
         if exc.status == 409:
             response = request("GET", NETWORK_POLICIES + "/{name}", {"namespace": namespace, "name": name})
-            existing = json.loads(response.data)
-            if owner_uid is None or decide.controller_uid(existing) == owner_uid:
-                return Created(new=False)
-            return Refused(f"a NetworkPolicy named {name} already exists in {namespace} and belongs to "
-                           f"{decide.owner_description(existing)}, not to this GPT2Benchmark (uid {owner_uid}): "
-                           f"the run's pods would be fenced by rules it does not set. Delete that NetworkPolicy, "
-                           f"or give this benchmark another name")
+            return _ours_or_refused(json.loads(response.data), "NetworkPolicy", namespace, owner_uid,
+                                    "the run's pods would be fenced by rules it does not set")
         reason, message = api_message(exc)
         return Refused(decide.refused_reason(name, "NetworkPolicy", exc.status, reason, message)
                        + " (spec.networkPolicy.enabled: false runs without it)")
@@ -309,12 +315,8 @@ def create_training_runtime(runtime: dict[str, Any], owner_uid: str | None) -> C
         if exc.status == 409:
             existing = _custom().get_namespaced_custom_object(group, version, namespace, NAMESPACED_RUNTIME_PLURAL,
                                                               name)
-            if owner_uid is None or decide.controller_uid(existing) == owner_uid:
-                return Created(new=False)
-            return Refused(f"a {NAMESPACED_RUNTIME_KIND} named {name} already exists in {namespace} and belongs to "
-                           f"{decide.owner_description(existing)}, not to this GPT2Benchmark (uid {owner_uid}): its "
-                           f"pods would not be this run's. Delete that {NAMESPACED_RUNTIME_KIND}, or give this "
-                           f"benchmark another name")
+            return _ours_or_refused(existing, NAMESPACED_RUNTIME_KIND, namespace, owner_uid,
+                                    "its pods would not be this run's")
         if exc.status == 404 and not served_versions(group, NAMESPACED_RUNTIME_PLURAL):
             return Refused(f"{NAMESPACED_RUNTIME_KIND} {TRAINJOB_API} is not served by this cluster: a TrainJob with "
                            f"resource claims (spec.pods.resourceClaims) runs on a {NAMESPACED_RUNTIME_KIND} of its "
