@@ -43,6 +43,7 @@ def test_a_step_writes_every_time_from_the_clock_it_is_given(tmp_path):
         Benchmarks(api_client(cluster)).create(benchmark("clocked", backend="pytorchjob"))
         posted: list[tuple[str, str]] = []
         with mock.patch.dict(os.environ, {"KUBECONFIG": str(cluster.kubeconfig)}), \
+                mock.patch.object(kube, "_client", None), \
                 mock.patch("kopf.event", lambda body, type, reason, message: posted.append((reason, message))):
             kube.configure()
             state = OperatorState(clock=FixedClock(MOMENT))
