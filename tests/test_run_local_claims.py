@@ -8,13 +8,12 @@ Budget (2 shared cores): one run of the tiny model for 3 steps, two torchrun "no
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, narrowed, runner_environment
+from conftest import free_port, narrowed
+from test_run_local_trainjob import run_locally
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
@@ -33,15 +32,7 @@ def test_a_trainjob_with_claims_runs_locally_on_its_own_runtime_and_says_the_cla
                      "scales": [{"nodes": 2, "processesPerNode": 1}]}
     spec["training"] |= {"seqLen": 32, "microBatchSize": 2}
     spec["data"]["maxDocuments"] = 12
-    path = tmp_path / "tj-dra.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = {**runner_environment(fork_server), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
-    out = tmp_path / "results"
-    done = subprocess.run([sys.executable, "-m", "gpt2bench", "run", str(path), "--steps", "3", "--output", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done, out = run_locally(tmp_path, document, fork_server)
     assert done.stdout.count("spec.pods.resourceClaims (efa) are not allocated here") == 1, done.stdout
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert (run["jobKind"], run["phase"]) == ("TrainJob", "Succeeded"), run

@@ -22,6 +22,21 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "cpu-sweep.yaml"
 
 
+def run_locally(tmp_path: Path, document: dict, fork_server) -> tuple[subprocess.CompletedProcess, Path]:
+    """`gpt2bench run FILE --steps 3` on `document`, as a user runs it (its own TMPDIR, one thread per rank);
+    asserts it exited 0 and returns it with its results folder."""
+    path = tmp_path / f"{document['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**runner_environment(fork_server), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "results"
+    done = subprocess.run([sys.executable, "-m", "gpt2bench", "run", str(path), "--steps", "3", "--output", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done, out
+
+
 @pytest.mark.slow
 def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path, horovod_import_error, fork_server):
     document = narrowed(yaml.safe_load(EXAMPLE.read_text()))
@@ -36,15 +51,7 @@ def test_a_trainjob_sweep_runs_locally_with_torchrun_nodes_and_mpirun(tmp_path, 
     document["spec"]["sweep"]["scales"] = [{"nodes": 2, "processesPerNode": 1}]  # ddp: 2 torchrun "nodes"
     document["spec"]["training"] |= {"seqLen": 32, "microBatchSize": 2}  # the launchers are under test
     document["spec"]["data"]["maxDocuments"] = 12
-    path = tmp_path / "tj-sweep.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = {**runner_environment(fork_server), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
-    out = tmp_path / "results"
-    done = subprocess.run([sys.executable, "-m", "gpt2bench", "run", str(path), "--steps", "3", "--output", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done, out = run_locally(tmp_path, document, fork_server)
 
     doc = json.loads((out / "results.json").read_text())
     assert [r["name"] for r in doc["runs"]] == ["tj-sweep-single-fp32-1x1", "tj-sweep-ddp-fp32-2x1",
