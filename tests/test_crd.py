@@ -16,6 +16,7 @@ from kubeflow_crds import strict
 from gpt2bench.specification import crd
 from gpt2bench.specification.model import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR
 from gpt2bench.status import BenchmarkStatus
+from gpt2bench.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "manifests" / "examples"
@@ -231,15 +232,7 @@ def test_schema_keeps_enums_bounds_defaults_and_descriptions(schema):
     sweep = spec["properties"]["sweep"]
     strategy = sweep["properties"]["strategies"]["items"]
     assert strategy["required"] == ["name"]
-    assert strategy["properties"]["name"]["enum"] == [
-        "single",
-        "dataparallel",
-        "ddp",
-        "fsdp",
-        "horovod",
-        "ps",
-        "ps-sharded",
-    ]
+    assert strategy["properties"]["name"]["enum"] == list(STRATEGIES)  # the strategies' table, in its order
     assert strategy["properties"]["psServers"] == {
         "type": "integer", "description": "ps/ps-sharded: server processes.", "minimum": 1, "maximum": 64,
     }  # fmt: skip (not nullable: the API server prunes a null, as the model drops it)
