@@ -52,6 +52,40 @@ def test_a_configuration_without_enough_runs_on_either_side_is_not_split():
     assert not modes.split(np.log(np.array([1000.0, 1010, 700, 990, 705, 1005, 695, 850])))[0]  # a run between
 
 
+def split_by_its_definition(values: np.ndarray) -> tuple[bool, float]:
+    """The rule of gpt2bench.report.modes read literally, on one configuration's runs: every split of the sorted
+    runs with MIN_SIDE on each side, its gap and each side's sample standard deviation."""
+    runs = np.sort(values[~np.isnan(values)])
+    found, threshold, widest = False, math.nan, 0.0
+    for k in range(modes.MIN_SIDE, len(runs) - modes.MIN_SIDE + 1):
+        low, high = runs[:k], runs[k:]
+        gap = runs[k] - runs[k - 1]
+        spread = max(np.std(low, ddof=1), np.std(high, ddof=1))
+        if gap >= modes.GAP and gap >= modes.RATIO * spread and gap > widest:
+            found, threshold, widest = True, (runs[k] + runs[k - 1]) / 2, gap
+    return found, threshold
+
+
+def test_the_vectorized_split_keeps_the_rule_it_states_on_any_runs():
+    """Random run sets of 1-30 runs, one or two speeds, spreads from 1 % to 20 %, runs missing (NaN) anywhere: the
+    split the race uses agrees with the rule computed literally, run set by run set."""
+    rng = np.random.default_rng(8)
+    checked = split_runs = 0
+    for _ in range(60):
+        runs = rng.integers(1, 31)
+        values = rng.normal(0.0, rng.choice([0.01, 0.05, 0.2]), (40, runs))
+        values -= np.where(rng.random(values.shape) < 0.4, rng.choice([0.1, 0.3, 0.5]), 0.0)
+        values[rng.random(values.shape) < rng.random() * 0.5] = np.nan
+        found, threshold = modes.split(values)
+        for row, flagged, between in zip(values, found, threshold, strict=True):
+            expected, expected_threshold = split_by_its_definition(row)
+            assert flagged == expected, row
+            assert (math.isnan(between) and math.isnan(expected_threshold)) or math.isclose(between,
+                                                                                          expected_threshold)
+            checked, split_runs = checked + 1, split_runs + expected
+    assert checked == 2400 and 200 < split_runs < 2200  # both answers were asked for often
+
+
 def sweep_values() -> np.ndarray:
     """Rounds × configurations (ln tokens/s) of one sweep: c0 at 1,300 tokens/s in rounds 1-4 and 1,000 after (two
     speeds), c1 steady at 1,100 (3 % noise), c2 steady at 1,000 (little noise): after round 4 c0 beats c2, and

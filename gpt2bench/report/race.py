@@ -174,7 +174,12 @@ def _set_aside_unstable(state: State, open_: np.ndarray) -> None:
     """Configurations still racing whose runs now fall into two speeds leave the race (not ranked, named or
     picked); the configurations they dropped come back (they run again from the next round)."""
     runs = (~np.isnan(state.history)).sum(axis=1)
-    newly = modes.unstable(state.history) & state.alive & open_[:, None] & (runs >= modes.MIN_RUNS)
+    candidates = state.alive & open_[:, None] & (runs >= modes.MIN_RUNS)
+    rows = candidates.any(axis=1)  # each draw is tested on its own history: the others need not be
+    if not rows.any():
+        return
+    newly = np.zeros_like(candidates)
+    newly[rows] = modes.unstable(state.history[rows]) & candidates[rows]
     if not newly.any():
         return
     state.unstable |= newly
