@@ -2,8 +2,8 @@
 
 The emulated cluster here serves PyTorchJob only (the training operator, no MPI operator), as a real
 cluster may. The real kopf operator (KopfRunner) runs against it; the API server's refusals are real where
-the emulator has them (ObjectMeta label validation, a kind that is not served) and injected with kmock
-reactions otherwise (422/403 on `create pytorchjobs`).
+the emulator has them (ObjectMeta label validation, a kind that is not served) and injected as emulator faults
+otherwise (422/403 on `create pytorchjobs`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import kmock
 import pytest
 import yaml
 from kube import EmulatedCluster
+from kube.faults import Refuse
 from kube.fixtures import CRD, benchmark, kopf_operator, operator_calls, wait_for
+from kube.semantics import ApiError
 from kubeflow_crds import CRD_FILES, crd_dir
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,17 +39,16 @@ def cluster(tmp_path_factory):
         emulated.kubectl("apply", "-f", str(CRD))
         emulated.kubectl("create", "-f", str(crd_dir() / CRD_FILES[("kubeflow.org/v1", "PyTorchJob")]))  # no MPIJob CRD
 
-        def refuse(request: kmock.Request) -> kmock.KubernetesError:
+        def refuse(request: kmock.Request) -> ApiError | None:
             name = ((request.data or {}).get("metadata") or {}).get("name", "")
             for fragment, (code, reason, message) in INJECTED.items():
                 if name.startswith(f"no-{fragment}-ddp-"):
-                    return kmock.KubernetesError(status=code, reason=reason, message=message)
+                    return ApiError(code, reason, message)
             if name.startswith("allrefused-"):  # every run of that benchmark
-                return kmock.KubernetesError(status=422, reason="Invalid", message=SCHEMA_REFUSAL)
-            # the emulator's own handling; (returning None would disable this reaction in kmock 0.8)
-            raise NotImplementedError
+                return ApiError(422, "Invalid", SCHEMA_REFUSAL)
+            return None  # the emulator's own handling
 
-        emulated.call(lambda e: e["post /apis/kubeflow.org/v1/namespaces/default/pytorchjobs"] << refuse)
+        Refuse(refuse, method="POST", path=r"/namespaces/default/pytorchjobs$").install(emulated)
         yield emulated
 
 
@@ -88,7 +89,7 @@ def test_a_kind_the_cluster_does_not_serve_fails_only_its_runs_at_once(benchmark
                       what="PartiallySucceeded")
     assert status["runsSucceeded"] == 4 and status["runsFailed"] == 2
     assert all(j["kind"] == "PyTorchJob" for j in trainer.jobs("partial"))
-    failures = [e for e in benchmarks.events("partial") if e["reason"] == "RunFailed"]
+    failures = benchmarks.posted("partial", "RunFailed", at_least=2)
     assert len(failures) == 2 and all("not served" in e["message"] and e["type"] == "Warning" for e in failures)
 
 
@@ -124,8 +125,8 @@ def test_a_job_the_api_server_refuses_fails_its_run_with_the_servers_message(ben
     trainer.start(job)
     trainer.succeed(job, 7.0)
     wait_for(lambda: benchmarks.status(name).get("phase") == "PartiallySucceeded", what="PartiallySucceeded")
-    events = [e for e in benchmarks.events(name) if e["reason"] == "RunFailed"]
-    assert events and events[0]["type"] == "Warning" and str(code) in events[0]["message"]
+    events = benchmarks.posted(name, "RunFailed")
+    assert events[0]["type"] == "Warning" and str(code) in events[0]["message"]
 
 
 def test_a_refusal_of_every_job_fails_every_run_and_the_benchmark_still_has_a_phase(benchmarks, trainer):
@@ -138,7 +139,7 @@ def test_a_refusal_of_every_job_fails_every_run_and_the_benchmark_still_has_a_ph
     conditions = {c["type"]: c for c in status["conditions"]}
     assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "NoRunSucceeded")
     assert trainer.jobs("allrefused") == []
-    assert any(e["reason"] == "SweepFailed" for e in benchmarks.events("allrefused"))
+    assert benchmarks.posted("allrefused", "SweepFailed")
 
 
 def test_auto_picks_the_v1_jobs_served_here_and_trainjob_asked_for_fails_saying_what_to_install(benchmarks, trainer):

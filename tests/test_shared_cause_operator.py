@@ -1,7 +1,7 @@
-"""One cause, one stop, on a cluster (issues 47.1, 50.4): the real kopf operator (KopfRunner) against the emulator.
+"""One cause, one stop, on a cluster: the real kopf operator (KopfRunner) against the emulator.
 
 The test plays the training operator (tests/kube/training.py) and the user (`kubectl annotate`); the API server's
-403 on job creation is a kmock reaction worded as RBAC's authorizer words it, switched off mid-sweep as a fixed Role
+403 on job creation is an emulator fault worded as RBAC's authorizer words it, switched off mid-sweep as a fixed Role
 would be. The rule itself (`gpt2bench.diagnosis.holds`) is tested on data in tests/test_shared_cause.py.
 """
 
@@ -14,7 +14,9 @@ import time
 import kmock
 import pytest
 from fault_figures import FIGURES, seconds_since
+from kube.faults import Refuse
 from kube.fixtures import benchmark, kopf_operator, kubectl_table, run_entry, wait_for
+from kube.semantics import ApiError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,21 +35,21 @@ REFUSING_POLICIES = threading.Event()  # set: the `netpol-` benchmark's NetworkP
 
 @pytest.fixture(scope="module")
 def operator(cluster):
-    def refuse(request: kmock.Request) -> kmock.KubernetesError:
+    def refuse(request: kmock.Request) -> ApiError | None:
         name = ((request.data or {}).get("metadata") or {}).get("name", "")
         if name.startswith("rbac-") and REFUSING.is_set():
             REFUSED.append(name)
-            return kmock.KubernetesError(status=403, reason="Forbidden", message=RBAC)
-        raise NotImplementedError  # the emulator's own handling (None would disable this reaction in kmock 0.8)
+            return ApiError(403, "Forbidden", RBAC)
+        return None  # the emulator's own handling
 
-    def refuse_policy(request: kmock.Request) -> kmock.KubernetesError:
+    def refuse_policy(request: kmock.Request) -> ApiError | None:
         name = ((request.data or {}).get("metadata") or {}).get("name", "")
         if name.startswith("netpol-") and REFUSING_POLICIES.is_set():
-            return kmock.KubernetesError(status=403, reason="Forbidden", message=RBAC_POLICIES)
-        raise NotImplementedError
+            return ApiError(403, "Forbidden", RBAC_POLICIES)
+        return None
 
-    cluster.call(lambda e: e["post /apis/kubeflow.org/v1/namespaces/default/pytorchjobs"] << refuse)
-    cluster.call(lambda e: e["post /apis/networking.k8s.io/v1/namespaces/default/networkpolicies"] << refuse_policy)
+    Refuse(refuse, method="POST", path=r"/namespaces/default/pytorchjobs$").install(cluster)
+    Refuse(refuse_policy, method="POST", path=r"/namespaces/default/networkpolicies$").install(cluster)
     with kopf_operator(cluster, poll_seconds=0.3) as runner:
         yield runner
 
@@ -103,8 +105,8 @@ def test_a_fabric_failure_holds_the_multi_node_runs_the_single_node_ones_go_on_a
     status = benchmarks.status(name)
     assert phases(status) == ["Failed", "Pending", "Succeeded", "Succeeded"] and status["phase"] == "Running"
     assert [j["metadata"]["name"] for j in trainer.jobs(name) if j["metadata"]["name"] == two_bf16["jobName"]] == []
-    assert len(events(benchmarks, name, "RunsHeld")) == 1 and events(benchmarks, name, "RunsHeld")[0]["type"] == \
-        "Warning"
+    held_events = benchmarks.posted(name, "RunsHeld")
+    assert len(held_events) == 1 and held_events[0]["type"] == "Warning"
 
     cluster.kubectl("annotate", "gpt2benchmark", name, "gpt2bench.io/resume=1", "--overwrite")  # the user: fixed
     job = job_of(trainer, name, two_bf16)
@@ -118,7 +120,7 @@ def test_a_fabric_failure_holds_the_multi_node_runs_the_single_node_ones_go_on_a
     status = wait_for(lambda: (s := benchmarks.status(name)).get("phase") == "PartiallySucceeded" and s,
                       what="PartiallySucceeded")
     assert phases(status) == ["Failed", "Succeeded", "Succeeded", "Succeeded"]
-    resumed = events(benchmarks, name, "RunsResumed")
+    resumed = benchmarks.posted(name, "RunsResumed")
     assert len(resumed) == 1 and two_bf16["name"] in resumed[0]["message"]
     FIGURES["shared-cause-fabric"] = {"injected": 1, "runs_held": 1, "single_node_runs_went_on": 2,
                                       "runs_held_events": 1, "runs_resumed_events": 1, "runs_lost": 0,
@@ -142,7 +144,7 @@ def test_a_403_on_job_creation_holds_the_sweep_and_it_goes_on_once_creation_work
     assert "403 Forbidden" in first["reason"] and 'cannot create resource "pytorchjobs"' in first["reason"]
     assert status["runs"][1]["reason"] == first["reason"]
     assert conditions(status)["RunsHeld"]["message"].startswith("2 runs held (forbidden): ")
-    assert not events(benchmarks, name, "RunFailed") and len(events(benchmarks, name, "RunsHeld")) == 1
+    assert len(benchmarks.posted(name, "RunsHeld")) == 1 and not events(benchmarks, name, "RunFailed")
 
     REFUSING.clear()  # the Role is fixed
     fixed, refusals = time.monotonic(), len(REFUSED)
@@ -160,7 +162,7 @@ def test_a_403_on_job_creation_holds_the_sweep_and_it_goes_on_once_creation_work
         trainer.succeed(job, 50.0 + len(done))
         done.add(job["metadata"]["name"])
     wait_for(lambda: benchmarks.status(name).get("phase") == "Succeeded", what="Succeeded")
-    assert len(events(benchmarks, name, "RunsHeld")) == 1 and len(events(benchmarks, name, "RunsResumed")) == 1
+    assert len(benchmarks.posted(name, "RunsHeld")) == 1 and len(benchmarks.posted(name, "RunsResumed")) == 1
     FIGURES["shared-cause-job-create-403"] = {"injected": refusals, "code": 403, "runs_held": 2, "runs_failed": 0,
                                               "runs_lost": 0, "first_job_after_fix_seconds": created_after,
                                               "final_phase": "Succeeded", "held_reason": first["reason"]}

@@ -124,6 +124,19 @@ class FailCalls(Placed):
         return ApiError(self.code, reason, message, headers=headers)
 
 
+class Refuse(Placed):
+    """Matching calls answered by `answer(request)`: an ApiError (an admission or RBAC refusal of some objects, by
+    name or content, as the API server words it), or None for the emulator's own handling. A fault, not a kmock
+    reaction: a reaction makes every later request of the cluster scan all the requests before it."""
+
+    def __init__(self, answer: Any, **match: Any):
+        super().__init__(**match)
+        self.answer = answer
+
+    def __call__(self, request: kmock.Request) -> ApiError | None:
+        return self.answer(request) if self.matches(request) else None
+
+
 class Hang(Placed):
     """Matching calls are never answered until `release()` (the API server accepted the connection and read
     the request: only the client's read timeout ends the wait), at most `times` of them (None: all). With

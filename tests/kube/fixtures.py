@@ -162,6 +162,12 @@ class Benchmarks:
         items = json.loads(listed.data)["items"]
         return [e for e in items if e.get("involvedObject", {}).get("name") == name]
 
+    def posted(self, name: str, reason: str, at_least: int = 1) -> list[dict[str, Any]]:
+        """The Events of `reason` about `name`, once at least `at_least` are there: kopf posts Events from a queue
+        of its own, after the status write a test has just seen, so a test that reads them at once can race."""
+        return wait_for(lambda: len(found := [e for e in self.events(name) if e["reason"] == reason]) >= at_least
+                        and found, what=f"{at_least} {reason} Event(s) about {name}")
+
     def config_map(self, name: str) -> dict[str, Any] | None:
         """The ConfigMap `name` in this namespace, or None while it does not exist."""
         try:
