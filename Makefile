@@ -34,10 +34,10 @@ test-fast:
 	$(PYTEST) -m "not slow"
 
 # Regenerate every generated file (CRD copies, monitoring rules and dashboards, manifests/operator.yaml
-# from the chart, the strategy tables of the README and docs/strategies.md); tests diff them.
+# from the chart, the docs' tables of strategies and fabric profiles); tests diff them.
 generate:
 	$(PYTHON) -m gpt2bench.specification.crd --write
-	$(PYTHON) scripts/docs_strategies.py --write
+	$(PYTHON) scripts/docs_tables.py --write
 	$(PYTHON) -m monitoring.generate --write
 	$(PYTHON) scripts/generate_manifests.py
 

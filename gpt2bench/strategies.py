@@ -34,7 +34,7 @@ class Strategy:
     # The spec's options (StrategySpec fields, snake_case) only this strategy and the others naming them may set.
     options: tuple[str, ...] = ()
     # What the docs say of it: the README's and docs/strategies.md's strategy tables are written from these
-    # (scripts/docs_strategies.py, `make generate`; a test diffs them).
+    # (scripts/docs_tables.py, `make generate`; a test diffs them).
     paper: str = field(default="", kw_only=True)  # the papers' name for it
     runs: str = field(default="", kw_only=True)  # what runs, in a line
     processes: str = field(default="", kw_only=True)

@@ -7,6 +7,7 @@ Operator label, the GPUs and GPU-hours docs/quickstart.md quotes)."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -71,15 +72,17 @@ REFUSED = dict(re.findall(r"<!-- refused: ([\w-]+) -->\s*```yaml\n(.*?)```", DOC
 
 
 def table_rows() -> list[dict[str, str]]:
-    """docs/clusters.md's per-cluster table, one dict per row (column header -> cell)."""
-    section = DOC.split("\n## Per cluster: the fields that make a run use its fabric\n")[1].split("\n## ")[0]
-    lines = section[section.index("\n|") + 1:].split("\n\n")[0].splitlines()
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    """docs/clusters.md's per-cluster tables (the profiles' and the clusters without one), one dict per row
+    (column header -> cell)."""
+    section = DOC.split("\n## Per cluster: the fields that make a run use its fabric\n")[1].split("\n### ")[0]
     rows = []
-    for line in lines[2:]:
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        assert len(cells) == len(header), f"a cell holds a '|': {line[:60]}"
-        rows.append(dict(zip(header, cells, strict=True)))
+    for table in re.findall(r"(?:^\|.*\n)+", section, re.M):
+        lines = table.splitlines()
+        header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+        for line in lines[2:]:
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            assert len(cells) == len(header), f"a cell holds a '|': {line[:60]}"
+            rows.append(dict(zip(header, cells, strict=True)))
     return rows
 
 
@@ -88,9 +91,39 @@ PROFILE_LINK = re.compile(r"\]\(\.\./manifests/examples/fabrics/([\w-]+)\.yaml\)
 ROW_OF = {name: row for row in ROWS for name in PROFILE_LINK.findall(row["profile"])}
 
 
+def load_docs_tables():
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_profiles_table_is_written_from_the_profiles_and_current():
+    """Adding a profile is one file: its row in docs/clusters.md is written from its `#| column: cell` lines."""
+    docs_tables = load_docs_tables()
+    path = REPO / "docs" / "clusters.md"
+    assert [m["kind"] for m in docs_tables.SECTION.finditer(DOC)] == ["fabrics"]
+    assert docs_tables.rewritten(DOC, path) == DOC, "run python scripts/docs_tables.py --write"
+    rows = docs_tables.SECTION.search(DOC)["body"].splitlines()[2:]
+    assert [PROFILE_LINK.findall(row) for row in rows] == [[name] for name in sorted(PROFILES)]
+
+
+def test_a_profile_whose_docs_row_lacks_a_column_is_named_with_it(tmp_path, monkeypatch):
+    docs_tables = load_docs_tables()
+    monkeypatch.setattr(docs_tables, "FABRICS", tmp_path)
+    (tmp_path / "new-cloud.yaml").write_text(PROFILES["ethernet"].replace("#| nccl:", "#| ncll:"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"clusters.md: new-cloud.yaml: its docs row lacks `#\| nccl:`; has unknown "
+                                         r"columns ncll"):
+        docs_tables.rewritten(DOC, REPO / "docs" / "clusters.md")
+    (tmp_path / "new-cloud.yaml").write_text(PROFILES["ethernet"].replace("#| cluster: any cluster, plain Ethernet",
+                                                                          "#| cluster: New Cloud"), encoding="utf-8")
+    new = docs_tables.rewritten(DOC, REPO / "docs" / "clusters.md")
+    assert "| New Cloud | [new-cloud.yaml](../manifests/examples/fabrics/new-cloud.yaml) | TCP |" in new
+    assert "[aks-nd.yaml]" not in docs_tables.SECTION.search(new)["body"]
+
+
 def test_every_profile_file_has_a_row_of_the_table_and_every_row_a_file():
-    """Adding a profile is one file and one row: a file without a row, a row linking no file (or one that is not
-    there) fails. A row without a file says why: its fragment is refused (the docs' refused block, tested below), or
+    """A file without a row, a row linking no file (or one that is not there) fails. A row without a file says why: its fragment is refused (the docs' refused block, tested below), or
     it is OpenShift, which takes the row of its fabric (every profile is admitted there: tested below)."""
     assert PROFILES, "manifests/examples/fabrics/ holds the profiles"
     linked = [name for row in ROWS for name in PROFILE_LINK.findall(row["profile"])]

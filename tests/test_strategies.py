@@ -69,43 +69,43 @@ def test_every_strategy_option_is_a_spec_field_owned_by_a_strategy():
         StrategySpec(name="ps-sharded", ps_servers=1)
 
 
-def load_docs_strategies():
-    spec = importlib.util.spec_from_file_location("docs_strategies", REPO / "scripts" / "docs_strategies.py")
+def load_docs_tables():
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_the_docs_strategy_tables_are_written_from_the_table_and_current():
-    docs_strategies = load_docs_strategies()
-    for path, kind in zip(docs_strategies.DOCS, ("readme", "docs"), strict=True):
+    docs_tables = load_docs_tables()
+    for path, kind in ((REPO / "README.md", "strategies-readme"), (REPO / "docs" / "strategies.md", "strategies")):
         text = path.read_text(encoding="utf-8")
-        assert [m["kind"] for m in docs_strategies.SECTION.finditer(text)] == [kind], f"{path}: one {kind} section"
-        assert docs_strategies.rewritten(text, path) == text, f"{path}: run python scripts/docs_strategies.py --write"
-        body = docs_strategies.SECTION.search(text)["body"]
+        assert [m["kind"] for m in docs_tables.SECTION.finditer(text)] == [kind], f"{path}: one {kind} section"
+        assert docs_tables.rewritten(text, path) == text, f"{path}: run python scripts/docs_tables.py --write"
+        body = docs_tables.SECTION.search(text)["body"]
         assert [line.split(" | ")[0] for line in body.splitlines()[2:]] == [f"| `{name}`" for name in STRATEGIES]
     for strategy in STRATEGY_TABLE:
         for said in ("paper", "runs", "processes", "holds", "exchange"):
             assert getattr(strategy, said).strip(), f"{strategy.name}: its row says nothing of {said}"
-    assert "| `horovod` | `horovod.py` | Bai 2022 \"Horovod\" | 1 per device" in docs_strategies.table("docs")
+    assert "| `horovod` | `horovod.py` | Bai 2022 \"Horovod\" | 1 per device" in docs_tables.table("strategies")
 
 
 def test_a_new_row_reaches_both_docs_tables_and_a_stale_or_unknown_section_is_named(monkeypatch, tmp_path):
-    docs_strategies = load_docs_strategies()
+    docs_tables = load_docs_tables()
     row = Strategy("local-sgd", "localsgd:LocalSGDParallelism", paper="Lin 2020", runs="DDP averaging every k steps",
                    processes="1 per device", holds="every rank a replica", exchange="parameter average every k steps")
-    monkeypatch.setattr(docs_strategies, "STRATEGY_TABLE", (*STRATEGY_TABLE, row))
+    monkeypatch.setattr(docs_tables, "STRATEGY_TABLE", (*STRATEGY_TABLE, row))
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    new = docs_strategies.rewritten(text, REPO / "README.md")
-    assert new != text and "| `local-sgd` | DDP averaging every k steps | Lin 2020 |\n<!-- /strategies -->" in new
-    assert "| `local-sgd` | `localsgd.py` | Lin 2020 | 1 per device |" in docs_strategies.table("docs")
-    with pytest.raises(ValueError, match="unknown strategies section 'wiki'"):
-        docs_strategies.rewritten(text.replace("strategies:readme", "strategies:wiki"), REPO / "README.md")
-    monkeypatch.setattr(docs_strategies, "DOCS", (tmp_path / "README.md",))
+    new = docs_tables.rewritten(text, REPO / "README.md")
+    assert new != text and "| `local-sgd` | DDP averaging every k steps | Lin 2020 |\n<!-- /table -->" in new
+    assert "| `local-sgd` | `localsgd.py` | Lin 2020 | 1 per device |" in docs_tables.table("strategies")
+    with pytest.raises(ValueError, match="README.md: unknown table 'wiki'"):
+        docs_tables.rewritten(text.replace("table:strategies-readme", "table:wiki"), REPO / "README.md")
+    monkeypatch.setattr(docs_tables, "DOCS", (tmp_path / "README.md",))
     (tmp_path / "README.md").write_text(text, encoding="utf-8")
-    monkeypatch.setattr(docs_strategies, "REPO", tmp_path)
-    assert docs_strategies.main(["--check"]) == 1
-    assert docs_strategies.main(["--write"]) == 0 and docs_strategies.main(["--check"]) == 0
+    monkeypatch.setattr(docs_tables, "REPO", tmp_path)
+    assert docs_tables.main(["--check"]) == 1
+    assert docs_tables.main(["--write"]) == 0 and docs_tables.main(["--check"]) == 0
     assert "`local-sgd`" in (tmp_path / "README.md").read_text(encoding="utf-8")
 
 
