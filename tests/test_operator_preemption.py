@@ -53,7 +53,7 @@ def test_a_preempted_run_is_named_so_and_run_again_once(benchmarks, trainer):
     run = status["runs"][0]
     assert run["results"]["tokensPerSecond"] == 42.0
     assert run["reason"].startswith(f"ran again after a preemption: pod {worker} {PREEMPTED}")
-    events = [e for e in benchmarks.events(name) if e["reason"] == "RunPreempted"]
+    events = benchmarks.posted(name, "RunPreempted")
     assert len(events) == 1 and events[0]["type"] == "Warning" and worker in events[0]["message"]
     FIGURES["run-preempted"] = {"injected": 1, "runs_run_again": 1, "runs_lost": 0, "final_phase": status["phase"],
                                 "reason": run["reason"]}
