@@ -74,3 +74,15 @@ def test_a_per_scale_objective_ranks_by_the_figure_and_direction_its_row_names()
     leanest = [r for r in analyze(runs).recommendations if r.objective == "leanest"]
     assert [(r.run, r.verdict) for r in leanest] == [
         ("c-ddp-fp32-1x2", f"ddp fp32 is {objective('leanest').wording} (error rate ≤ 5 %)")]
+
+
+def test_the_error_rate_sentence_names_every_objective_the_race_does_not_decide(monkeypatch):
+    """What "(error rate ≤ 5 %)" covers is said from the table: a new objective is named there by its row alone."""
+    from gpt2bench.report import verdicts
+
+    assert "(the objectives leanest, cheapest across scales, scalable and efficient, and the papers' findings)" in \
+        verdicts.explained()
+    row = Objective("quietest", "step_time_p95_seconds", False, "s", "the quietest")
+    monkeypatch.setattr(verdicts, "OBJECTIVE_TABLE", (*OBJECTIVE_TABLE, row))
+    assert "scalable, efficient and quietest, and the papers' findings" in verdicts.explained()
+    assert "fastest" not in verdicts.explained().split("The other decisions")[1]

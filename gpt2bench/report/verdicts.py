@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from gpt2bench.objectives import OBJECTIVE_TABLE
 from gpt2bench.report.noise import ALPHA, CONFIDENCE
 from gpt2bench.specification.model import PRECISIONS, STRATEGIES
 from gpt2bench.status import OBJECTIVES as WHAT
@@ -136,7 +137,15 @@ def explained(alpha: float = ALPHA) -> str:
             f"sweep.minEffect of it) wrongly, or drops the fastest, in at most {percent(alpha)} of sweeps, however "
             "many rounds it looks at and rivals it compares, assuming each configuration's runs vary normally "
             "around one speed (a configuration whose runs fall into two speeds is flagged unstable and not ranked; "
-            "two scales are two races, each with its own error rate). The other decisions (leanest, cheapest "
-            "across scales, scaling, energy, the papers' findings) are each a family whose decisions are all right "
+            "two scales are two races, each with its own error rate). The other decisions (the objectives "
+            f"{_others()}, and the papers' findings) are each a family whose decisions are all right "
             f"with probability at least {1 - alpha:.0%}. Intervals are labelled with their own coverage "
             "(docs/analysis.md).")
+
+
+def _others() -> str:
+    """The objectives the race does not decide, in the objectives' table order ("leanest, cheapest across scales,
+    scalable and efficient")."""
+    names = [f"{row.name} across scales" if row.ranking == "cost" else row.name  # per scale, cost is the race's
+             for row in OBJECTIVE_TABLE if row.ranking != "race"]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
