@@ -114,3 +114,44 @@ def test_the_same_observation_gives_the_same_plan():
     one, two = (decide.step(_seen(benchmark, entries, [job]), LATER) for _ in range(2))
     assert one == two
     assert one.entries[0].phase == "Running" and one.entries[0].start_time == LATER
+
+
+def _pod(name: str, created: str = NOW, started: bool = False) -> dict:
+    state = {"running": {}} if started else {"waiting": {"reason": "ErrImagePull", "message": "not found"}}
+    return {"metadata": {"name": name, "creationTimestamp": created},
+            "status": {"phase": "Running" if started else "Pending",
+                       "containerStatuses": [{"name": "pytorch", "state": state}]}}
+
+
+def test_a_step_reads_the_events_of_what_a_run_waits_on_and_follow_judges_the_same_wait():
+    """`needs_events` (what observe reads) and `follow` (what decide judges) ask one `waiting_on`: a pod missing
+    reads its controllers' Events (a refusal fails the run at once), pods present read only the Events of those not
+    started, a started run reads nothing until a pod is re-created, and then that pod's and its controllers'."""
+    benchmark = _benchmark()
+    entry = decide.mark_running(_entries(benchmark)[0], NOW)
+    job = _job(entry, "Created")
+    job["spec"] = {"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 1}}}
+    master, worker = _pod("m", started=True), _pod("w")
+    refusal = [{"type": "Warning", "reason": "FailedCreatePod", "message": REFUSED, "lastTimestamp": NOW}]
+
+    def followed(pods, events_wanted, names):
+        view = starting.StartView(pods=pods, job_events=refusal if events_wanted else None,
+                                  pod_events={name: [] for name in names})
+        return starting.follow(entry, job, view, benchmark.spec, LATER)
+
+    assert starting.needs_events(entry, job, [master]) == (True, [])  # the Worker missing
+    assert "violates PodSecurity" in followed([master], *starting.needs_events(entry, job, [master])).failed
+    assert starting.needs_events(entry, job, [master, worker]) == (False, ["w"])  # both there: an old refusal is moot
+    waiting = followed([master, worker], *starting.needs_events(entry, job, [master, worker]))
+    assert waiting.failed is None and "ErrImagePull" in waiting.entry.waiting
+    both = [master, _pod("w", started=True)]
+    assert starting.needs_events(entry, job, both) == (False, [])
+    started = followed(both, False, []).entry
+    assert started.pods_started_time == LATER and started.waiting is None
+    assert starting.needs_events(started, job, both) == (False, [])
+    again = [master, _pod("w2", created="2026-11-22T00:01:00Z")]  # the Worker re-created after the start
+    assert starting.needs_events(started, job, again) == (True, ["w2"])
+    view = starting.StartView(pods=again, job_events=[], pod_events={"w2": []})
+    rewaiting = starting.follow(started, job, view, benchmark.spec, "2026-11-22T00:01:10Z").entry
+    assert rewaiting.waiting.startswith("re-created after the run started: ") and \
+        rewaiting.waiting_since == "2026-11-22T00:01:00Z"

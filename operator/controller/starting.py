@@ -77,18 +77,43 @@ def recreated_pods(pods: list[dict[str, Any]], started: datetime.datetime | None
             and started is not None and created > started and not diagnosis.pod_started(pod)]
 
 
-def needs_events(entry: RunStatus, job: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[bool, list[str]]:
-    """What `follow` will read of a starting run besides its pods: whether its controllers' Events (a pod missing:
-    did the API server refuse it?), and the names of the pods whose Events (those not started)."""
-    if entry.pods_started_time:
-        waiting = recreated_pods(pods, parse_rfc3339(entry.pods_started_time))
-        return bool(waiting), [pod["metadata"]["name"] for pod in waiting]
+@dataclass(frozen=True)
+class Waiting:
+    """What a running run still waits on: the pods its start depends on (`pods`, of which those not started are
+    looked at), the count its job expects (None: re-created pods, or a job kind whose count is not known), whether
+    one is missing (its controllers' Events may say the API server refused it) and since when it waits (None: the
+    job's own start)."""
+
+    pods: list[dict[str, Any]]
+    expected: int | None
+    missing: bool
+    since: datetime.datetime | None = None
+    prefix: str = ""
+
+
+def waiting_on(entry: RunStatus, job: dict[str, Any], pods: list[dict[str, Any]]) -> Waiting | None:
+    """A running run's wait, or None once every pod it needs has started (before podsStartedTime: all its job
+    expects; after: none re-created since)."""
+    if entry.pods_started_time:  # started: only a pod created since then can be waiting
+        late = recreated_pods(pods, parse_rfc3339(entry.pods_started_time))
+        if not late:
+            return None
+        since = min(parse_rfc3339(pod["metadata"].get("creationTimestamp")) for pod in late)
+        return Waiting(late, None, True, since, prefix="re-created after the run started: ")
     expected = kinds.expected_pods(job)
     if diagnosis.pods_started(pods, expected):
-        return False, []
+        return None
     live = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
-    return (expected is None or len(live) < expected,
-            [pod["metadata"]["name"] for pod in pods if not diagnosis.pod_started(pod)])
+    return Waiting(pods, expected, expected is None or len(live) < expected)
+
+
+def needs_events(entry: RunStatus, job: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[bool, list[str]]:
+    """What `follow` will read of a starting run besides its pods (`waiting_on`): whether its controllers' Events
+    (a pod missing), and the names of the pods whose Events (those not started)."""
+    waiting = waiting_on(entry, job, pods)
+    if waiting is None:
+        return False, []
+    return waiting.missing, [pod["metadata"]["name"] for pod in waiting.pods if not diagnosis.pod_started(pod)]
 
 
 def follow(entry: RunStatus, job: dict[str, Any], view: StartView, spec: GPT2BenchmarkSpec, now: str) -> Followed:
@@ -104,16 +129,13 @@ def follow(entry: RunStatus, job: dict[str, Any], view: StartView, spec: GPT2Ben
         return Followed(entry.model_copy(update={"waiting": wait}))
     if entry.phase != RUNNING:
         return Followed(entry)
-    if entry.pods_started_time:  # started: only a pod created since then can be waiting
-        late = recreated_pods(view.pods, parse_rfc3339(entry.pods_started_time))
-        if not late:
+    waiting = waiting_on(entry, job, view.pods)
+    if waiting is None:
+        if entry.pods_started_time:
             return Followed(entry if entry.waiting is None else entry.model_copy(update=NOT_WAITING))
-        since = min(parse_rfc3339(pod["metadata"].get("creationTimestamp")) or at for pod in late)
-        return _waited(entry, late, None, view, since, spec, now, prefix="re-created after the run started: ")
-    expected = kinds.expected_pods(job)
-    if diagnosis.pods_started(view.pods, expected):
         return Followed(entry.model_copy(update={"pods_started_time": now, **NOT_WAITING}))
-    return _waited(entry, view.pods, expected, view, starting_since(job) or at, spec, now)
+    return _waited(entry, waiting.pods, waiting.expected, view, waiting.since or starting_since(job) or at, spec, now,
+                   prefix=waiting.prefix)
 
 
 def _waited(entry: RunStatus, pods: list[dict[str, Any]], expected: int | None, view: StartView,
