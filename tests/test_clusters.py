@@ -7,13 +7,13 @@ Operator label, the GPUs and GPU-hours docs/quickstart.md quotes)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import repo_scripts
 import yaml
 from kubeflow_crds import validate_job
 from pod_security import violations
@@ -91,16 +91,9 @@ PROFILE_LINK = re.compile(r"\]\(\.\./manifests/examples/fabrics/([\w-]+)\.yaml\)
 ROW_OF = {name: row for row in ROWS for name in PROFILE_LINK.findall(row["profile"])}
 
 
-def load_docs_tables():
-    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_profiles_table_is_written_from_the_profiles_and_current():
     """Adding a profile is one file: its row in docs/clusters.md is written from its `#| column: cell` lines."""
-    docs_tables = load_docs_tables()
+    docs_tables = repo_scripts.load("docs_tables")
     path = REPO / "docs" / "clusters.md"
     assert [m["kind"] for m in docs_tables.SECTION.finditer(DOC)] == ["fabrics"]
     assert docs_tables.rewritten(DOC, path) == DOC, "run python scripts/docs_tables.py --write"
@@ -109,7 +102,7 @@ def test_the_profiles_table_is_written_from_the_profiles_and_current():
 
 
 def test_a_profile_whose_docs_row_lacks_a_column_is_named_with_it(tmp_path, monkeypatch):
-    docs_tables = load_docs_tables()
+    docs_tables = repo_scripts.load("docs_tables")
     monkeypatch.setattr(docs_tables, "FABRICS", tmp_path)
     (tmp_path / "new-cloud.yaml").write_text(PROFILES["ethernet"].replace("#| nccl:", "#| ncll:"), encoding="utf-8")
     with pytest.raises(ValueError, match=r"clusters.md: new-cloud.yaml: its docs row lacks `#\| nccl:`; has unknown "

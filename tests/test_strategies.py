@@ -4,10 +4,10 @@ and the code that differs per strategy reads its traits, so a new row needs no b
 from __future__ import annotations
 
 import ast
-import importlib.util
 from pathlib import Path
 
 import pytest
+import repo_scripts
 
 from gpt2bench import strategies
 from gpt2bench.jobkinds import job_kind_for, max_job_name_length, trainjob_pods
@@ -69,15 +69,8 @@ def test_every_strategy_option_is_a_spec_field_owned_by_a_strategy():
         StrategySpec(name="ps-sharded", ps_servers=1)
 
 
-def load_docs_tables():
-    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_docs_strategy_tables_are_written_from_the_table_and_current():
-    docs_tables = load_docs_tables()
+    docs_tables = repo_scripts.load("docs_tables")
     for path, kind in ((REPO / "README.md", "strategies-readme"), (REPO / "docs" / "strategies.md", "strategies")):
         text = path.read_text(encoding="utf-8")
         assert [m["kind"] for m in docs_tables.SECTION.finditer(text)] == [kind], f"{path}: one {kind} section"
@@ -91,7 +84,7 @@ def test_the_docs_strategy_tables_are_written_from_the_table_and_current():
 
 
 def test_a_new_row_reaches_both_docs_tables_and_a_stale_or_unknown_section_is_named(monkeypatch, tmp_path):
-    docs_tables = load_docs_tables()
+    docs_tables = repo_scripts.load("docs_tables")
     row = Strategy("local-sgd", "localsgd:LocalSGDParallelism", paper="Lin 2020", runs="DDP averaging every k steps",
                    processes="1 per device", holds="every rank a replica", exchange="parameter average every k steps")
     monkeypatch.setattr(docs_tables, "STRATEGY_TABLE", (*STRATEGY_TABLE, row))
