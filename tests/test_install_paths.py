@@ -36,11 +36,10 @@ import kubernetes
 import pytest
 import yaml
 from kube import EmulatedCluster
-from kube.fixtures import GROUP, PLURAL, VERSION, api_client, install_crds, wait_for
+from kube.fixtures import GROUP, PLURAL, VERSION, api_client, install_crds, install_trainer_v2, wait_for
 from kube.tools import path_with_kubectl
-from kube.trainer_v2 import TrainerV2, serve_builtins
+from kube.trainer_v2 import TrainerV2
 from kube.training import TrainingOperator, trainer_summary
-from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
 from test_helm import render_notes
 
 from gpt2bench.local.replicas import free_port
@@ -187,10 +186,8 @@ def backend_cluster(cluster: EmulatedCluster, backend: str, objects: list[dict[s
     if backend == "pytorchjob":
         install_crds(cluster)
     else:
-        cluster.call(serve_builtins)
         cluster.kubectl("apply", "-f", str(CHART / "crds"))
-        for crd in TRAINER_V2_CRD_FILES.values():
-            cluster.kubectl("create", "-f", str(crd_dir() / crd))
+        install_trainer_v2(cluster)
     runtimes = [d for d in objects if d["kind"] == "ClusterTrainingRuntime"]
     assert bool(runtimes) == (backend == "trainjob"), "the chart installs the runtimes where Trainer v2 is"
     if runtimes:

@@ -15,9 +15,7 @@ from unittest import mock
 
 import pytest
 from kube import EmulatedCluster
-from kube.fixtures import CRD, install_crds
-from kube.trainer_v2 import serve_builtins
-from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
+from kube.fixtures import CRD, install_crds, install_trainer_v2
 
 from gpt2bench.controller import kube, prerequisites
 from gpt2bench.controller.followedkinds import (
@@ -57,9 +55,7 @@ def test_the_operator_says_at_start_which_kinds_are_missing_and_what_to_install(
         assert info == ["job kinds served: MPIJob, PyTorchJob; spec.backend auto resolves to pytorchjob"]
         assert warnings == []
 
-        cluster.call(serve_builtins)  # then Trainer v2, after the chart: no runtimes yet
-        for crd in TRAINER_V2_CRD_FILES.values():
-            cluster.kubectl("create", "-f", str(crd_dir() / crd))
+        install_trainer_v2(cluster)  # then Trainer v2, after the chart: no runtimes yet
         info, (warning,) = said(cluster, caplog)
         assert info == ["job kinds served: MPIJob, PyTorchJob, TrainJob; spec.backend auto resolves to trainjob"]
         assert warning == ("Kubeflow Trainer v2 is installed but gpt2bench's ClusterTrainingRuntimes gpt2bench-torch, "

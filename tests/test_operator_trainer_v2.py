@@ -22,13 +22,14 @@ from kube.fixtures import (
     CRD,
     REPO,
     benchmark,
+    install_trainer_v2,
     kopf_operator,
     kubectl_table,
     operator_calls,
     run_entry,
     wait_for,
 )
-from kube.trainer_v2 import TRAINER, TrainerV2, serve_builtins
+from kube.trainer_v2 import TRAINER, TrainerV2
 from kube.training import trainer_summary
 from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
 
@@ -39,10 +40,8 @@ SCALES = [{"nodes": 1, "devicesPerNode": 0, "processesPerNode": 2}, {"nodes": 2,
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with EmulatedCluster(tmp_path_factory.mktemp("trainer-v2")) as emulated:
-        emulated.call(serve_builtins)
         emulated.kubectl("apply", "-f", str(CRD))
-        for crd in TRAINER_V2_CRD_FILES.values():
-            emulated.kubectl("create", "-f", str(crd_dir() / crd))
+        install_trainer_v2(emulated)
         emulated.kubectl("apply", "-f", str(REPO / "manifests" / "runtimes.yaml"))
         # Pod Security "restricted" on the namespace, for the volumes a pod brings (a hostPath is refused)
         emulated.call(lambda e: e.faults.append(restricted_volumes))

@@ -15,10 +15,9 @@ import kubernetes
 import pytest
 import yaml
 from kube import EmulatedCluster
-from kube.fixtures import api_client
-from kube.trainer_v2 import TRAINER, TrainerV2, serve_builtins
+from kube.fixtures import api_client, install_trainer_v2
+from kube.trainer_v2 import TRAINER, TrainerV2
 from kube.training import trainer_summary
-from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
 from trainer_v2_rules import restricted_problems
 
 from gpt2bench import collect
@@ -61,9 +60,7 @@ def benchmark(spec: dict | None = None, name: str = "tj"):
 def cluster(tmp_path_factory):
     """Only the Trainer v2 and JobSet CRDs, and the project's runtimes (with the real kubectl)."""
     with EmulatedCluster(tmp_path_factory.mktemp("trainer-v2")) as emulated:
-        emulated.call(serve_builtins)
-        for crd in TRAINER_V2_CRD_FILES.values():
-            emulated.kubectl("create", "-f", str(crd_dir() / crd))
+        install_trainer_v2(emulated)
         emulated.kubectl("create", "-f", "-", input=dump_jobs(list(project_runtimes().values())))
         yield emulated
 

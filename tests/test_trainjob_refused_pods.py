@@ -16,9 +16,8 @@ import pytest
 import yaml
 from kube import EmulatedCluster
 from kube.admission import restricted_volumes
-from kube.fixtures import api_client
-from kube.trainer_v2 import TrainerV2, serve_builtins
-from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
+from kube.fixtures import api_client, install_trainer_v2
+from kube.trainer_v2 import TrainerV2
 
 from gpt2bench.controller import kube, pods
 from gpt2bench.diagnosis import startup
@@ -48,9 +47,7 @@ def test_a_trainjobs_jobs_are_its_jobsets_not_a_namesakes_prefix_or_an_earlier_n
 def cluster(tmp_path_factory):
     """Trainer v2 and JobSet, the project's runtimes, and Pod Security's restricted volume check on pods."""
     with EmulatedCluster(tmp_path_factory.mktemp("trainjob-refused")) as emulated:
-        emulated.call(serve_builtins)
-        for crd in TRAINER_V2_CRD_FILES.values():
-            emulated.kubectl("create", "-f", str(crd_dir() / crd))
+        install_trainer_v2(emulated)
         emulated.kubectl("create", "-f", "-", input=dump_jobs(list(project_runtimes().values())))
         emulated.call(lambda e: e.faults.append(restricted_volumes))
         yield emulated

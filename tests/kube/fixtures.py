@@ -33,6 +33,18 @@ def install_crds(cluster: EmulatedCluster) -> None:
         cluster.kubectl("create", "-f", str(crd_dir() / crd))
 
 
+def install_trainer_v2(cluster: EmulatedCluster) -> None:
+    """Kubeflow Trainer v2 and JobSet as a cluster serves them: their CRDs (`kubectl create`, as above) and the
+    built-in kinds their controllers use (ConfigMaps, Secrets, Services, Jobs: tests/kube/trainer_v2.py)."""
+    from kubeflow_crds import TRAINER_V2_CRD_FILES, crd_dir
+
+    from .trainer_v2 import serve_builtins
+
+    cluster.call(serve_builtins)
+    for crd in TRAINER_V2_CRD_FILES.values():
+        cluster.kubectl("create", "-f", str(crd_dir() / crd))
+
+
 def api_client(cluster: EmulatedCluster) -> kubernetes.client.ApiClient:
     config = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=config)
