@@ -22,7 +22,7 @@ import yaml
 from gpt2bench.plan import Run, plan_runs
 from gpt2bench.render.mpijob import render_mpijob
 from gpt2bench.render.netpol import render_network_policy
-from gpt2bench.render.pods import label_value, run_pods
+from gpt2bench.render.pods import RunPods, label_value, run_pods
 from gpt2bench.render.pytorchjob import render_pytorchjob
 from gpt2bench.render.trainjob import claims_runtime, render_trainjob
 from gpt2bench.specification.model import Benchmark
@@ -50,19 +50,24 @@ def run_runtimes(benchmark: Benchmark, run: Run, backend: str | None = None) -> 
     are installed once, by the chart)."""
     if backend is not None:
         run = run.for_backend(backend)
-    if run.job_kind != "TrainJob":
-        return []
-    runtime = claims_runtime(run_pods(benchmark, run))
+    return _own_runtimes(run_pods(benchmark, run))
+
+
+def _own_runtimes(pods: RunPods) -> list[dict[str, Any]]:
+    runtime = claims_runtime(pods) if pods.run.job_kind == "TrainJob" else None
     return [runtime] if runtime else []
 
 
 def render_run(benchmark: Benchmark, run: Run, backend: str | None = None) -> list[dict[str, Any]]:
     """Everything a run puts on a cluster, in creation order: its NetworkPolicy (unless the spec turns it
     off: spec.networkPolicy.enabled), its own runtime (run_runtimes: one a TrainJob with resource claims
-    names), then its job."""
-    job = render_job(benchmark, run, backend)
+    names), then its job; the run's pods are built once for both."""
+    if backend is not None:
+        run = run.for_backend(backend)
+    pods = run_pods(benchmark, run)
+    job = RENDERERS[run.job_kind](pods)
     policy = render_network_policy(benchmark, run, job["metadata"]["name"])
-    return [*([policy] if policy else []), *run_runtimes(benchmark, run, backend), job]
+    return [*([policy] if policy else []), *_own_runtimes(pods), job]
 
 
 def render_objects(benchmark: Benchmark, backend: str | None = None) -> list[dict[str, Any]]:
