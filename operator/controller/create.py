@@ -1,6 +1,7 @@
 """Acting on a step's decisions: the jobs of the runs to start are created (with their NetworkPolicy, and a
 TrainJob with resource claims after its benchmark's own TrainingRuntime), a run held by a refused creation is
-tried again, stray jobs deleted, finished runs' per-step records kept in a ConfigMap. Idempotent: a job that exists already is adopted, not created twice."""
+tried again, stray jobs deleted, finished runs' per-step records kept in a ConfigMap. Idempotent: a job that
+exists already is adopted, not created twice."""
 
 from __future__ import annotations
 

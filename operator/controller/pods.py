@@ -36,28 +36,28 @@ def observe_start(entry: RunStatus, job: dict[str, Any]) -> starting.StartView:
 def result_pod(job: dict[str, Any]) -> dict[str, Any] | None:
     """The job's result pod (PyTorchJob master, MPIJob launcher, ...), found by the labels its controller
     sets and chosen as the shared table says (the newest attempt)."""
-    response = kube.request("GET", kube.PODS, {"namespace": job["metadata"]["namespace"]},
-                        {"labelSelector": kinds.result_pod_selector(job)})
-    return kinds.result_pod(job, json.loads(response.data).get("items", []))
+    return kinds.result_pod(job, _items(kube.PODS, job["metadata"]["namespace"],
+                                        {"labelSelector": kinds.result_pod_selector(job)}))
 
 
 def job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pod of a job, all replicas (workers too), as the API returns them."""
-    response = kube.request("GET", kube.PODS, {"namespace": job["metadata"]["namespace"]},
-                        {"labelSelector": kinds.job_pod_selector(job)})
-    return json.loads(response.data).get("items", [])
+    return _items(kube.PODS, job["metadata"]["namespace"], {"labelSelector": kinds.job_pod_selector(job)})
 
 
 def pod_events(obj: dict[str, Any]) -> list[dict[str, Any]]:
     """The events about one pod or job (by its uid: a re-created pod of the same name has its own), as the API
     returns them: the scheduler's, the kubelet's, the cluster autoscaler's about a pod; the job's controller's about
     a job. A TrainJob's pods are created by the Job controller of each Job of its JobSet, which records the pods the
-    API server refused (`FailedCreate`) on that Job, not on the TrainJob: a TrainJob's events include its Jobs'."""
+    API server refused (`FailedCreate`) on that Job, not on the TrainJob: a TrainJob's events include its Jobs'.
+    Events and Jobs the operator's Role may not list (one from before it read them) are none: the pods' own states
+    still tell most waits, and a refused pod is then told by the start limit, as it was."""
     events = _events_about(obj.get("metadata") or {})
     # its Jobs exist once its JobSet has reported them (`status.jobsStatus`): no list before (one call a poll saved
     # while a TrainJob starts, on a busy API server)
     if obj.get("kind") == "TrainJob" and (obj.get("status") or {}).get("jobsStatus"):
-        listed = _list_jobs(obj["metadata"]["namespace"], f"{kinds.JOBSET_NAME_LABEL}={obj['metadata']['name']}")
+        selector = f"{kinds.JOBSET_NAME_LABEL}={obj['metadata']['name']}"
+        listed = _items(kube.JOBS, obj["metadata"]["namespace"], {"labelSelector": selector}, forbidden_is_none=True)
         for job in trainjob_jobs(obj, listed):
             events += _events_about(job["metadata"])
     return events
@@ -66,23 +66,16 @@ def pod_events(obj: dict[str, Any]) -> list[dict[str, Any]]:
 def _events_about(metadata: dict[str, Any]) -> list[dict[str, Any]]:
     if not metadata.get("uid"):
         return []
-    try:
-        response = kube.request("GET", kube.EVENTS, {"namespace": metadata["namespace"]},
-                            {"fieldSelector": f"involvedObject.uid={metadata['uid']}"})
-    except ApiException as exc:
-        if exc.status == 403:  # an older Role without events list: the pods' own states still tell most waits
-            return []
-        raise
-    return json.loads(response.data).get("items", [])
+    return _items(kube.EVENTS, metadata["namespace"], {"fieldSelector": f"involvedObject.uid={metadata['uid']}"},
+                  forbidden_is_none=True)
 
 
-def _list_jobs(namespace: str, label_selector: str) -> list[dict[str, Any]]:
-    """batch/v1 Jobs by label; none when the Role does not allow listing them (one from before it did): the run
-    then waits for its start limit, as it did."""
+def _items(path: str, namespace: str, query: dict[str, Any], forbidden_is_none: bool = False) -> list[dict[str, Any]]:
+    """The items of a namespaced list; with `forbidden_is_none`, none when the Role does not allow the list (403)."""
     try:
-        response = kube.request("GET", kube.JOBS, {"namespace": namespace}, {"labelSelector": label_selector})
+        response = kube.request("GET", path, {"namespace": namespace}, query)
     except ApiException as exc:
-        if exc.status == 403:
+        if forbidden_is_none and exc.status == 403:
             return []
         raise
     return json.loads(response.data).get("items", [])
@@ -106,8 +99,8 @@ def pod_log_tail(namespace: str, pod: str, container: str, lines: int, limit_byt
     last restart), or None when it cannot be read."""
     try:
         response = kube.request("GET", kube.PODS + "/{name}/log", {"namespace": namespace, "name": pod},
-                            {"container": container, "tailLines": lines, "limitBytes": limit_bytes,
-                             "previous": previous or None})
+                                {"container": container, "tailLines": lines, "limitBytes": limit_bytes,
+                                 "previous": previous or None})
     except ApiException:
         return None
     return response.data.decode("utf-8", errors="replace")
