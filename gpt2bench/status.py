@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
+from gpt2bench.clock import parse_rfc3339
 from gpt2bench.files import held, write_atomic
 from gpt2bench.objectives import OBJECTIVE_NAMES, OBJECTIVE_TABLE
 
@@ -207,6 +208,12 @@ class RunStatus(StatusModel):
                           "except to a pod re-created later).",
         json_schema_extra=DATE_TIME)
     results: RunResults | None = Field(None, description="The trainer's summary figures (docs/metrics.md).")
+
+    def wall_seconds(self) -> float | None:
+        """Seconds from its start to its completion (its wall time, as recorded); None until both are known."""
+        if not (self.start_time and self.completion_time):
+            return None
+        return (parse_rfc3339(self.completion_time) - parse_rfc3339(self.start_time)).total_seconds()
 
 
 def fabric_warnings(run: RunStatus) -> list[str]:

@@ -19,7 +19,6 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from gpt2bench.clock import parse_rfc3339
 from gpt2bench.objectives import Objective, objective, per_scale
 from gpt2bench.report import findings, race, verdicts
 from gpt2bench.report.measures import (
@@ -313,8 +312,7 @@ def round_cost(configs: list[Configuration], prices: Prices | None) -> tuple[flo
     summed (they run one at a time), and their mean prices summed (each run's hourly price × its duration)."""
     seconds, cost = [], []
     for config in configs:
-        spans = [(run, (parse_rfc3339(run.completion_time) - parse_rfc3339(run.start_time)).total_seconds())
-                 for run in config.runs if run.start_time and run.completion_time]
+        spans = [(run, wall) for run in config.runs if (wall := run.wall_seconds()) is not None]
         if spans:
             seconds.append(statistics.fmean(duration for _, duration in spans))
             if prices:

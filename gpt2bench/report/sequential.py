@@ -93,8 +93,7 @@ def _over_budget(runs: list[RunStatus], racing: list[str], budget: dict[str, Any
     one after another, each expected to take its runs' mean wall time (start to completion) and GPU-hours."""
     spans: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
-        if run.repeat and run.start_time and run.completion_time:
-            seconds = (parse_rfc3339(run.completion_time) - parse_rfc3339(run.start_time)).total_seconds()
+        if run.repeat and (seconds := run.wall_seconds()) is not None:
             spans.setdefault(configuration_name(run), []).append((seconds, run.nodes * run.devices_per_node))
     known = [spans[name] for name in racing if name in spans]
     if not known:
@@ -106,8 +105,8 @@ def _over_budget(runs: list[RunStatus], racing: list[str], budget: dict[str, Any
         if elapsed + wall > budget["wallSeconds"]:
             return f"{elapsed:.0f} s of {budget['wallSeconds']} s used, the next round would take about {wall:.0f} s"
     if budget.get("gpuHours"):
-        used = sum(run.nodes * run.devices_per_node * (parse_rfc3339(run.completion_time) - parse_rfc3339(run.start_time))
-                   .total_seconds() / 3600 for run in runs if run.start_time and run.completion_time)
+        used = sum(run.nodes * run.devices_per_node * wall / 3600
+                   for run in runs if (wall := run.wall_seconds()) is not None)
         if used + gpu > budget["gpuHours"]:
             return f"{used:.2f} of {budget['gpuHours']} GPU-hours used, the next round would take about {gpu:.2f}"
     return None
