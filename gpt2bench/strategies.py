@@ -58,7 +58,8 @@ STRATEGY_TABLE: tuple[Strategy, ...] = (
              exchange="scatter inputs, gather outputs, reduce gradients onto GPU 0 (in one process)"),
     Strategy("ddp", "ddp:DDPParallelism", options=("bucket_cap_mb", "static_graph", "gradient_as_bucket_view"),
              paper='Bai 2022 "distributed parameter server"; Patwardhan 2024 "DDP"; Li 2020',
-             runs="`DistributedDataParallel` (bucket size, `no_sync` accumulation, static graph, grads as bucket views)",
+             runs="`DistributedDataParallel` (bucket size, `no_sync` accumulation, static graph, grads as bucket "
+                  "views)",
              processes="1 per device", holds="every rank a full replica and optimizer",
              exchange="bucketed all-reduce overlapped with backward"),
     Strategy("fsdp", "fsdp:FSDPParallelism", options=("reshard_after_forward",),

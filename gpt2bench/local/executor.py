@@ -356,8 +356,6 @@ def replica_end(job: dict[str, Any], replica: Replica) -> diagnosis.PodEnd:
                             container=container_of(job, replica), line=said)
 
 
-
-
 def execute_job(
     job: dict[str, Any],
     run_dir: str | os.PathLike,
@@ -386,7 +384,8 @@ def execute_job(
     def finished(phase: str, reason: str | None, cause: str | None = None) -> JobOutcome:
         seconds = time.monotonic() - t0 if t0 is not None else None
         codes = {r.name: (r.process.returncode if r.process else None) for r in replicas}
-        return JobOutcome(phase, reason, termination_message(primary), started, SYSTEM_CLOCK.now(), primary, codes, cause, seconds)
+        return JobOutcome(phase, reason, termination_message(primary), started, SYSTEM_CLOCK.now(), primary, codes,
+                          cause, seconds)
 
     available = visible_gpus() if gpus is None else gpus
     blocked = unschedulable(replicas, available, job["metadata"]["name"])

@@ -55,8 +55,6 @@ def identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
-
-
 class Elector:
     """Campaign for the Lease `namespace/name` as `holder`; `api`: a CoordinationV1Api."""
 
