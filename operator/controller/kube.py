@@ -72,7 +72,7 @@ def _custom() -> kubernetes.client.CustomObjectsApi:
 
 
 def request(method: str, path: str, path_params: dict[str, str], query: dict[str, Any] | None = None,
-             body: Any = None) -> Any:
+            body: Any = None) -> Any:
     """A core or networking API request by its path, as CoreV1Api and NetworkingV1Api make it (the same client:
     credentials, timeouts, Retry-After); the answer, read (`.data`). A non-2xx answer raises ApiException as
     theirs do. Those two classes are not imported: loading their methods (each a pydantic `validate_call`) took

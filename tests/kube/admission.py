@@ -21,6 +21,7 @@ from typing import Any
 
 import kmock
 
+from .faults import request_method
 from .semantics import ApiError
 
 # check_restrictedVolumes.go: the only volume sources restricted admits
@@ -50,8 +51,8 @@ def restricted_volume_types(spec: dict[str, Any]) -> str | None:
 def restricted_volumes(request: kmock.Request) -> ApiError | None:
     """On pod creation, 403 Forbidden for a pod restricted's volume check refuses; None (the emulator's own
     handling) for any other request."""
-    method = request.method.name if hasattr(request.method, "name") else str(request.method).upper()
-    if method != "POST" or request.resource is None or request.resource.plural != "pods" or request.subresource:
+    if (request_method(request) != "POST" or request.resource is None or request.resource.plural != "pods"
+            or request.subresource):
         return None
     pod = request.data or {}
     answer = restricted_volume_types(pod.get("spec") or {})

@@ -64,7 +64,8 @@ def is_operator(request: kmock.Request, agents: tuple[str, ...] = OPERATOR_AGENT
     return request.headers.get("User-Agent", "").startswith(agents)
 
 
-def _method(request: kmock.Request) -> str:
+def request_method(request: kmock.Request) -> str:
+    """The request's HTTP method, upper-case ("POST"), whichever form kmock gives it in."""
     return request.method.name if hasattr(request.method, "name") else str(request.method).upper()
 
 
@@ -82,7 +83,7 @@ class Placed:
         self.cluster: EmulatedCluster | None = None
 
     def matches(self, request: kmock.Request) -> bool:
-        return (is_operator(request, self.agents) and (self.method is None or _method(request) == self.method)
+        return (is_operator(request, self.agents) and (self.method is None or request_method(request) == self.method)
                 and (self.path is None or self.path.search(request.url.path) is not None))
 
     def install(self, cluster: EmulatedCluster) -> Placed:
@@ -328,7 +329,7 @@ class ApiFaults:
             return None  # watches: see _watch
         kind = f"{request.resource.plural}/{request.subresource}" if request.subresource else request.resource.plural
         with self._lock:
-            method = request.method.name if hasattr(request.method, "name") else str(request.method)
+            method = request_method(request)
             # each code at least once, whatever the timing: the first calls it fits get it
             code = next((c for c in self.first if c != 409 or method in WRITES), 0)
             if code:
